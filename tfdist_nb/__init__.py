@@ -1,0 +1,44 @@
+"""tfdist_nb: launch, drive and debug multi-worker TensorFlow clusters from a Jupyter notebook.
+
+``%load_ext tfdist_nb`` registers the magics. Importing the package is cheap: the cluster core
+(jupyter_client, pandas) loads on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Cluster", "RunResult", "TaskResult", "current", "load_ipython_extension",
+           "unload_ipython_extension"]
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.cluster import Cluster, current
+    from tfdist_nb.cluster.results import RunResult, TaskResult
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("Cluster", "current"):
+        from tfdist_nb.cluster import cluster
+
+        return getattr(cluster, name)
+    if name in ("RunResult", "TaskResult"):
+        from tfdist_nb.cluster import results
+
+        return getattr(results, name)
+    raise AttributeError(f"module 'tfdist_nb' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    from tfdist_nb.magics.tfcluster import TfdistMagics
+
+    ipython.register_magics(TfdistMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Unloading stops the active cluster: no worker outlives the extension."""
+    from tfdist_nb.cluster.cluster import current
+
+    cluster = current()
+    if cluster is not None:
+        cluster.stop()

@@ -1,0 +1,400 @@
+"""The ``Cluster`` facade of SPEC 2.2: start tasks, run cells on them, show their state, stop them.
+
+All process and channel work happens on the cluster's private loop thread (:mod:`.loop`); the
+methods here validate arguments, hand a coroutine to that loop and wait with a deadline.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import atexit
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tfdist_nb.cluster.environment import resolve_python, worker_env
+from tfdist_nb.cluster.loop import LoopThread
+from tfdist_nb.cluster.results import RunResult, TaskResult
+from tfdist_nb.cluster.runner import RunControl, run_cell
+from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
+from tfdist_nb.cluster.state import TaskEvent, TaskState
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
+from tfdist_nb.events import Event, TaskNote
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
+from tfdist_nb.store.logs import logs_frame
+from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
+from tfdist_nb.transport.channel import KernelChannel
+
+logger = logging.getLogger(__name__)
+
+STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input_wait_ms",
+                  "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
+                  "net_tx_mb_s", "last_output_s_ago"]
+START_ATTEMPTS = 3
+STOP_GRACE_S = 1.0
+
+_current: Cluster | None = None
+_live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+
+
+def current() -> Cluster | None:
+    """The notebook's active cluster (the one the magics drive), or None."""
+    return _current if _current is not None and _current.running else None
+
+
+def _set_current(cluster: Cluster | None) -> None:
+    global _current
+    _current = cluster
+
+
+class Cluster:
+    """A multi-worker TensorFlow cluster whose tasks are ipykernels.
+
+    >>> with Cluster(workers=2) as c:                       # doctest: +SKIP
+    ...     c.run("import tensorflow as tf; print(tf.__version__)")
+    """
+
+    def __init__(self, workers: int = 2, ps: int = 0, chief: bool = False,
+                 launcher: str | Launcher = "local", hosts: list[str] | None = None,
+                 env: Mapping[str, str] | None = None, stall_timeout: float = 60.0,
+                 python: str | None = None, *, evaluator: bool = False,
+                 run_dir: str | os.PathLike[str] | None = None,
+                 preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0) -> None:
+        self.spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps,
+                                evaluator=int(evaluator))
+        if hosts is not None and launcher == "local":
+            raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
+        self.launcher = launcher if isinstance(launcher, Launcher) else get_launcher(launcher)
+        self.hosts = list(hosts) if hosts else None
+        self.env = dict(env or {})
+        self.stall_timeout = float(stall_timeout)
+        self.python = resolve_python(python)
+        self.preload = tuple(preload)
+        self.start_timeout = start_timeout
+        self._run_root = run_dir
+        self.id = new_cluster_id()
+        self.rundir: RunDirectory | None = None
+        self.tasks: dict[TaskId, TaskRuntime] = {}
+        self._loop: LoopThread | None = None
+        self._listeners: tuple[Callable[[Event], None], ...] = ()
+        self._listeners_lock = threading.Lock()
+        self._cell = 0
+        self.last_stop: list[StopReport] = []
+        self._procs: dict[int, Any] = {}
+        self.running = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Cluster:
+        """Start every task in parallel and wait until each has imported ``preload``."""
+        if self.running:
+            return self
+        self.rundir = RunDirectory(self._run_root, self.id)
+        self._loop = LoopThread(f"tfdist-{self.id}")
+        _live.add(self)
+        try:
+            self._loop.run(self._start_all(), self.start_timeout * START_ATTEMPTS + 30)
+        except BaseException as exc:
+            self._teardown()
+            if isinstance(exc, ClusterStartError):
+                raise
+            raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
+        self.running = True
+        _set_current(self)
+        return self
+
+    def stop(self) -> list[StopReport]:
+        """End every task at once (shutdown request, short grace, then SIGKILL)."""
+        if self._loop is None:
+            return self.last_stop
+        with contextlib.suppress(Exception):
+            self.last_stop = self._loop.run(self._stop_tasks(list(self.tasks.values())), 30)
+        self._teardown()
+        return self.last_stop
+
+    def _teardown(self) -> None:
+        self.running = False
+        if self._loop is not None:
+            if any(rt.handle for rt in self.tasks.values()):
+                with contextlib.suppress(Exception):
+                    self._loop.run(self._stop_tasks(list(self.tasks.values())), 30)
+            self._loop.close()
+            self._loop = None
+        self.launcher.release()
+        for rt in self.tasks.values():
+            if rt.state is not TaskState.STOPPED:
+                rt.transition(TaskEvent.STOP)
+        if self.rundir is not None:
+            self.rundir.close()
+        _live.discard(self)
+        if _current is self:
+            _set_current(None)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def restart(self, on: Any = None) -> None:
+        """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG."""
+        targets = self._runtimes(on, allow_dead=True)
+        self._require_loop().run(self._restart(targets), self.start_timeout + 60)
+
+    def interrupt(self, on: Any = None) -> None:
+        """Send the notebook's interrupt (SIGINT) to the targeted tasks."""
+        targets = self._runtimes(on, allow_dead=True)
+        self._require_loop().run(
+            asyncio.gather(*(rt.handle.interrupt() for rt in targets if rt.handle)), 10)
+
+    # ------------------------------------------------------------------ running cells
+    def run(self, code: str, on: Any = None, timeout: float | None = None, *,
+            on_event: Callable[[Event], None] | None = None) -> RunResult:
+        """Run ``code`` on the targeted tasks at once and return when all have ended.
+
+        ``on_event`` is called in the caller's thread with every event while the cell runs (the
+        magic uses it to show output live). Pressing interrupt interrupts the tasks.
+        """
+        targets = self._runtimes(on)
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self._cell += 1
+        cell = self._cell
+        assert self.rundir is not None
+        self.rundir.write_cell(cell, code, [rt.name for rt in targets])
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        listener = events.put
+        self._add_listener(listener)
+        loop = self._require_loop()
+        control_box: list[RunControl] = []
+
+        async def go() -> dict[str, TaskResult]:
+            control = RunControl()
+            control_box.append(control)
+            return await run_cell(targets, code, cell, timeout, control)
+
+        fut = loop.submit(go())
+        try:
+            while not fut.done():
+                try:
+                    self._drain(events, on_event, wait=0.05)
+                except KeyboardInterrupt:  # the user pressed interrupt: end the run for all
+                    if control_box:
+                        loop.call_soon(control_box[0].stop, "interrupt")
+            self._drain(events, on_event, wait=0)
+        finally:
+            self._remove_listener(listener)
+        return RunResult(cell=cell, tasks=fut.result())
+
+    @staticmethod
+    def _drain(events: queue.SimpleQueue[Event], on_event: Callable[[Event], None] | None,
+               wait: float) -> None:
+        with contextlib.suppress(queue.Empty):
+            ev = events.get(timeout=wait) if wait else events.get_nowait()
+            while True:
+                if on_event is not None:
+                    on_event(ev)
+                ev = events.get_nowait()
+
+    # ------------------------------------------------------------------ views
+    def status(self) -> pd.DataFrame:
+        """One row per task with the SPEC 2.4 columns (telemetry columns empty until measured)."""
+        rows = []
+        now = time.time()
+        for rt in self.tasks.values():
+            row: dict[str, Any] = dict.fromkeys(STATUS_COLUMNS)
+            row.update(task=rt.name, host=rt.host, pid=rt.pid, state=rt.state.value)
+            if self.launcher.name == "local" and rt.state not in (TaskState.DEAD,
+                                                                  TaskState.STOPPED):
+                row.update(_process_sample(self._procs, rt.pid))
+            if rt.channel is not None and rt.channel.last_output is not None:
+                row["last_output_s_ago"] = round(now - rt.channel.last_output, 1)
+            rows.append(row)
+        return pd.DataFrame(rows, columns=STATUS_COLUMNS)
+
+    def logs(self, on: Any = None, grep: str | None = None,
+             tail: int | None = None) -> pd.DataFrame:
+        """The merged log of all tasks from the run directory: time, task, stream, level, text."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not been started")
+        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
+        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail)
+
+    def env(self) -> pd.DataFrame:
+        """What each task reported about its environment, side by side, differences marked."""
+        keys = ["host", "python", "executable", "tensorflow", "keras", "tf_keras",
+                "keras_flavour", "numpy", "os"]
+        data = {rt.name: [rt.info.get(k) for k in keys] for rt in self.tasks.values()}
+        df = pd.DataFrame(data, index=keys)
+        df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
+        return df
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.rundir.path if self.rundir else None
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Cluster {self.id} {self.spec} {state} launcher={self.launcher.name}>"
+
+    def _repr_html_(self) -> str:
+        return f"<p><b>{self!r}</b></p>" + self.status().to_html(index=False, na_rep="")
+
+    # ------------------------------------------------------------------ internals
+    def _runtimes(self, on: Any, allow_dead: bool = False) -> list[TaskRuntime]:
+        if not self.running:
+            raise ClusterNotRunningError("the cluster is not running; start() it first")
+        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
+        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
+        if dead and not allow_dead:
+            raise ClusterNotRunningError(
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
+                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
+                "cluster.restart()")
+        return targets
+
+    def _require_loop(self) -> LoopThread:
+        if self._loop is None:
+            raise ClusterNotRunningError("the cluster is not running")
+        return self._loop
+
+    def _add_listener(self, fn: Callable[[Event], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = (*self._listeners, fn)
+
+    def _remove_listener(self, fn: Callable[[Event], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(f for f in self._listeners if f is not fn)
+
+    def _sink(self, event: Event) -> None:
+        """Every event of every task passes here, on the loop thread: disk first, then views."""
+        assert self.rundir is not None
+        self.rundir.write_event(event)
+        for fn in self._listeners:
+            fn(event)
+
+    def _note(self, task: str, text: str, level: str = "INFO") -> None:
+        self._sink(TaskNote(time.time(), task, text, level))
+
+    async def _start_all(self) -> None:
+        tasks = self.spec.tasks
+        avoid: dict[TaskId, str] = {}
+        for attempt in range(1, START_ATTEMPTS + 1):
+            addresses = self.launcher.tf_addresses(tasks, avoid)
+            self.tasks = {t: self._runtime(t, addresses) for t in tasks}
+            await self._launch(list(self.tasks.values()))
+            clashes = {rt.task: rt.address for rt in self.tasks.values()
+                       if rt.info.get("port_free") is False}
+            if not clashes:
+                return
+            for task, addr in clashes.items():
+                self._note(str(task), f"TF port {addr} was taken before start; choosing another "
+                           f"(attempt {attempt})", "WARNING")
+            await self._stop_tasks(list(self.tasks.values()))
+            avoid.update(clashes)
+        raise ClusterStartError(f"TF ports kept being taken: {sorted(map(str, avoid))}")
+
+    def _runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
+        tf_config = build_tf_config(task, addresses)
+        env = worker_env(task, tf_config, self.env, self.python)
+        assert self.rundir is not None
+        self.rundir.write_json(task.slug, "tf_config.json", json.loads(tf_config))
+        self.rundir.write_json(task.slug, "env.json", env)
+        return TaskRuntime(task=task, address=addresses[task], tf_config=tf_config, env=env)
+
+    async def _launch(self, runtimes: list[TaskRuntime]) -> None:
+        outcomes = await asyncio.gather(*(self._launch_one(rt) for rt in runtimes),
+                                        return_exceptions=True)
+        failed = [(rt, exc) for rt, exc in zip(runtimes, outcomes, strict=False)
+                  if isinstance(exc, BaseException)]
+        if failed:
+            await self._stop_tasks(runtimes)
+            rt, exc = failed[0]
+            tail = "\n".join(rt.kernel_log_tail(20))
+            raise ClusterStartError(
+                f"{rt.name} failed to start: {type(exc).__name__}: {exc}"
+                + (f"\n--- last lines of {rt.name}'s process log ---\n{tail}" if tail else ""))
+
+    async def _launch_one(self, rt: TaskRuntime) -> None:
+        assert self.rundir is not None
+        tdir = self.rundir.task_dir(rt.task.slug)
+        rt.handle = await self.launcher.start(TaskLaunch(
+            task=rt.task, env=rt.env, python=self.python, log_path=tdir / "kernel.log",
+            connection_file=tdir / "kernel-connection.json"))
+        rt.channel = KernelChannel(rt.name, rt.handle.client, self._sink)
+        await rt.channel.start(timeout=self.start_timeout)
+        rt.info = await asyncio.wait_for(self._handshake(rt), self.start_timeout)
+        rt.transition(TaskEvent.READY)
+        self._note(rt.name, f"ready: pid {rt.pid}, {rt.info.get('keras_flavour')}, TF "
+                   f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
+
+    async def _handshake(self, rt: TaskRuntime) -> dict[str, Any]:
+        assert rt.channel is not None
+        expr = (f"__import__('tfdist_nb.worker.agent', fromlist=['_'])"
+                f".describe_json({list(self.preload)!r})")
+        ex = rt.channel.execute("", None, silent=True, user_expressions={"info": expr})
+        reply = await ex.reply
+        rt.channel.abandon(ex)
+        info = reply.get("user_expressions", {}).get("info", {})
+        if info.get("status") != "ok":
+            raise ClusterStartError(f"{rt.name}: worker agent failed: {info.get('ename')}: "
+                                    f"{info.get('evalue')}")
+        return json.loads(ast.literal_eval(info["data"]["text/plain"]))
+
+    async def _stop_tasks(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
+        async def one(rt: TaskRuntime) -> StopReport | None:
+            if rt.handle is None:
+                return None
+            if rt.channel is not None:
+                await rt.channel.close()
+            report = await rt.handle.stop(STOP_GRACE_S)
+            rt.handle, rt.channel = None, None
+            rt.exit_code = report.exit_code
+            return report
+
+        reports = await asyncio.gather(*(one(rt) for rt in runtimes), return_exceptions=True)
+        return [r for r in reports if isinstance(r, StopReport)]
+
+    async def _restart(self, targets: list[TaskRuntime]) -> None:
+        for rt in targets:
+            rt.transition(TaskEvent.RESTART)
+            self._note(rt.name, "restarting with the same TF_CONFIG")
+        await self._stop_tasks(targets)
+        await self._launch(targets)
+
+
+def _process_sample(procs: dict[int, Any], pid: int | None) -> dict[str, Any]:
+    """CPU and RSS of a local task's process, read by the controller (no telemetry needed).
+
+    ``procs`` keeps the psutil objects between calls: CPU percent is measured since the last call.
+    """
+    if pid is None:
+        return {}
+    try:
+        import psutil
+
+        proc = procs.get(pid) or procs.setdefault(pid, psutil.Process(pid))
+        with proc.oneshot():
+            return {"cpu_percent": proc.cpu_percent(interval=None),
+                    "rss_mb": round(proc.memory_info().rss / 2**20, 1)}
+    except Exception:
+        return {}
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for cluster in list(_live):
+        with contextlib.suppress(Exception):
+            cluster.stop()

@@ -1,0 +1,58 @@
+"""The environment every task's kernel is started with.
+
+TF_CONFIG and the user's ``env=`` are set here, at launch, so they are in place before anything in
+the task imports TensorFlow. Variables that would make a worker behave differently from a user's
+run are dropped: ``PYTEST_CURRENT_TEST`` turns ipykernel's fd capture off (SPEC 6).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.errors import SpecError
+
+_DROP_EXACT = {"PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "JPY_SESSION_NAME", "TF_CONFIG"}
+_DROP_PREFIX = ("TFDIST_TASK",)
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_env_items(items: list[str] | None) -> dict[str, str]:
+    """``["KEY=VALUE", ...]`` → dict; a malformed item raises ValueError naming it."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY.fullmatch(key):
+            raise ValueError(f"--env expects KEY=VALUE with KEY a variable name, got {item!r}")
+        out[key] = value
+    return out
+
+
+def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,
+               python: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if k not in _DROP_EXACT and not k.startswith(_DROP_PREFIX)}
+    if Path(python).resolve() != Path(sys.executable).resolve():
+        # Another interpreter still finds this tfdist_nb (the worker module must match ours).
+        here = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
+    env.update(extra or {})
+    env["TF_CONFIG"] = tf_config
+    env["TFDIST_TASK"] = str(task)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def resolve_python(python: str | None) -> str:
+    """The worker interpreter as an absolute path (default: this one); SpecError if missing."""
+    if python is None:
+        return sys.executable
+    found = shutil.which(python) or (python if Path(python).is_file() else None)
+    if not found or not os.access(found, os.X_OK):
+        raise SpecError(f"worker interpreter {python!r} not found or not executable")
+    return str(Path(found).absolute())

@@ -1,0 +1,171 @@
+"""The pure grammar of cluster SPECs ("1 chief 2 workers") and task lists ("0,1", "worker:0,ps:0").
+
+Both the magics and the Python API parse through here, so a mistake gets the same clear message
+wherever it is made. No I/O, no IPython.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tfdist_nb.errors import SpecError
+
+ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
+_PLURALS = {"chief": "chiefs", "worker": "workers", "ps": "ps", "evaluator": "evaluators"}
+_ROLE_WORDS = {**{r: r for r in ROLES}, **{p: r for r, p in _PLURALS.items()}}
+MAX_TASKS_PER_ROLE = 256
+SPEC_EXAMPLE = "%%tfcluster 2 workers   (or: 1 worker, 1 chief 2 workers 1 ps)"
+
+
+@dataclass(frozen=True, order=True)
+class TaskId:
+    """A task in TensorFlow's job/index form, e.g. ``worker:1``."""
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role}:{self.index}"
+
+    @property
+    def slug(self) -> str:
+        """A file-name-safe form (``worker-1``) for run-directory paths."""
+        return f"{self.role}-{self.index}"
+
+    @classmethod
+    def parse(cls, text: str) -> TaskId:
+        """Parse ``worker:1`` or a bare ``1`` (a bare integer means a worker)."""
+        text = text.strip()
+        if re.fullmatch(r"\d+", text):
+            return cls("worker", int(text))
+        m = re.fullmatch(r"([a-z]+)[:/](\d+)", text)
+        if not m or m.group(1) not in ROLES:
+            raise SpecError(
+                f"cannot read task {text!r}: use role:index (worker:1, chief:0, ps:0) "
+                "or a bare worker index (1)"
+            )
+        return cls(m.group(1), int(m.group(2)))
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """How many tasks of each role. Equal specs mean the cluster can be reused as it is."""
+
+    workers: int = 0
+    chief: int = 0
+    ps: int = 0
+    evaluator: int = 0
+
+    def __post_init__(self) -> None:
+        for role in ROLES:
+            n = self.count(role)
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise SpecError(f"{_PLURALS[role]} must be a non-negative integer, got {n!r}")
+            if n > MAX_TASKS_PER_ROLE:
+                raise SpecError(f"{n} {_PLURALS[role]} is more than {MAX_TASKS_PER_ROLE}")
+        if self.chief > 1:
+            raise SpecError("a cluster has at most 1 chief")
+        if self.evaluator > 1:
+            raise SpecError("a cluster has at most 1 evaluator")
+        if self.workers + self.chief == 0:
+            raise SpecError(
+                f"a cluster needs at least 1 worker or a chief; example: {SPEC_EXAMPLE}")
+        if self.ps and not (self.workers or self.chief):
+            raise SpecError("ps tasks need workers to serve")
+
+    def count(self, role: str) -> int:
+        return {"worker": self.workers, "chief": self.chief, "ps": self.ps,
+                "evaluator": self.evaluator}[role]
+
+    @property
+    def tasks(self) -> list[TaskId]:
+        """Every task, chief first, then workers, ps, evaluator (TensorFlow's usual order)."""
+        return [TaskId(role, i) for role in ROLES for i in range(self.count(role))]
+
+    def __str__(self) -> str:
+        parts = []
+        for role in ROLES:
+            n = self.count(role)
+            if n:
+                parts.append(f"{n} {role if n == 1 else _PLURALS[role]}")
+        return " ".join(parts)
+
+
+def parse_spec(text: str | Iterable[str]) -> ClusterSpec:
+    """Parse ``"2 workers"``, ``"1 worker"``, ``"1 chief 2 workers 1 ps"`` (pairs in any order)."""
+    tokens = text.split() if isinstance(text, str) else [t for part in text for t in part.split()]
+    if not tokens:
+        raise SpecError(f"no cluster SPEC given; example: {SPEC_EXAMPLE}")
+    if len(tokens) % 2:
+        raise SpecError(
+            f"SPEC is pairs of '<count> <role>', got {' '.join(tokens)!r}; example: {SPEC_EXAMPLE}"
+        )
+    counts: dict[str, int] = {}
+    for count_text, word in zip(tokens[::2], tokens[1::2], strict=False):
+        count = _parse_count(count_text, word)
+        role = _parse_role(word)
+        if role in counts:
+            raise SpecError(f"role {role!r} given twice in SPEC {' '.join(tokens)!r}")
+        counts[role] = count
+    if counts.get("worker") == 0 and not counts.get("chief"):
+        raise SpecError(f"0 workers is not a cluster; example: {SPEC_EXAMPLE}")
+    return ClusterSpec(
+        workers=counts.get("worker", 0),
+        chief=counts.get("chief", 0),
+        ps=counts.get("ps", 0),
+        evaluator=counts.get("evaluator", 0),
+    )
+
+
+def _parse_count(text: str, word: str) -> int:
+    if not re.fullmatch(r"\d+", text):
+        raise SpecError(
+            f"expected a number before {word!r}, got {text!r}; write digits: {SPEC_EXAMPLE}"
+        )
+    return int(text)
+
+
+def _parse_role(word: str) -> str:
+    role = _ROLE_WORDS.get(word.lower())
+    if role is None:
+        close = difflib.get_close_matches(word.lower(), list(_ROLE_WORDS), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise SpecError(
+            f"unknown role {word!r}; roles are chief, worker(s), ps, evaluator.{hint} "
+            f"Example: {SPEC_EXAMPLE}"
+        )
+    return role
+
+
+def parse_targets(text: str | Iterable[str | int | TaskId] | None,
+                  spec: ClusterSpec) -> list[TaskId]:
+    """Resolve ``--on``/``on=`` against a spec: ``None``/``"all"`` is every task.
+
+    A task that the spec does not have is an error naming the tasks it does have.
+    """
+    if text is None or (isinstance(text, str) and text.strip() in ("", "all")):
+        return spec.tasks
+    items: list[str | int | TaskId]
+    items = [p for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
+    if not items:
+        raise SpecError("empty task list; example: --on 0,1 or --on worker:0,ps:0")
+    known = spec.tasks
+    chosen: list[TaskId] = []
+    for item in items:
+        if isinstance(item, TaskId):
+            task = item
+        elif isinstance(item, int) and not isinstance(item, bool):
+            task = TaskId("worker", item)
+        else:
+            task = TaskId.parse(str(item))
+        if task not in known:
+            raise SpecError(
+                f"no task {task} in a cluster of {spec}; its tasks are "
+                f"{', '.join(map(str, known))}"
+            )
+        if task not in chosen:
+            chosen.append(task)
+    return chosen

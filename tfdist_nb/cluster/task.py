@@ -1,0 +1,62 @@
+"""One task as the controller holds it: its id, process handle, channel, state and self-report."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.cluster.state import TaskEvent, TaskState, next_state
+from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.transport.channel import KernelChannel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TaskRuntime:
+    task: TaskId
+    address: str
+    tf_config: str
+    env: dict[str, str] = field(repr=False)
+    handle: TaskHandle | None = None
+    channel: KernelChannel | None = None
+    state: TaskState = TaskState.STARTING
+    info: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    started_at: float = field(default_factory=time.time)
+    history: deque = field(default_factory=lambda: deque(maxlen=50), repr=False)
+
+    @property
+    def name(self) -> str:
+        return str(self.task)
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid if self.handle else None
+
+    @property
+    def host(self) -> str:
+        return self.handle.host if self.handle else self.address.rpartition(":")[0]
+
+    def transition(self, event: TaskEvent) -> TaskState:
+        new = next_state(self.state, event)
+        if new is not self.state:
+            self.history.append((time.time(), self.state.value, new.value, event.value))
+            logger.debug("%s: %s -> %s (%s)", self.name, self.state, new, event.value)
+        self.state = new
+        return new
+
+    def kernel_log_tail(self, n: int) -> list[str]:
+        """The last lines the process wrote outside ipykernel's capture (crash messages)."""
+        path = self.handle.log_path if self.handle else None
+        if path is None or not path.exists():
+            return []
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        return lines[-n:]

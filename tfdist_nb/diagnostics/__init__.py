@@ -1,0 +1,1 @@
+"""Detectors and checks: events and facts in, findings out. Pure: no I/O, no IPython."""

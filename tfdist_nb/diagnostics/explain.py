@@ -1,0 +1,41 @@
+"""Known TensorFlow failures recognised from a task's error, explained with their fix (SPEC 6).
+
+The explanation is shown above the task's traceback, so the user reads the cause first.
+"""
+
+from __future__ import annotations
+
+KERAS3_MWMS = (
+    "Keras 3 `model.fit` does not work under MultiWorkerMirroredStrategy (keras-team/keras#20585): "
+    "it hands a PerReplica value to an op that expects a tensor. Fix: use tf_keras by starting "
+    "the tasks with TF_USE_LEGACY_KERAS=1, e.g. `%%tfcluster 2 workers --env "
+    "TF_USE_LEGACY_KERAS=1` (or Cluster(env={'TF_USE_LEGACY_KERAS': '1'})), and build the model "
+    "with `tf.keras`; or write a custom loop with `strategy.run`."
+)
+STRATEGY_NOT_FIRST = (
+    "The distribution strategy must be created before any other TensorFlow op in the process, "
+    "and a second strategy needs a fresh process. Restart the tasks and create the strategy "
+    "first: `%%tfcluster --restart` (or cluster.restart())."
+)
+CLUSTER_PEER_GONE = (
+    "A peer task of this collective is gone or unreachable. Find the task that crashed or hung "
+    "(`%tfdist_status --table`), then restart all tasks (`%%tfcluster --restart`): after a failed "
+    "collective the others cannot continue either."
+)
+
+
+def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | None:
+    """A short explanation with the fix for a recognised error, else None."""
+    if "PerReplica" in evalue and ename in ("ValueError", "TypeError") and (
+        keras_flavour in (None, "keras 3")
+    ):
+        return KERAS3_MWMS
+    if "Collective ops must be configured at program startup" in evalue or (
+        "configure_collective_ops" in evalue
+    ):
+        return STRATEGY_NOT_FIRST
+    if ename in ("UnavailableError", "CancelledError", "AbortedError") and (
+        "unhealthy" in evalue or "Connection refused" in evalue or "collective" in evalue.lower()
+    ):
+        return CLUSTER_PEER_GONE
+    return None

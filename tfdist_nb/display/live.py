@@ -1,0 +1,81 @@
+"""Live, attributed output of a running cell, and the per-task failure report after it.
+
+Every line is prefixed with its task (coloured per task) and written to the notebook's own stdout
+or stderr, so it streams into the cell output as it arrives.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from tfdist_nb.cluster.results import RunResult, TaskResult
+from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
+
+_COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]
+RESET = "\x1b[0m"
+
+
+def task_colour(task: str) -> str:
+    role, _, index = task.partition(":")
+    offset = {"worker": 0, "chief": 3, "ps": 5, "evaluator": 7}.get(role, 0)
+    return _COLOURS[(offset + int(index or 0)) % len(_COLOURS)]
+
+
+def label(task: str, colour: bool = True) -> str:
+    return f"\x1b[{task_colour(task)}m[{task}]{RESET}" if colour else f"[{task}]"
+
+
+class LivePrinter:
+    """Called with every event while a cell runs (in the notebook's main thread)."""
+
+    def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 colour: bool = True, display: Any = None) -> None:
+        self.stdout = stdout or sys.stdout
+        self.stderr = stderr or sys.stderr
+        self.colour = colour
+        self._display = display
+        self.lines = 0
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, OutputLine):
+            if event.stream in ("stdout", "stderr"):
+                out = self.stdout if event.stream == "stdout" else self.stderr
+                out.write(f"{label(event.task, self.colour)} {event.text}\n")
+                self.lines += 1
+        elif isinstance(event, RichOutput) and event.msg_type != "update_display_data":
+            self.stdout.write(f"{label(event.task, self.colour)} output:\n")
+            self.stdout.flush()
+            self._show_rich(event)
+        elif isinstance(event, TaskNote) and event.level in ("WARNING", "ERROR"):
+            self.stderr.write(f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
+
+    def _show_rich(self, event: RichOutput) -> None:
+        if self._display is not None:
+            self._display(event.data, raw=True, metadata=event.metadata)
+            return
+        try:
+            from IPython.display import display
+        except ImportError:  # plain Python: the text form is enough
+            self.stdout.write(str(event.data.get("text/plain", "")) + "\n")
+            return
+        display(event.data, raw=True, metadata=event.metadata)
+
+
+def failure_report(result: RunResult, colour: bool = True) -> str:
+    """Each failed task's explanation and traceback, under its task name."""
+    return "\n".join(_one_failure(r, colour) for r in result.failed)
+
+
+def _one_failure(r: TaskResult, colour: bool) -> str:
+    head = f"{label(r.task, colour)} {r.status}"
+    if r.error is not None:
+        head += f": {r.error}"
+    parts = [head]
+    if r.explanation:
+        parts.append(f"  tfdist_nb: {r.explanation}")
+    if r.error is not None and r.error.traceback:
+        parts.extend(r.error.traceback)
+    if r.stack:
+        parts.append(f"main-thread stack of {r.task}:\n{r.stack}")
+    return "\n".join(parts) + "\n"

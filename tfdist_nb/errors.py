@@ -1,0 +1,34 @@
+"""One error hierarchy, so callers can catch tfdist_nb's failures apart from their own."""
+
+from __future__ import annotations
+
+
+class TfdistError(Exception):
+    """Base class of every error tfdist_nb raises on purpose."""
+
+
+class SpecError(TfdistError, ValueError):
+    """A cluster SPEC or task list that cannot be understood (the user's mistake)."""
+
+
+class ClusterStartError(TfdistError, RuntimeError):
+    """A task could not be started; everything already started has been stopped."""
+
+
+class ClusterNotRunningError(TfdistError, RuntimeError):
+    """An operation needs a running cluster and there is none."""
+
+
+class TaskError(TfdistError, RuntimeError):
+    """One or more tasks of a run did not finish cleanly.
+
+    Raised by the ``%%tfcluster`` magic so "Run All" stops; the per-task tracebacks have already
+    been shown under their task names, so the notebook renders only this one-line summary.
+    """
+
+    def __init__(self, message: str, result: object = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"TaskError: {self}"]

@@ -1,0 +1,62 @@
+"""The immutable records that flow one way: worker → transport → store → display.
+
+Plain dataclasses with a ``to_json`` so the run directory and the in-memory views hold the same
+thing. No I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OutputLine:
+    """One line of text a task wrote: stdout/stderr stream, a traceback, or a rich output's text.
+
+    ``cell`` is the sequence number of the cell the kernel attributed it to (``None`` for output
+    outside any cell, e.g. at start-up); background-thread output keeps its task either way.
+    """
+
+    time: float
+    task: str
+    stream: str
+    text: str
+    cell: int | None = None
+    kind: str = "output"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RichOutput:
+    """A display_data / execute_result bundle from a task, kept whole for re-display."""
+
+    time: float
+    task: str
+    msg_type: str
+    data: dict[str, Any]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    cell: int | None = None
+    kind: str = "rich"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TaskNote:
+    """Something the controller says about a task (state change, start, exit), kept in the log."""
+
+    time: float
+    task: str
+    text: str
+    level: str = "INFO"
+    kind: str = "note"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Event = OutputLine | RichOutput | TaskNote

@@ -1,0 +1,104 @@
+"""The one launcher contract: where a task's kernel runs and how it is started and ended.
+
+Local, SSH and attach launchers implement it; the cluster core only talks to this interface. The
+coroutines run on the cluster's event loop thread.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.cluster.spec import TaskId
+
+
+@dataclass
+class TaskLaunch:
+    """What the core asks a launcher to start for one task."""
+
+    task: TaskId
+    env: dict[str, str]
+    python: str
+    log_path: Path
+    connection_file: Path
+    cwd: str | None = None
+
+
+@dataclass
+class StopReport:
+    """How a task ended: ``path`` is the shutdown step that worked (request, kill, already-dead)."""
+
+    task: str
+    path: str
+    exit_code: int | None
+    duration_s: float
+
+
+@dataclass
+class TaskHandle(abc.ABC):
+    """A started task: its process and a kernel client for its channels."""
+
+    task: TaskId
+    host: str
+    pid: int | None
+    client: Any = field(repr=False)
+    log_path: Path | None = None
+
+    @abc.abstractmethod
+    async def poll(self) -> int | None:
+        """The exit code (negative: killed by that signal) once the process is gone, else None."""
+
+    @abc.abstractmethod
+    async def interrupt(self) -> None:
+        """Deliver the notebook's interrupt (SIGINT) to the task."""
+
+    @abc.abstractmethod
+    async def stop(self, grace_s: float) -> StopReport:
+        """End the task: shutdown request, at most ``grace_s`` to exit, then SIGKILL."""
+
+
+class Launcher(abc.ABC):
+    """Chooses addresses for the tasks and starts their kernels."""
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    def tf_addresses(self, tasks: Sequence[TaskId],
+                     avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
+        """``host:port`` for every task's TensorFlow server, reachable by all the other tasks.
+
+        ``avoid`` holds addresses that turned out to be taken; they are not chosen again.
+        """
+
+    @abc.abstractmethod
+    async def start(self, launch: TaskLaunch) -> TaskHandle:
+        """Start one task's kernel; return once its process exists (not yet ready)."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """Give back what ``tf_addresses`` reserved (called when the cluster stops)."""
+
+
+_REGISTRY: dict[str, type[Launcher]] = {}
+
+
+def register(name: str, cls: type[Launcher]) -> None:
+    _REGISTRY[name] = cls
+
+
+def get_launcher(name: str, **options: Any) -> Launcher:
+    """A launcher by short name (``local``, ``ssh``, ``attach``)."""
+    from tfdist_nb.launchers import local  # noqa: F401  - registers the built-in launchers
+
+    if name not in _REGISTRY:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown launcher {name!r}; available: {known}")
+    return _REGISTRY[name](**options)
+
+
+def available() -> list[str]:
+    from tfdist_nb.launchers import local  # noqa: F401
+
+    return sorted(_REGISTRY)

@@ -1,0 +1,146 @@
+"""Tasks as ipykernel processes on this machine, started through jupyter_client's async API.
+
+Kernel channels listen on 127.0.0.1 and every message is HMAC-signed with a per-kernel key kept in
+an owner-only connection file inside the run directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.launchers import ports
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch, register
+
+logger = logging.getLogger(__name__)
+KERNEL_NAME = "tfdist-worker"
+
+
+def worker_kernel_spec(python: str) -> KernelSpec:
+    """The worker kernel spec (also shipped as ``kernels/tfdist-worker/kernel.json``)."""
+    return KernelSpec(
+        argv=[python, "-m", "tfdist_nb.worker.kernel", "-f", "{connection_file}"],
+        display_name="tfdist_nb worker",
+        language="python",
+        interrupt_mode="signal",
+        metadata={"debugger": False},
+    )
+
+
+class _OneSpec(KernelSpecManager):
+    """Hands jupyter_client our worker spec without installing it anywhere."""
+
+    def __init__(self, spec: KernelSpec, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._spec = spec
+
+    def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+        return self._spec
+
+
+@dataclass
+class LocalTaskHandle(TaskHandle):
+    manager: AsyncKernelManager = field(default=None, repr=False)  # type: ignore[assignment]
+
+    async def poll(self) -> int | None:
+        prov = self.manager.provisioner
+        if prov is None:
+            return None
+        return await prov.poll()
+
+    async def interrupt(self) -> None:
+        if await self.poll() is None:
+            await self.manager.interrupt_kernel()
+
+    async def stop(self, grace_s: float) -> StopReport:
+        start = time.monotonic()
+        with contextlib.suppress(Exception):
+            self.client.stop_channels()
+        path = "already-dead"
+        if await self.poll() is None:
+            path = await self._request_then_kill(grace_s)
+        code = await self.poll()
+        self._kill_process_group()
+        with contextlib.suppress(Exception):
+            await self.manager.cleanup_resources()
+        with contextlib.suppress(Exception):
+            self.manager.context.destroy(linger=0)
+        return StopReport(str(self.task), path, code, time.monotonic() - start)
+
+    async def _request_then_kill(self, grace_s: float) -> str:
+        with contextlib.suppress(Exception):
+            await self.manager.request_shutdown()
+            if await self._wait_exit(grace_s):
+                return "request"
+        with contextlib.suppress(ProcessLookupError, OSError):
+            await self.manager.provisioner.kill()
+        await self._wait_exit(5.0)
+        return "kill"
+
+    async def _wait_exit(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.poll() is not None:
+                return True
+            await asyncio.sleep(0.05)
+        return await self.poll() is not None
+
+    def _kill_process_group(self) -> None:
+        """Children the user's code started live in the kernel's session; end them too."""
+        pgid = getattr(self.manager.provisioner, "pgid", None)
+        if pgid and pgid != os.getpgid(0):
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+class LocalLauncher(Launcher):
+    """Every task on this machine; TensorFlow servers on ``localhost:<free port>``."""
+
+    name = "local"
+
+    def __init__(self, host: str = "localhost") -> None:
+        self.host = host
+        self._ports: list[int] = []
+
+    def tf_addresses(self, tasks: Sequence[TaskId],
+                     avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
+        taken = {int(a.rpartition(":")[2]) for a in (avoid or {}).values()}
+        self.release()
+        chosen = ports.reserve(len(tasks), avoid=taken)
+        self._ports = chosen
+        return {t: f"{self.host}:{p}" for t, p in zip(tasks, chosen, strict=False)}
+
+    def release(self) -> None:
+        ports.release(self._ports)
+        self._ports = []
+
+    async def start(self, launch: TaskLaunch) -> TaskHandle:
+        km = AsyncKernelManager(
+            kernel_name=KERNEL_NAME,
+            kernel_spec_manager=_OneSpec(worker_kernel_spec(launch.python)),
+        )
+        km.connection_file = str(launch.connection_file)
+        km.shutdown_wait_time = 1.0
+        fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            await km.start_kernel(env=launch.env, stdout=fd, stderr=fd,
+                                  cwd=launch.cwd or os.getcwd())
+        finally:
+            os.close(fd)
+        pid = getattr(getattr(km.provisioner, "process", None), "pid", None)
+        return LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
+                               log_path=launch.log_path, manager=km)
+
+
+register("local", LocalLauncher)

@@ -1,0 +1,103 @@
+"""A parsed ``%%tfcluster`` line, validated before anything is started, and what it asks for.
+
+Pure apart from looking up the worker interpreter: the magic builds a :class:`ClusterRequest`,
+then :func:`plan` says whether to start, reuse, resize or restart, so every malformed line fails
+here, with a message and an example, before a process exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from tfdist_nb.cluster.environment import parse_env_items, resolve_python
+from tfdist_nb.cluster.spec import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
+from tfdist_nb.errors import SpecError
+
+EXAMPLE = (
+    "examples:\n"
+    "  %%tfcluster 2 workers\n"
+    "  %%tfcluster 1 chief 2 workers 1 ps --timeout 600\n"
+    "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1"
+)
+LAUNCHERS = ("local", "ssh", "attach")
+AVAILABLE_LAUNCHERS = ("local",)
+
+
+@dataclass(frozen=True)
+class ClusterRequest:
+    spec: ClusterSpec | None
+    on: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    stall_timeout: float | None = None
+    restart: bool = False
+    python: str | None = None
+    launcher: str = "local"
+    hosts: list[str] | None = None
+    dashboard: bool = True
+
+
+def build_request(args: argparse.Namespace) -> ClusterRequest:
+    """Turn magic_arguments' namespace into a request, or raise SpecError saying what is wrong."""
+    spec = parse_spec(args.spec) if args.spec else None
+    try:
+        env = parse_env_items(args.env)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    for name in ("timeout", "stall_timeout"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise SpecError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
+                            f"got {value}")
+    launcher = args.launcher or ("ssh" if args.hosts else "local")
+    if launcher not in LAUNCHERS:
+        raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if launcher not in AVAILABLE_LAUNCHERS:
+        raise SpecError(f"the {launcher} launcher is not available in this version of tfdist_nb "
+                        "yet; use --launcher local")
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None
+    if hosts is not None and launcher == "local":
+        raise SpecError("--hosts needs --launcher ssh; the local launcher runs on this machine")
+    python = resolve_python(args.python) if args.python else None
+    return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
+                          stall_timeout=args.stall_timeout, restart=args.restart, python=python,
+                          launcher=launcher, hosts=hosts, dashboard=not args.no_dashboard)
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # "start" | "reuse" | "replace" | "restart"
+    spec: ClusterSpec
+    message: str | None = None
+
+
+def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
+         current_env: dict[str, str] | None = None, current_python: str | None = None) -> Plan:
+    """What the line asks of the cluster that exists now (``current_spec`` None: there is none).
+
+    A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env`` or
+    ``--python`` needs fresh kernels too (the environment is fixed at launch).
+    """
+    if current_spec is None:
+        if request.spec is None:
+            raise SpecError(f"no cluster is running and no SPEC was given; example: "
+                            f"{SPEC_EXAMPLE}")
+        _check_targets(request, request.spec)
+        return Plan("start", request.spec)
+    spec = request.spec or current_spec
+    _check_targets(request, spec)
+    if spec != current_spec:
+        return Plan("replace", spec, f"resized: {current_spec} -> {spec}")
+    if request.env and request.env != (current_env or {}):
+        return Plan("replace", spec, "restarting the cluster: --env changed")
+    if request.python and request.python != current_python:
+        return Plan("replace", spec, "restarting the cluster: --python changed")
+    if request.restart:
+        return Plan("restart", spec, f"restarting all tasks of {spec}")
+    return Plan("reuse", spec)
+
+
+def _check_targets(request: ClusterRequest, spec: ClusterSpec) -> None:
+    if request.on is not None:
+        parse_targets(request.on, spec)

@@ -1,0 +1,215 @@
+"""The IPython magics of SPEC 2.1. Each parses its line, raises UsageError for the user's mistakes
+(with an example), and hands off to the :class:`~tfdist_nb.cluster.cluster.Cluster` API.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
+from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, plan
+
+
+def _usage(exc: Exception, example: str = EXAMPLE) -> UsageError:
+    return UsageError(f"{exc}\n{example}")
+
+
+def _parse(magic: Any, line: str, example: str = EXAMPLE) -> Any:
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        raise _usage(exc, example) from None
+
+
+def _on_option(fn: Any) -> Any:
+    return argument("--on", metavar="TASKS", default=None,
+                    help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
+
+
+@magics_class
+class TfdistMagics(Magics):
+    """``%%tfcluster`` and the ``%tfdist_*`` family."""
+
+    @magic_arguments()
+    @argument("spec", nargs="*",
+              help="cluster SPEC: pairs of <count> <role>, e.g. '2 workers', "
+                   "'1 chief 2 workers 1 ps'. Omit it to use the running cluster.")
+    @_on_option
+    @argument("--env", action="append", metavar="KEY=VALUE",
+              help="environment variable for every task, set before TensorFlow is imported "
+                   "(repeatable), e.g. --env TF_USE_LEGACY_KERAS=1")
+    @argument("--timeout", type=float, metavar="SECONDS",
+              help="end the whole cell after this many seconds (tasks are interrupted)")
+    @argument("--stall-timeout", type=float, metavar="SECONDS",
+              help="seconds without progress before a busy task counts as stalled")
+    @argument("--restart", action="store_true",
+              help="start every task afresh before running (a second strategy needs this)")
+    @argument("--python", metavar="PATH", help="worker interpreter (default: this kernel's)")
+    @argument("--hosts", metavar="H1,H2", help="remote hosts for --launcher ssh (round-robin)")
+    @argument("--launcher", metavar="NAME", help="local (default) | ssh | attach")
+    @argument("--no-dashboard", action="store_true",
+              help="show plain attributed output instead of the live dashboard")
+    @line_cell_magic
+    def tfcluster(self, line: str, cell: str | None = None) -> Any:
+        """Start (or reuse, or resize) a multi-worker TensorFlow cluster and run the cell on it.
+
+        Every task is a real ipykernel with its own TF_CONFIG, set before TensorFlow is
+        imported. The cell body runs on all targeted tasks at once; their output streams live,
+        each line prefixed with its task. If a task raises, its traceback is shown under its
+        name and the cell raises, so "Run All" stops.
+
+        A cluster of the same SPEC is reused; a different SPEC replaces it and says
+        ``resized: 2 workers -> 1 worker`` (shrinking a failing job is one edit of this line).
+        The line form (``%tfcluster 2 workers``) only ensures the cluster exists.
+
+        Examples::
+
+            %%tfcluster 2 workers
+            import tensorflow as tf
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+            %%tfcluster 2 workers --on 1          # only worker:1
+            %%tfcluster 2 workers --env TF_USE_LEGACY_KERAS=1   # tf_keras for model.fit
+            %%tfcluster --restart                  # fresh kernels, same cluster
+        """
+        args = _parse(self.tfcluster, line)
+        try:
+            request = build_request(args)
+        except SpecError as exc:
+            raise _usage(exc) from None
+        cluster = self._ensure(request)
+        if cell is None or not cell.strip():
+            return None
+        return self._run(cluster, cell, request)
+
+    def _ensure(self, request: ClusterRequest) -> Any:
+        from tfdist_nb.cluster.cluster import Cluster, current
+
+        active = current()
+        try:
+            decided = plan(request, active.spec if active else None,
+                           active.env if active else None, active.python if active else None)
+        except SpecError as exc:
+            raise _usage(exc) from None
+        if decided.message:
+            print(f"tfdist_nb: {decided.message}")
+        if decided.action == "reuse":
+            return active
+        if decided.action == "restart":
+            active.restart()
+            return active
+        if active is not None:
+            env = active.env if not request.env else request.env
+            python = request.python or active.python
+            active.stop()
+        else:
+            env, python = request.env, request.python
+        spec = decided.spec
+        cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
+                          evaluator=bool(spec.evaluator), launcher=request.launcher,
+                          hosts=request.hosts, env=env, python=python,
+                          stall_timeout=request.stall_timeout or 60.0)
+        print(f"tfdist_nb: starting {spec} ({request.launcher}) ...", flush=True)
+        cluster.start()
+        print(f"tfdist_nb: {spec} ready; run directory {cluster.run_dir}", flush=True)
+        return cluster
+
+    def _run(self, cluster: Any, code: str, request: ClusterRequest) -> None:
+        from tfdist_nb.display.live import LivePrinter, failure_report
+
+        try:
+            result = cluster.run(code, on=request.on, timeout=request.timeout,
+                                 on_event=LivePrinter())
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc) from None
+        sys.stdout.flush()
+        if not result.ok:
+            sys.stderr.write(failure_report(result))
+            sys.stderr.flush()
+            raise TaskError(result.summary(), result)
+        return None
+
+    @magic_arguments()
+    @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
+    @line_magic
+    def tfdist_status(self, line: str) -> Any:
+        """Show the state of every task (``--table``: as a DataFrame with the SPEC 2.4 columns)."""
+        _parse(self.tfdist_status, line, "example: %tfdist_status --table")
+        return _require().status()
+
+    @magic_arguments()
+    @_on_option
+    @argument("--grep", metavar="RE", help="only lines matching this regular expression")
+    @argument("--tail", type=int, metavar="N", help="only the last N lines")
+    @argument("--save", metavar="PATH", help="also write the lines as JSON Lines to PATH")
+    @line_magic
+    def tfdist_logs(self, line: str) -> Any:
+        """The merged log of every task (from the run directory), as a DataFrame."""
+        args = _parse(self.tfdist_logs, line, "example: %tfdist_logs --on 1 --grep loss --tail 50")
+        cluster = _require()
+        try:
+            df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail)
+        except (SpecError, ValueError) as exc:
+            raise _usage(exc, "example: %tfdist_logs --on 1 --grep 'loss|step'") from None
+        if args.save:
+            df.to_json(args.save, orient="records", lines=True, date_format="iso")
+        return df
+
+    @magic_arguments()
+    @_on_option
+    @line_magic
+    def tfdist_interrupt(self, line: str) -> None:
+        """Interrupt (SIGINT) the targeted tasks."""
+        args = _parse(self.tfdist_interrupt, line, "example: %tfdist_interrupt --on 1")
+        _targets_call(_require().interrupt, args.on)
+
+    @magic_arguments()
+    @_on_option
+    @line_magic
+    def tfdist_restart(self, line: str) -> None:
+        """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
+        args = _parse(self.tfdist_restart, line, "example: %tfdist_restart --on 1")
+        _targets_call(_require().restart, args.on)
+        print(f"tfdist_nb: restarted {args.on or 'all tasks'}")
+
+    @magic_arguments()
+    @line_magic
+    def tfdist_stop(self, line: str) -> None:
+        """Stop every task of the active cluster (fast: short grace, then SIGKILL)."""
+        from tfdist_nb.cluster.cluster import current
+
+        _parse(self.tfdist_stop, line, "example: %tfdist_stop")
+        cluster = current()
+        if cluster is None:
+            print("tfdist_nb: no cluster is running")
+            return
+        reports = cluster.stop()
+        print(f"tfdist_nb: stopped {len(reports)} task(s) of {cluster.spec}")
+
+    @magic_arguments()
+    @line_magic
+    def tfdist_env(self, line: str) -> Any:
+        """Each task's environment side by side; the ``mismatch`` column marks differences."""
+        _parse(self.tfdist_env, line, "example: %tfdist_env")
+        return _require().env()
+
+
+def _require() -> Any:
+    from tfdist_nb.cluster.cluster import current
+
+    cluster = current()
+    if cluster is None:
+        raise UsageError("no cluster is running; start one with\n  %%tfcluster 2 workers")
+    return cluster
+
+
+def _targets_call(fn: Any, on: str | None) -> None:
+    try:
+        fn(on=on)
+    except (SpecError, ClusterNotRunningError) as exc:
+        raise _usage(exc, "example: --on 1  or  --on worker:0,worker:1") from None

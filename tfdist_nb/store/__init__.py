@@ -1,0 +1,1 @@
+"""Telemetry and log store: the run directory on disk and DataFrame views of it."""

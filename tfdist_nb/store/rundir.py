@@ -1,0 +1,98 @@
+"""The run directory of SPEC 3: everything a cluster saw, as JSON Lines, owner-only.
+
+``./tfdist_runs/<cluster-id>/``::
+
+    events.jsonl          every output line, rich output and controller note, in arrival order
+    cells.jsonl           every cell sent: sequence number, targets, code
+    tasks/<task>/         tf_config.json, env.json, kernel.log (what the process wrote before
+                          ipykernel captured fd 1/2), kernel connection file while it runs
+
+Lines are flushed as they are written, so a crash of the controller loses nothing already received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.events import Event
+
+DEFAULT_ROOT = "tfdist_runs"
+
+
+def new_cluster_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _owner_only_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def open_private(path: Path, mode: str = "a") -> Any:
+    """Open a file created readable by the owner only, whatever the umask."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, mode, encoding="utf-8", buffering=1)
+
+
+class RunDirectory:
+    """Appends events and cells; safe to call from the loop thread and the caller's thread."""
+
+    def __init__(self, root: str | os.PathLike[str] | None, cluster_id: str) -> None:
+        self.cluster_id = cluster_id
+        base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT)
+        _owner_only_dir(base)
+        self.path = _owner_only_dir(base / cluster_id)
+        self._lock = threading.Lock()
+        self._events = open_private(self.path / "events.jsonl")
+        self._cells = open_private(self.path / "cells.jsonl")
+        self.lines_written = 0
+
+    def task_dir(self, slug: str) -> Path:
+        return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
+
+    def write_json(self, slug: str, name: str, data: Any) -> Path:
+        path = self.task_dir(slug) / name
+        with open_private(path, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        return path
+
+    def write_event(self, event: Event) -> None:
+        line = json.dumps(event.to_json(), default=str)
+        with self._lock:
+            if not self._events.closed:
+                self._events.write(line + "\n")
+                self.lines_written += 1
+
+    def write_cell(self, seq: int, code: str, targets: list[str]) -> None:
+        rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
+        with self._lock:
+            if not self._cells.closed:
+                self._cells.write(json.dumps(rec) + "\n")
+
+    def iter_events(self) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            if not self._events.closed:
+                self._events.flush()
+        with open(self.path / "events.jsonl", encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    yield json.loads(line)
+
+    def cells(self) -> list[dict[str, Any]]:
+        with open(self.path / "cells.jsonl", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+
+    def close(self) -> None:
+        with self._lock:
+            self._events.close()
+            self._cells.close()

@@ -1,0 +1,151 @@
+"""One task's kernel channels turned into events, and execute requests turned into futures.
+
+An iopub pump runs for the life of the task, so output that arrives outside a cell (background
+threads, the C++ runtime writing to fd 1/2 late) is still kept with its task. Stream chunks are cut
+into lines; a partial line waits for its end or for the cell to go idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfdist_nb.events import Event, OutputLine, RichOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Execution:
+    """One execute request in flight on one task."""
+
+    msg_id: str
+    cell: int | None
+    started: float
+    reply: asyncio.Future = field(repr=False)
+    idle: asyncio.Future = field(repr=False)
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _msg_time(msg: dict[str, Any]) -> float:
+    date = msg.get("header", {}).get("date")
+    try:
+        return float(date.timestamp())
+    except AttributeError:
+        return time.time()
+
+
+class KernelChannel:
+    """Executes code on one task and publishes everything it says through ``sink``."""
+
+    def __init__(self, task: str, client: Any, sink: Callable[[Event], None]) -> None:
+        self.task = task
+        self.client = client
+        self._sink = sink
+        self._pending: dict[str, Execution] = {}
+        self._cells: dict[str, int] = {}
+        self._partial: dict[str, str] = {}
+        self._pumps: list[asyncio.Task] = []
+        self.last_output: float | None = None
+
+    async def start(self, timeout: float) -> None:
+        self.client.start_channels()
+        await self.client.wait_for_ready(timeout=timeout)
+        self._pumps = [asyncio.ensure_future(self._pump_iopub()),
+                       asyncio.ensure_future(self._pump_shell())]
+
+    async def close(self) -> None:
+        for pump in self._pumps:
+            pump.cancel()
+        for pump in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await pump
+        self._flush_partials(None)
+        for ex in self._pending.values():
+            for fut in (ex.reply, ex.idle):
+                if not fut.done():
+                    fut.cancel()
+        self._pending.clear()
+
+    def execute(self, code: str, cell: int | None, *, silent: bool = False,
+                user_expressions: dict[str, str] | None = None) -> Execution:
+        loop = asyncio.get_running_loop()
+        msg_id = self.client.execute(code, silent=silent, store_history=not silent,
+                                     user_expressions=user_expressions or {}, allow_stdin=False)
+        ex = Execution(msg_id, cell, time.time(), loop.create_future(), loop.create_future())
+        self._pending[msg_id] = ex
+        if cell is not None:
+            self._cells[msg_id] = cell
+        return ex
+
+    def abandon(self, ex: Execution) -> None:
+        """Stop tracking ``ex``; its late output still goes to the log under its cell."""
+        self._pending.pop(ex.msg_id, None)
+
+    async def _pump_shell(self) -> None:
+        while True:
+            msg = await self.client.get_shell_msg()
+            ex = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
+            if ex and msg["msg_type"] == "execute_reply" and not ex.reply.done():
+                ex.reply.set_result(msg["content"])
+
+    async def _pump_iopub(self) -> None:
+        while True:
+            msg = await self.client.get_iopub_msg()
+            try:
+                self._on_iopub(msg)
+            except Exception:  # one odd message must not stop the task's log
+                logger.exception("tfdist_nb: could not handle a message from %s", self.task)
+
+    def _on_iopub(self, msg: dict[str, Any]) -> None:
+        kind = msg["msg_type"]
+        parent = msg.get("parent_header", {}).get("msg_id", "")
+        cell = self._cells.get(parent)
+        ex = self._pending.get(parent)
+        content = msg.get("content", {})
+        t = _msg_time(msg)
+        if kind == "stream":
+            self.last_output = time.time()
+            name = content.get("name", "stdout")
+            text = content.get("text", "")
+            if ex is not None:
+                (ex.stdout if name == "stdout" else ex.stderr).append(text)
+            self._emit_stream(t, name, text, cell)
+        elif kind in ("display_data", "execute_result", "update_display_data"):
+            self.last_output = time.time()
+            if ex is not None:
+                ex.outputs.append({"output_type": kind, **content})
+            self._sink(RichOutput(t, self.task, kind, content.get("data", {}),
+                                  content.get("metadata", {}), cell))
+            plain = content.get("data", {}).get("text/plain")
+            if plain:
+                self._emit_lines(t, "display", plain.splitlines(), cell)
+        elif kind == "error":
+            lines = "\n".join(content.get("traceback", [])).splitlines()
+            self._emit_lines(t, "error", lines, cell)
+        elif kind == "status" and content.get("execution_state") == "idle":
+            self._flush_partials(cell)
+            if ex is not None and not ex.idle.done():
+                ex.idle.set_result(t)
+
+    def _emit_stream(self, t: float, name: str, text: str, cell: int | None) -> None:
+        buf = self._partial.pop(name, "") + text
+        *complete, rest = buf.split("\n")
+        if rest:
+            self._partial[name] = rest
+        self._emit_lines(t, name, complete, cell)
+
+    def _flush_partials(self, cell: int | None) -> None:
+        for name in list(self._partial):
+            self._emit_lines(time.time(), name, [self._partial.pop(name)], cell)
+
+    def _emit_lines(self, t: float, stream: str, lines: list[str], cell: int | None) -> None:
+        for line in lines:
+            self._sink(OutputLine(t, self.task, stream, line.rstrip("\r"), cell))

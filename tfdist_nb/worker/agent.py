@@ -1,0 +1,84 @@
+"""The worker-side agent: what a worker kernel reports about itself to the controller.
+
+Called by the controller through a silent execute request right after the kernel is up. It must
+not create any TensorFlow op (the strategy has to come first in the process, SPEC 6); importing
+TensorFlow is fine and is done here so the user's first cell does not pay for it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+from tfdist_nb import worker
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def keras_flavour() -> str:
+    """Which Keras ``tf.keras`` gives this task: ``"tf_keras"`` or ``"keras 3"``."""
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
+    if legacy and _version("tf-keras"):
+        return "tf_keras"
+    keras = _version("keras") or ""
+    return "keras 3" if keras.startswith("3") else (f"keras {keras}" if keras else "none")
+
+
+def port_free(port: int) -> bool:
+    """Whether TensorFlow's gRPC server will be able to bind its port (it binds all addresses)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def own_port() -> int | None:
+    try:
+        cfg = json.loads(os.environ["TF_CONFIG"])
+        addr = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
+        return int(addr.rpartition(":")[2])
+    except (KeyError, ValueError, IndexError, TypeError):
+        return None
+
+
+def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Who and where this task is, after importing ``preload`` (e.g. tensorflow)."""
+    imported = {}
+    for name in preload:
+        mod = __import__(name)
+        imported[name] = getattr(mod, "__version__", None)
+    port = own_port()
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "task": list(worker.task) if worker.task else None,
+        "tf_config": os.environ.get("TF_CONFIG"),
+        "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
+        "keras": _version("keras"),
+        "tf_keras": _version("tf-keras"),
+        "keras_flavour": keras_flavour(),
+        "numpy": _version("numpy"),
+        "os": platform.platform(),
+        "port": port,
+        "port_free": port_free(port) if port else None,
+        "imported": imported,
+    }
+
+
+def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
+    return json.dumps(describe(preload))

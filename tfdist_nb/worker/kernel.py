@@ -1,0 +1,20 @@
+"""Entry point of a worker kernel: ``python -m tfdist_nb.worker.kernel -f CONNECTION_FILE``.
+
+An ordinary ipykernel with ``tfdist_nb.worker`` loaded first. It exits by itself when its
+controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's parent poller ``os._exit``s
+when the parent changes, which also works while TensorFlow ignores SIGTERM.
+"""
+
+from __future__ import annotations
+
+import tfdist_nb.worker  # noqa: F401  - the task identity is read before any user code
+
+
+def main() -> None:
+    from ipykernel.kernelapp import IPKernelApp
+
+    IPKernelApp.launch_instance()
+
+
+if __name__ == "__main__":
+    main()
