@@ -1,4 +1,5 @@
 import tensorflow as tf
+
 import tfdist_nb.worker as tw
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -29,7 +30,7 @@ def train_step(x, y):
     return loss
 
 batches = iter(dist_ds)
-for step in range(20):
+for _ in range(20):
     with tw.step():
         loss = train_step(*next(batches))
 print(f"{tw.task[0]}:{tw.task[1]} final loss {float(loss):.4f} after {tw.steps_done()} steps")

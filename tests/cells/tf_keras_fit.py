@@ -1,5 +1,6 @@
 import numpy as np
 import tensorflow as tf
+
 import tfdist_nb.worker as tw
 
 strategy = tf.distribute.MultiWorkerMirroredStrategy()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -25,7 +26,7 @@ import pandas as pd
 
 from tfdist_nb.cluster.environment import resolve_python, worker_env
 from tfdist_nb.cluster.loop import LoopThread
-from tfdist_nb.cluster.results import RunResult, TaskResult
+from tfdist_nb.cluster.results import RunResult
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.cluster.state import TaskEvent, TaskState
@@ -79,7 +80,7 @@ class Cluster:
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
         self.launcher = launcher if isinstance(launcher, Launcher) else get_launcher(launcher)
         self.hosts = list(hosts) if hosts else None
-        self.env = dict(env or {})
+        self.extra_env = dict(env or {})
         self.stall_timeout = float(stall_timeout)
         self.python = resolve_python(python)
         self.preload = tuple(preload)
@@ -94,6 +95,7 @@ class Cluster:
         self._cell = 0
         self.last_stop: list[StopReport] = []
         self._procs: dict[int, Any] = {}
+        self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
         self.running = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -119,8 +121,11 @@ class Cluster:
         """End every task at once (shutdown request, short grace, then SIGKILL)."""
         if self._loop is None:
             return self.last_stop
+        for control in list(self._active_runs):  # a cell still running ends now, not later
+            self._loop.call_soon(control.stop, "stopped")
         with contextlib.suppress(Exception):
             self.last_stop = self._loop.run(self._stop_tasks(list(self.tasks.values())), 30)
+        concurrent.futures.wait(list(self._active_runs.values()), timeout=5)
         self._teardown()
         return self.last_stop
 
@@ -178,24 +183,19 @@ class Cluster:
         listener = events.put
         self._add_listener(listener)
         loop = self._require_loop()
-        control_box: list[RunControl] = []
-
-        async def go() -> dict[str, TaskResult]:
-            control = RunControl()
-            control_box.append(control)
-            return await run_cell(targets, code, cell, timeout, control)
-
-        fut = loop.submit(go())
+        control = RunControl()
+        fut = loop.submit(run_cell(targets, code, cell, timeout, control))
+        self._active_runs[control] = fut
         try:
             while not fut.done():
                 try:
                     self._drain(events, on_event, wait=0.05)
                 except KeyboardInterrupt:  # the user pressed interrupt: end the run for all
-                    if control_box:
-                        loop.call_soon(control_box[0].stop, "interrupt")
+                    loop.call_soon(control.stop, "interrupt")
             self._drain(events, on_event, wait=0)
         finally:
             self._remove_listener(listener)
+            self._active_runs.pop(control, None)
         return RunResult(cell=cell, tasks=fut.result())
 
     @staticmethod
@@ -240,6 +240,15 @@ class Cluster:
         df = pd.DataFrame(data, index=keys)
         df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
         return df
+
+    def keras_summary(self) -> str:
+        """Which TensorFlow and Keras the tasks run, with the MWMS ``fit`` caveat for Keras 3."""
+        flavours = sorted({str(rt.info.get("keras_flavour")) for rt in self.tasks.values()})
+        tf = sorted({str(rt.info.get("tensorflow")) for rt in self.tasks.values()})
+        text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
+        if "keras 3" in flavours and self.spec.workers + self.spec.chief > 1:
+            text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
+        return text
 
     @property
     def run_dir(self) -> Path | None:
@@ -308,7 +317,7 @@ class Cluster:
 
     def _runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
         tf_config = build_tf_config(task, addresses)
-        env = worker_env(task, tf_config, self.env, self.python)
+        env = worker_env(task, tf_config, self.extra_env, self.python)
         assert self.rundir is not None
         self.rundir.write_json(task.slug, "tf_config.json", json.loads(tf_config))
         self.rundir.write_json(task.slug, "env.json", env)

@@ -23,7 +23,7 @@ POLL_S = 0.2
 IDLE_AFTER_REPLY_S = 2.0
 
 
-@dataclass
+@dataclass(eq=False)
 class RunControl:
     """Set from the caller's thread (through the loop) to end a run early."""
 
@@ -116,7 +116,8 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int) -> TaskResult:
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
                      done: dict[str, TaskResult], reason: str,
                      grace_s: float) -> dict[str, TaskResult]:
-    status = {"timeout": "timeout", "crash": "interrupted"}.get(reason, "interrupted")
+    status = "timeout" if reason == "timeout" else "interrupted"
+    grace_s = 0.0 if reason == "stopped" else grace_s
     rest = [n for n in by_name if n not in done]
     await asyncio.gather(*(by_name[n].handle.interrupt() for n in rest), return_exceptions=True)
     await _wait_all([execs[n].reply for n in rest], grace_s)
@@ -130,9 +131,11 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         else:
             rt.channel.abandon(ex)
             res = _result(rt, ex, status, None)
-            res.explanation = (f"{name} did not answer the interrupt within {grace_s:.0f}s and is "
-                               "still busy (a thread blocked in a TensorFlow op holds no Python "
-                               "frame to interrupt); restart it with %tfdist_restart.")
+            res.explanation = (
+                "the cluster was stopped while the cell ran" if reason == "stopped" else
+                f"{name} did not answer the interrupt within {grace_s:.0f}s and is still busy "
+                "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
+                "restart it with %tfdist_restart.")
             out[name] = res
     return out
 

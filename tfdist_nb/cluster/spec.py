@@ -70,11 +70,11 @@ class ClusterSpec:
             raise SpecError("a cluster has at most 1 chief")
         if self.evaluator > 1:
             raise SpecError("a cluster has at most 1 evaluator")
+        if self.ps and not (self.workers or self.chief):
+            raise SpecError("ps tasks need workers to serve")
         if self.workers + self.chief == 0:
             raise SpecError(
                 f"a cluster needs at least 1 worker or a chief; example: {SPEC_EXAMPLE}")
-        if self.ps and not (self.workers or self.chief):
-            raise SpecError("ps tasks need workers to serve")
 
     def count(self, role: str) -> int:
         return {"worker": self.workers, "chief": self.chief, "ps": self.ps,
@@ -140,7 +140,7 @@ def _parse_role(word: str) -> str:
     return role
 
 
-def parse_targets(text: str | Iterable[str | int | TaskId] | None,
+def parse_targets(text: str | int | TaskId | Iterable[str | int | TaskId] | None,
                   spec: ClusterSpec) -> list[TaskId]:
     """Resolve ``--on``/``on=`` against a spec: ``None``/``"all"`` is every task.
 
@@ -149,7 +149,12 @@ def parse_targets(text: str | Iterable[str | int | TaskId] | None,
     if text is None or (isinstance(text, str) and text.strip() in ("", "all")):
         return spec.tasks
     items: list[str | int | TaskId]
-    items = [p for p in text.split(",") if p.strip()] if isinstance(text, str) else list(text)
+    if isinstance(text, str):
+        items = [p for p in text.split(",") if p.strip()]
+    elif isinstance(text, (int, TaskId)):
+        items = [text]
+    else:
+        items = list(text)
     if not items:
         raise SpecError("empty task list; example: --on 0,1 or --on worker:0,ps:0")
     known = spec.tasks

@@ -4,24 +4,28 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
 from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, plan
 
 
-def _usage(exc: Exception, example: str = EXAMPLE) -> UsageError:
+def _usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
     return UsageError(f"{exc}\n{example}")
 
 
 def _parse(magic: Any, line: str, example: str = EXAMPLE) -> Any:
+    """Split like a POSIX shell (quotes group words and are removed), then parse."""
     try:
-        return parse_argstring(magic, line)
+        return magic.parser.parse_args(shlex.split(line))
+    except ValueError as exc:  # unbalanced quotes
+        raise _usage(f"cannot read the line: {exc}", example) from None
     except UsageError as exc:
         raise _usage(exc, example) from None
 
@@ -85,7 +89,7 @@ class TfdistMagics(Magics):
         cluster = self._ensure(request)
         if cell is None or not cell.strip():
             return None
-        return self._run(cluster, cell, request)
+        return self._run(cluster, line, cell, request)
 
     def _ensure(self, request: ClusterRequest) -> Any:
         from tfdist_nb.cluster.cluster import Cluster, current
@@ -93,7 +97,7 @@ class TfdistMagics(Magics):
         active = current()
         try:
             decided = plan(request, active.spec if active else None,
-                           active.env if active else None, active.python if active else None)
+                           active.extra_env if active else None, active.python if active else None)
         except SpecError as exc:
             raise _usage(exc) from None
         if decided.message:
@@ -104,7 +108,7 @@ class TfdistMagics(Magics):
             active.restart()
             return active
         if active is not None:
-            env = active.env if not request.env else request.env
+            env = request.env or active.extra_env
             python = request.python or active.python
             active.stop()
         else:
@@ -116,15 +120,18 @@ class TfdistMagics(Magics):
                           stall_timeout=request.stall_timeout or 60.0)
         print(f"tfdist_nb: starting {spec} ({request.launcher}) ...", flush=True)
         cluster.start()
-        print(f"tfdist_nb: {spec} ready; run directory {cluster.run_dir}", flush=True)
+        print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
+              f"{cluster.run_dir}", flush=True)
         return cluster
 
-    def _run(self, cluster: Any, code: str, request: ClusterRequest) -> None:
+    def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:
         from tfdist_nb.display.live import LivePrinter, failure_report
 
+        # The magic line goes along as a comment (IPython drops leading blank lines), so worker
+        # tracebacks carry the line numbers the user sees in the notebook cell.
         try:
-            result = cluster.run(code, on=request.on, timeout=request.timeout,
-                                 on_event=LivePrinter())
+            result = cluster.run(f"# %%tfcluster {line}\n{code}", on=request.on,
+                                 timeout=request.timeout, on_event=LivePrinter())
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc) from None
         sys.stdout.flush()

@@ -1,0 +1,81 @@
+"""Malformed magic lines are UsageErrors with a helpful message, and start nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from tests.conftest import worker_kernels
+from tfdist_nb import current
+
+
+@pytest.fixture(scope="module")
+def ip() -> Iterator[Any]:
+    shell = InteractiveShell.instance()
+    shell.extension_manager.load_extension("tfdist_nb")
+    yield shell
+    shell.extension_manager.unload_extension("tfdist_nb")
+
+
+BAD_LINES = [
+    ("two workers", "expected a number before 'workers'"),
+    ("0 workers", "0 workers is not a cluster"),
+    ("2 wrokers", "Did you mean 'workers'"),
+    ("2", "pairs of '<count> <role>'"),
+    ("2 workers --bogus", "unrecognized arguments: --bogus"),
+    ("2 workers --env NOEQUALS", "--env expects KEY=VALUE"),
+    ("2 workers --env 1BAD=x", "--env expects KEY=VALUE"),
+    ("2 workers --on worker:7", "no task worker:7 in a cluster of 2 workers"),
+    ("2 workers --on gpu:1", "cannot read task 'gpu:1'"),
+    ("2 workers --timeout -5", "--timeout must be a positive number"),
+    ("2 workers --timeout soon", "invalid float value: 'soon'"),
+    ("2 workers --python /no/such/python", "not found"),
+    ("2 workers --launcher slurm", "unknown launcher 'slurm'"),
+    ("2 workers --hosts a,b --launcher local", "--hosts needs --launcher ssh"),
+    ("2 workers --env 'A=1", "cannot read the line"),
+    ("", "no cluster is running and no SPEC was given"),
+    ("1 chief 2 chiefs", "given twice"),
+]
+
+
+@pytest.mark.parametrize(("line", "needle"), BAD_LINES)
+def test_bad_line_is_usage_error_and_starts_nothing(ip: Any, line: str, needle: str) -> None:
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    workers = worker_kernels()
+    with pytest.raises(UsageError) as info:
+        ip.run_cell_magic("tfcluster", line, "print('never runs')")
+    message = str(info.value)
+    assert needle in message
+    assert "%%tfcluster 2 workers" in message  # every message carries an example
+    assert current() is None
+    assert worker_kernels() == workers
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == children
+
+
+def test_line_form_is_checked_the_same_way(ip: Any) -> None:
+    with pytest.raises(UsageError, match="Did you mean 'workers'"):
+        ip.run_line_magic("tfcluster", "2 wrokers")
+
+
+@pytest.mark.parametrize("magic", ["tfdist_status", "tfdist_logs", "tfdist_env",
+                                   "tfdist_restart", "tfdist_interrupt"])
+def test_magics_need_a_cluster(ip: Any, magic: str) -> None:
+    with pytest.raises(UsageError, match="no cluster is running"):
+        ip.run_line_magic(magic, "")
+
+
+def test_stop_without_cluster_says_so(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    ip.run_line_magic("tfdist_stop", "")
+    assert "no cluster is running" in capsys.readouterr().out
+
+
+def test_help_is_complete(ip: Any) -> None:
+    doc = ip.find_cell_magic("tfcluster").__doc__
+    for option in ("--on", "--env", "--timeout", "--stall-timeout", "--restart", "--python",
+                   "--hosts", "--launcher", "resized: 2 workers -> 1 worker", "Examples"):
+        assert option in doc

@@ -1,0 +1,90 @@
+"""The magics inside a real notebook kernel (nbclient), which starts the worker kernels itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[1]
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run_notebook(cells: list[str], tmp_path: Path) -> Any:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    client = NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return nb
+
+
+def text_of(cell: Any) -> str:
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+    return ANSI.sub("", "".join(parts))
+
+
+def errors_of(cell: Any) -> list[str]:
+    return [out.ename for out in cell.outputs if out.output_type == "error"]
+
+
+def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: Path) -> None:
+    saved = tmp_path / "executed.ipynb"
+    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.run([sys.executable, "-m", "tfdist_nb", "quickstart", "--no-colour",
+                           "--save", str(saved)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    for task in ("worker:0", "worker:1"):
+        assert f"[{task}] {task} final loss" in out  # the MWMS custom loop, attributed
+        assert f"[{task}] keras tf_keras" in out  # tf_keras model.fit after the restart
+    assert "restarting the cluster: --env changed" in out
+    assert "[worker:1] only ('worker', 1)" in out
+    assert "[worker:0] only" not in out
+    summary = out[out.index(">>> %tfdist_status --table"):]
+    assert "worker:0" in summary and "worker:1" in summary and "idle" in summary
+    assert "stopped 2 task(s) of 2 workers" in out
+    nb = nbformat.read(saved, as_version=4)
+    assert not [e for c in nb.cells if c.cell_type == "code" for e in errors_of(c)]
+
+
+def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:
+    nb = run_notebook([
+        "%load_ext tfdist_nb",
+        "%%tfcluster 2 workers\nimport tfdist_nb.worker as tw\nprint('hello')\n"
+        "if tw.task[1] == 1:\n    raise ValueError('bad shard on 1')",
+        "%%tfcluster 1 worker\nimport tfdist_nb.worker as tw\nprint('alone as', tw.task)",
+        "%%tfcluster 1 worker --on worker:3\nprint('never')",
+        "%tfdist_status --table",
+        "%tfdist_stop",
+    ], tmp_path)
+    failing = nb.cells[1]
+    assert errors_of(failing) == ["TaskError"]  # the cell raises, so "Run All" stops there
+    text = text_of(failing)
+    assert "[worker:0] hello" in text and "[worker:1] hello" in text
+    assert "[worker:1] error: ValueError: bad shard on 1" in text
+    assert "line 5" in text  # the worker's traceback keeps the cell's own line numbers
+    error = next(o for o in failing.outputs if o.output_type == "error")
+    assert "1 of 2 task(s) failed: worker:1 error (ValueError: bad shard on 1)" in error.evalue
+    resized = text_of(nb.cells[2])
+    assert "resized: 2 workers -> 1 worker" in resized
+    assert "[worker:0] alone as ('worker', 0)" in resized
+    # IPython shows a UsageError as one short message, without a traceback
+    assert "UsageError: no task worker:3 in a cluster of 1 worker" in text_of(nb.cells[3])
+    assert "never" not in text_of(nb.cells[3])
+    assert "worker:0" in text_of(nb.cells[4]) and "worker:1" not in text_of(nb.cells[4])
+    assert "stopped 1 task(s)" in text_of(nb.cells[5])

@@ -1,0 +1,56 @@
+"""Static contracts: the shipped kernel spec, the public API names, cheap import, layering."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_kernel_spec_matches_the_launcher() -> None:
+    from tfdist_nb.launchers.local import worker_kernel_spec
+
+    shipped = json.loads((REPO / "kernels" / "tfdist-worker" / "kernel.json").read_text())
+    built = worker_kernel_spec("python").to_dict()
+    for key in ("argv", "display_name", "language", "interrupt_mode", "metadata"):
+        assert shipped[key] == built[key], key
+
+
+def test_public_names_of_the_spec() -> None:
+    import tfdist_nb
+    from tfdist_nb import Cluster
+
+    for name in ("Cluster", "current", "load_ipython_extension", "unload_ipython_extension"):
+        assert hasattr(tfdist_nb, name)
+    for method in ("start", "run", "status", "logs", "stacks", "env", "interrupt", "restart",
+                   "stop", "__enter__", "__exit__"):
+        if method == "stacks":
+            continue  # SPEC 2.2 stacks() arrives with the telemetry channel (issue 4)
+        assert callable(getattr(Cluster, method)), method
+
+
+def test_importing_the_package_is_cheap() -> None:
+    code = ("import sys, tfdist_nb, tfdist_nb.worker; "
+            "heavy = [m for m in ('tensorflow', 'pandas', 'jupyter_client', 'zmq', 'IPython') "
+            "if m in sys.modules]; print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_layering_contracts_hold() -> None:
+    """Pure modules import no IPython/zmq/widgets; the worker side imports no controller code."""
+    code = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
+
+
+def test_ruff_clean() -> None:
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "tfdist_nb", "tests", "bench"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout

@@ -1,0 +1,54 @@
+"""What a %%tfcluster line asks of the cluster that exists (pure planning)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tfdist_nb.cluster.spec import parse_spec
+from tfdist_nb.errors import SpecError
+from tfdist_nb.magics.request import build_request, plan
+
+
+def request(spec: str = "", **kw: object):
+    ns = argparse.Namespace(spec=spec.split(), on=None, env=None, timeout=None,
+                            stall_timeout=None, restart=False, python=None, hosts=None,
+                            launcher=None, no_dashboard=False)
+    for key, value in kw.items():
+        setattr(ns, key, value)
+    return build_request(ns)
+
+
+def test_first_line_starts() -> None:
+    assert plan(request("2 workers"), None).action == "start"
+
+
+def test_same_spec_reuses_and_no_spec_reuses() -> None:
+    two = parse_spec("2 workers")
+    assert plan(request("2 workers"), two).action == "reuse"
+    assert plan(request(""), two).action == "reuse"
+
+
+def test_different_spec_resizes_with_message() -> None:
+    decided = plan(request("1 worker"), parse_spec("2 workers"))
+    assert decided.action == "replace"
+    assert decided.message == "resized: 2 workers -> 1 worker"
+
+
+def test_env_change_needs_fresh_kernels_but_same_env_reuses() -> None:
+    two = parse_spec("2 workers")
+    legacy = request("2 workers", env=["TF_USE_LEGACY_KERAS=1"])
+    assert plan(legacy, two, {}).action == "replace"
+    assert plan(legacy, two, {"TF_USE_LEGACY_KERAS": "1"}).action == "reuse"
+    assert plan(request("2 workers"), two, {"TF_USE_LEGACY_KERAS": "1"}).action == "reuse"
+
+
+def test_restart_flag() -> None:
+    assert plan(request("", restart=True), parse_spec("2 workers")).action == "restart"
+
+
+def test_on_is_checked_against_the_new_spec() -> None:
+    with pytest.raises(SpecError, match="no task worker:1 in a cluster of 1 worker"):
+        plan(request("1 worker", on="1"), parse_spec("2 workers"))
+    assert plan(request("", on="1"), parse_spec("2 workers")).action == "reuse"

@@ -1,0 +1,57 @@
+"""TF_CONFIG generation and validation (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tfdist_nb.cluster.spec import TaskId, parse_spec
+from tfdist_nb.cluster.tfconfig import build_tf_config, validate_tf_config
+
+
+def test_every_task_sees_the_same_cluster() -> None:
+    spec = parse_spec("1 chief 2 workers 1 ps")
+    addresses = {t: f"localhost:{20000 + i}" for i, t in enumerate(spec.tasks)}
+    configs = {t: json.loads(build_tf_config(t, addresses)) for t in spec.tasks}
+    clusters = {json.dumps(c["cluster"], sort_keys=True) for c in configs.values()}
+    assert len(clusters) == 1
+    cfg = configs[TaskId("worker", 1)]
+    assert cfg["task"] == {"type": "worker", "index": 1}
+    assert cfg["cluster"] == {"chief": ["localhost:20000"],
+                              "worker": ["localhost:20001", "localhost:20002"],
+                              "ps": ["localhost:20003"]}
+
+
+def test_evaluator_is_outside_the_training_cluster() -> None:
+    spec = parse_spec("2 workers 1 evaluator")
+    addresses = {t: f"localhost:{21000 + i}" for i, t in enumerate(spec.tasks)}
+    cfg = json.loads(build_tf_config(TaskId("evaluator", 0), addresses))
+    assert "evaluator" not in cfg["cluster"]
+    assert cfg["task"] == {"type": "evaluator", "index": 0}
+
+
+@pytest.mark.parametrize(("cfg", "needle"), [
+    ({"task": {"type": "worker", "index": 0}}, "cluster: missing"),
+    ({"cluster": {"worker": ["a:1"]}}, "task: missing"),
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 2}},
+     "task.index: 2 is out of range"),
+    ({"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}},
+     "cluster.worker[1]: duplicate address"),
+    ({"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}},
+     "cluster.worker[0]: port '99999'"),
+    ({"cluster": {"wrker": ["a:1"]}, "task": {"type": "worker", "index": 0}},
+     "cluster.wrker: unknown role"),
+    ({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}},
+     "task.type: 'ps' has no entry"),
+    ({"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}},
+     "is not 'host:port'"),
+])
+def test_validation_names_the_field(cfg: dict, needle: str) -> None:
+    problems = validate_tf_config(cfg)
+    assert any(needle in p for p in problems), problems
+
+
+def test_valid_config_has_no_problems() -> None:
+    assert validate_tf_config({"cluster": {"worker": ["h:1", "h:2"]},
+                               "task": {"type": "worker", "index": 1}}) == []

@@ -1,0 +1,3 @@
+from tfdist_nb.cli import main
+
+raise SystemExit(main())

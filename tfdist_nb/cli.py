@@ -1,0 +1,101 @@
+"""``tfdist-nb`` / ``python -m tfdist_nb``: run the quickstart headless, or open JupyterLab on it.
+
+``quickstart`` executes ``examples/01_quickstart.ipynb`` with nbclient (a real notebook kernel that
+starts a real 2-worker cluster), prints every cell's output as text and ends with the per-task
+summary; it exits non-zero if any cell failed. ``lab`` opens JupyterLab on ``examples/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def examples_dir() -> Path:
+    for candidate in (Path.cwd() / "examples", Path(__file__).resolve().parents[1] / "examples"):
+        if (candidate / "01_quickstart.ipynb").is_file():
+            return candidate
+    raise SystemExit("tfdist-nb: examples/01_quickstart.ipynb not found; run from the repository")
+
+
+def _cell_text(cell: Any, colour: bool) -> list[str]:
+    lines: list[str] = []
+    for out in cell.get("outputs", []):
+        kind = out.get("output_type")
+        if kind == "stream":
+            lines.append(out.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            lines.append(str(out.get("data", {}).get("text/plain", "")) + "\n")
+        elif kind == "error":
+            lines.append("\n".join(out.get("traceback", [])) + "\n")
+    text = "".join(lines)
+    return [text if colour else ANSI.sub("", text)]
+
+
+def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) -> int:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(notebook, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(notebook.parent)}})
+    started = time.monotonic()
+    failed = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        failed = exc
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        first = cell.source.splitlines()[0] if cell.source else ""
+        print(f"\n>>> {first}")
+        sys.stdout.write("".join(_cell_text(cell, colour)))
+    if save is not None:
+        nbformat.write(nb, save)
+    took = time.monotonic() - started
+    if failed is not None:
+        print(f"\ntfdist-nb: the quickstart failed after {took:.0f}s", file=sys.stderr)
+        return 1
+    print(f"\ntfdist-nb: quickstart ran {len(nb.cells)} cells in {took:.0f}s")
+    return 0
+
+
+def lab(directory: Path, extra: list[str]) -> int:
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--notebook-dir={directory}", *extra]
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tfdist-nb", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    q = sub.add_parser("quickstart", help="run the quickstart notebook headless and summarise")
+    q.add_argument("--lab", action="store_true", help="open JupyterLab on examples/ instead")
+    q.add_argument("--notebook", type=Path, help="another notebook to run")
+    q.add_argument("--timeout", type=float, default=600, help="per-cell timeout (seconds)")
+    q.add_argument("--save", type=Path, help="write the executed notebook here")
+    q.add_argument("--no-colour", action="store_true", help="strip ANSI colours")
+    lb = sub.add_parser("lab", help="open JupyterLab on examples/")
+    lb.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
+    args = parser.parse_args(argv)
+    if args.command == "lab" or (args.command == "quickstart" and args.lab):
+        return lab(examples_dir(), getattr(args, "extra", []) or [])
+    notebook = args.notebook or examples_dir() / "01_quickstart.ipynb"
+    colour = not args.no_colour and sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    return quickstart(notebook, args.timeout, colour, args.save)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

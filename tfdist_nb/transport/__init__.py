@@ -1,0 +1,1 @@
+"""Kernel channels turned into events; execute requests turned into futures."""
