@@ -45,6 +45,7 @@ STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input
                   "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
                   "net_tx_mb_s", "last_output_s_ago"]
 START_ATTEMPTS = 3
+_RUN_DONE = object()
 STOP_GRACE_S = 1.0
 
 _current: Cluster | None = None
@@ -179,34 +180,38 @@ class Cluster:
         cell = self._cell
         assert self.rundir is not None
         self.rundir.write_cell(cell, code, [rt.name for rt in targets])
-        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put
         self._add_listener(listener)
         loop = self._require_loop()
         control = RunControl()
         fut = loop.submit(run_cell(targets, code, cell, timeout, control))
+        fut.add_done_callback(lambda _: events.put(_RUN_DONE))  # wakes the wait below at once
         self._active_runs[control] = fut
         try:
-            while not fut.done():
-                try:
-                    self._drain(events, on_event, wait=0.05)
-                except KeyboardInterrupt:  # the user pressed interrupt: end the run for all
-                    loop.call_soon(control.stop, "interrupt")
-            self._drain(events, on_event, wait=0)
+            self._relay(events, on_event, fut, lambda: loop.call_soon(control.stop, "interrupt"))
         finally:
             self._remove_listener(listener)
             self._active_runs.pop(control, None)
-        return RunResult(cell=cell, tasks=fut.result())
+        return RunResult(cell=cell, tasks=fut.result(timeout=10))
 
-    @staticmethod
-    def _drain(events: queue.SimpleQueue[Event], on_event: Callable[[Event], None] | None,
-               wait: float) -> None:
-        with contextlib.suppress(queue.Empty):
-            ev = events.get(timeout=wait) if wait else events.get_nowait()
-            while True:
-                if on_event is not None:
-                    on_event(ev)
-                ev = events.get_nowait()
+    def _relay(self, events: queue.SimpleQueue[Any], on_event: Callable[[Event], None] | None,
+               fut: concurrent.futures.Future[Any], interrupt: Callable[[], None]) -> None:
+        """Hand the run's events to ``on_event`` in this thread until the run has ended."""
+        while True:
+            try:
+                ev = events.get(timeout=0.5)
+            except queue.Empty:
+                if fut.done() or self._loop is None:
+                    return
+                continue
+            except KeyboardInterrupt:  # the user pressed interrupt: end the run for all
+                interrupt()
+                continue
+            if ev is _RUN_DONE:
+                return
+            if on_event is not None:
+                on_event(ev)
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:

@@ -28,9 +28,14 @@ KERNEL_NAME = "tfdist-worker"
 
 
 def worker_kernel_spec(python: str) -> KernelSpec:
-    """The worker kernel spec (also shipped as ``kernels/tfdist-worker/kernel.json``)."""
+    """The worker kernel spec (also shipped as ``kernels/tfdist-worker/kernel.json``).
+
+    History goes to memory only: the run directory keeps every cell, and many workers sharing
+    one IPython history database would contend for its lock.
+    """
     return KernelSpec(
-        argv=[python, "-m", "tfdist_nb.worker.kernel", "-f", "{connection_file}"],
+        argv=[python, "-m", "tfdist_nb.worker.kernel", "-f", "{connection_file}",
+              "--HistoryManager.enabled=False"],
         display_name="tfdist_nb worker",
         language="python",
         interrupt_mode="signal",
