@@ -69,6 +69,7 @@ def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:
         "if tw.task[1] == 1:\n    raise ValueError('bad shard on 1')",
         "%%tfcluster 1 worker\nimport tfdist_nb.worker as tw\nprint('alone as', tw.task)",
         "%%tfcluster 1 worker --on worker:3\nprint('never')",
+        "%%tfcluster --restart\nimport os\nprint('fresh pid', os.getpid())",
         "%tfdist_status --table",
         "%tfdist_stop",
     ], tmp_path)
@@ -86,5 +87,9 @@ def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:
     # IPython shows a UsageError as one short message, without a traceback
     assert "UsageError: no task worker:3 in a cluster of 1 worker" in text_of(nb.cells[3])
     assert "never" not in text_of(nb.cells[3])
-    assert "worker:0" in text_of(nb.cells[4]) and "worker:1" not in text_of(nb.cells[4])
-    assert "stopped 1 task(s)" in text_of(nb.cells[5])
+    restarted = text_of(nb.cells[4])
+    assert "restarting all tasks of 1 worker" in restarted
+    fresh_pid = re.search(r"\[worker:0\] fresh pid (\d+)", restarted).group(1)
+    status = text_of(nb.cells[5])
+    assert "worker:0" in status and "worker:1" not in status and fresh_pid in status
+    assert "stopped 1 task(s)" in text_of(nb.cells[6])

@@ -27,7 +27,7 @@ import pandas as pd
 from tfdist_nb.cluster.environment import resolve_python, worker_env
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.results import RunResult
-from tfdist_nb.cluster.runner import RunControl, run_cell
+from tfdist_nb.cluster.runner import RunControl, describe_exit, run_cell
 from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -173,7 +173,7 @@ class Cluster:
         ``on_event`` is called in the caller's thread with every event while the cell runs (the
         magic uses it to show output live). Pressing interrupt interrupts the tasks.
         """
-        targets = self._runtimes(on)
+        targets = self._runtimes(self.default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be positive")
         self._cell += 1
@@ -246,6 +246,13 @@ class Cluster:
         df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
         return df
 
+    def default_targets(self) -> str:
+        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
+        if self.spec.ps:
+            return "chief:0" if self.spec.chief else ",".join(
+                str(t) for t in self.spec.tasks if t.role == "worker")
+        return "all"
+
     def keras_summary(self) -> str:
         """Which TensorFlow and Keras the tasks run, with the MWMS ``fit`` caveat for Keras 3."""
         flavours = sorted({str(rt.info.get("keras_flavour")) for rt in self.tasks.values()})
@@ -312,6 +319,8 @@ class Cluster:
             clashes = {rt.task: rt.address for rt in self.tasks.values()
                        if rt.info.get("port_free") is False}
             if not clashes:
+                if self.spec.ps:
+                    await self._serve_parameter_servers(list(self.tasks.values()))
                 return
             for task, addr in clashes.items():
                 self._note(str(task), f"TF port {addr} was taken before start; choosing another "
@@ -334,18 +343,21 @@ class Cluster:
         failed = [(rt, exc) for rt, exc in zip(runtimes, outcomes, strict=False)
                   if isinstance(exc, BaseException)]
         if failed:
-            await self._stop_tasks(runtimes)
             rt, exc = failed[0]
+            code = await rt.handle.poll() if rt.handle else None
+            await self._stop_tasks(runtimes)
             tail = "\n".join(rt.kernel_log_tail(20))
+            died = f" (process {describe_exit(code)})" if code is not None else ""
             raise ClusterStartError(
-                f"{rt.name} failed to start: {type(exc).__name__}: {exc}"
+                f"{rt.name} failed to start: {type(exc).__name__}: {exc}{died}"
                 + (f"\n--- last lines of {rt.name}'s process log ---\n{tail}" if tail else ""))
 
     async def _launch_one(self, rt: TaskRuntime) -> None:
         assert self.rundir is not None
         tdir = self.rundir.task_dir(rt.task.slug)
+        rt.log_path = tdir / "kernel.log"
         rt.handle = await self.launcher.start(TaskLaunch(
-            task=rt.task, env=rt.env, python=self.python, log_path=tdir / "kernel.log",
+            task=rt.task, env=rt.env, python=self.python, log_path=rt.log_path,
             connection_file=tdir / "kernel-connection.json"))
         rt.channel = KernelChannel(rt.name, rt.handle.client, self._sink)
         await rt.channel.start(timeout=self.start_timeout)
@@ -355,17 +367,28 @@ class Cluster:
                    f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
 
     async def _handshake(self, rt: TaskRuntime) -> dict[str, Any]:
+        return json.loads(await self._agent_call(rt, f"describe_json({list(self.preload)!r})"))
+
+    async def _agent_call(self, rt: TaskRuntime, call: str) -> Any:
+        """Evaluate ``tfdist_nb.worker.agent.<call>`` in the task, outside its history."""
         assert rt.channel is not None
-        expr = (f"__import__('tfdist_nb.worker.agent', fromlist=['_'])"
-                f".describe_json({list(self.preload)!r})")
-        ex = rt.channel.execute("", None, silent=True, user_expressions={"info": expr})
+        expr = f"__import__('tfdist_nb.worker.agent', fromlist=['_']).{call}"
+        ex = rt.channel.execute("", None, silent=True, user_expressions={"out": expr})
         reply = await ex.reply
         rt.channel.abandon(ex)
-        info = reply.get("user_expressions", {}).get("info", {})
-        if info.get("status") != "ok":
-            raise ClusterStartError(f"{rt.name}: worker agent failed: {info.get('ename')}: "
-                                    f"{info.get('evalue')}")
-        return json.loads(ast.literal_eval(info["data"]["text/plain"]))
+        out = reply.get("user_expressions", {}).get("out", {})
+        if out.get("status") != "ok":
+            raise ClusterStartError(f"{rt.name}: worker agent {call} failed: "
+                                    f"{out.get('ename')}: {out.get('evalue')}")
+        return ast.literal_eval(out["data"]["text/plain"])
+
+    async def _serve_parameter_servers(self, runtimes: list[TaskRuntime]) -> None:
+        """With ps tasks, ps and workers run their tf.distribute.Server from the start."""
+        serving = [rt for rt in runtimes if rt.task.role in ("ps", "worker")]
+        targets = await asyncio.gather(*(self._agent_call(rt, "start_tf_server()")
+                                         for rt in serving))
+        for rt, target in zip(serving, targets, strict=True):
+            self._note(rt.name, f"serving ParameterServerStrategy at {target}")
 
     async def _stop_tasks(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
         async def one(rt: TaskRuntime) -> StopReport | None:
@@ -387,6 +410,8 @@ class Cluster:
             self._note(rt.name, "restarting with the same TF_CONFIG")
         await self._stop_tasks(targets)
         await self._launch(targets)
+        if self.spec.ps:
+            await self._serve_parameter_servers(targets)
 
 
 def _process_sample(procs: dict[int, Any], pid: int | None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.spec import TaskId
@@ -27,6 +28,7 @@ class TaskRuntime:
     state: TaskState = TaskState.STARTING
     info: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
+    log_path: Path | None = None
     started_at: float = field(default_factory=time.time)
     history: deque = field(default_factory=lambda: deque(maxlen=50), repr=False)
 
@@ -52,7 +54,7 @@ class TaskRuntime:
 
     def kernel_log_tail(self, n: int) -> list[str]:
         """The last lines the process wrote outside ipykernel's capture (crash messages)."""
-        path = self.handle.log_path if self.handle else None
+        path = self.log_path
         if path is None or not path.exists():
             return []
         with open(path, "rb") as f:

@@ -45,7 +45,6 @@ class TaskHandle(abc.ABC):
     host: str
     pid: int | None
     client: Any = field(repr=False)
-    log_path: Path | None = None
 
     @abc.abstractmethod
     async def poll(self) -> int | None:

@@ -145,7 +145,7 @@ class LocalLauncher(Launcher):
             os.close(fd)
         pid = getattr(getattr(km.provisioner, "process", None), "pid", None)
         return LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
-                               log_path=launch.log_path, manager=km)
+                               manager=km)
 
 
 register("local", LocalLauncher)

@@ -82,3 +82,23 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 
 def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
     return json.dumps(describe(preload))
+
+
+_server: Any = None
+
+
+def start_tf_server() -> str:
+    """Serve this task's part of a ParameterServerStrategy cluster, without blocking the kernel.
+
+    The server runs on TensorFlow's own threads; keeping it in a module global (instead of
+    ``server.join()``) leaves the kernel free for inspection cells.
+    """
+    global _server
+    if _server is None:
+        import tensorflow as tf
+
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        _server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                       task_index=resolver.task_id,
+                                       protocol=resolver.rpc_layer or "grpc", start=True)
+    return str(_server.target)

@@ -1,0 +1,85 @@
+"""Starting clusters: ParameterServerStrategy roles, TF port clashes, another worker interpreter."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import cell
+from tfdist_nb import Cluster
+from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.launchers.local import LocalLauncher
+
+pytestmark = pytest.mark.cluster
+
+
+def test_parameter_server_cluster_serves_and_runs_on_the_chief() -> None:
+    with Cluster(workers=2, ps=1, chief=True) as c:
+        assert [str(t) for t in c.tasks] == ["chief:0", "worker:0", "worker:1", "ps:0"]
+        result = c.run(cell("ps_strategy"), timeout=120)
+        assert list(result.tasks) == ["chief:0"]  # bodies run on the chief by default
+        assert result.ok, result.summary()
+        out = result.tasks["chief:0"].stdout
+        assert "variables on /job:ps/replica:0/task:0" in out and "counter = 10.0" in out
+        # the ps and worker kernels stay usable while they serve
+        others = c.run("import tfdist_nb.worker as tw; print(tw.task)", on="worker:1,ps:0")
+        assert others.ok and "('ps', 0)" in others.tasks["ps:0"].stdout
+        served = c.logs(grep="serving ParameterServerStrategy")
+        assert sorted(served["task"]) == ["ps:0", "worker:0", "worker:1"]
+
+
+def test_a_tf_port_taken_before_start_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = socket.socket()
+    blocker.bind(("0.0.0.0", 0))
+    blocker.listen()
+    taken = blocker.getsockname()[1]
+    calls: list[int] = []
+    real = LocalLauncher.tf_addresses
+
+    def first_gets_a_taken_port(self: LocalLauncher, tasks: Any, avoid: Any = None) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            return {t: f"localhost:{taken}" for t in tasks}
+        return real(self, tasks, avoid)
+
+    monkeypatch.setattr(LocalLauncher, "tf_addresses", first_gets_a_taken_port)
+    try:
+        with Cluster(workers=1, preload=()) as c:
+            rt = c.tasks[TaskId("worker", 0)]
+            assert rt.address != f"localhost:{taken}"
+            assert len(calls) == 2
+            assert rt.info["port_free"] is True
+            warning = c.logs(grep="was taken before start")
+            assert list(warning["level"]) == ["WARNING"]
+    finally:
+        blocker.close()
+
+
+def test_another_worker_interpreter(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    python = venv / "bin" / "python"
+    with Cluster(workers=1, python=str(python), preload=()) as c:
+        info = c.tasks[TaskId("worker", 0)].info
+        assert Path(info["executable"]) == python
+        result = c.run("import sys; print(sys.prefix)")
+        assert result.tasks["worker:0"].stdout.strip() == str(venv)
+
+
+def test_a_worker_that_cannot_start_fails_cleanly(tmp_path: Path) -> None:
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'this interpreter is broken' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    c = Cluster(workers=2, python=str(broken), preload=(), start_timeout=20)
+    with pytest.raises(ClusterStartError) as info:
+        c.start()
+    message = str(info.value)
+    assert "failed to start" in message and "this interpreter is broken" in message
+    assert not c.running
