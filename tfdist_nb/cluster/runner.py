@@ -82,12 +82,17 @@ async def _wait_any(futures: list, timeout: float) -> None:
 
 
 async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -> TaskResult:
+    if ex.reply.cancelled():  # the channel closed under us: the cluster is being stopped
+        rt.channel.abandon(ex)
+        result = _result(rt, ex, status or "interrupted", None)
+        result.explanation = "the cluster was stopped while the cell ran"
+        return result
     reply = ex.reply.result()
     # the reply can overtake the last output on iopub; idle says all of it is in
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.shield(ex.idle), IDLE_AFTER_REPLY_S)
     rt.channel.abandon(ex)
-    rt.transition(TaskEvent.DONE)
+    rt.finish_run()
     error = None
     if reply.get("status") == "error":
         error = RemoteError(reply.get("ename", ""), reply.get("evalue", ""),

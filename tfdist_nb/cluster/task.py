@@ -52,6 +52,11 @@ class TaskRuntime:
         self.state = new
         return new
 
+    def finish_run(self) -> None:
+        """A cell's reply arrived; a task stopped or restarted meanwhile stays as it is."""
+        if self.state in (TaskState.BUSY, TaskState.STALLED, TaskState.IDLE):
+            self.transition(TaskEvent.DONE)
+
     def kernel_log_tail(self, n: int) -> list[str]:
         """The last lines the process wrote outside ipykernel's capture (crash messages)."""
         path = self.log_path
