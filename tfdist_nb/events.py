@@ -59,4 +59,21 @@ class TaskNote:
         return asdict(self)
 
 
-Event = OutputLine | RichOutput | TaskNote
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One heartbeat from a task's agent: resources, step count and the steps since the last.
+
+    ``data`` holds cpu_percent, rss_mb, net rates, host load, ``gpus`` (None: no GPU) and
+    ``steps`` as ``[step, begin_time, duration_ms, input_wait_ms]`` rows.
+    """
+
+    time: float
+    task: str
+    data: dict[str, Any]
+    kind: str = "telemetry"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Event = OutputLine | RichOutput | TaskNote | TelemetrySample

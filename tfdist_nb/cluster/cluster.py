@@ -35,6 +35,7 @@ from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
 from tfdist_nb.events import Event, TaskNote
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
+from tfdist_nb.store.live import LiveStore
 from tfdist_nb.store.logs import logs_frame
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.transport.channel import KernelChannel
@@ -89,13 +90,13 @@ class Cluster:
         self._run_root = run_dir
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
+        self.live = LiveStore()
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self._loop: LoopThread | None = None
         self._listeners: tuple[Callable[[Event], None], ...] = ()
         self._listeners_lock = threading.Lock()
         self._cell = 0
         self.last_stop: list[StopReport] = []
-        self._procs: dict[int, Any] = {}
         self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
         self.running = False
 
@@ -215,19 +216,27 @@ class Cluster:
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
-        """One row per task with the SPEC 2.4 columns (telemetry columns empty until measured)."""
+        """One row per task with the SPEC 2.4 columns, from the tasks' own telemetry.
+
+        No GPU reads as empty (NaN), never as 0; a column with no reading yet is empty too.
+        """
         rows = []
         now = time.time()
         for rt in self.tasks.values():
-            row: dict[str, Any] = dict.fromkeys(STATUS_COLUMNS)
-            row.update(task=rt.name, host=rt.host, pid=rt.pid, state=rt.state.value)
-            if self.launcher.name == "local" and rt.state not in (TaskState.DEAD,
-                                                                  TaskState.STOPPED):
-                row.update(_process_sample(self._procs, rt.pid))
-            if rt.channel is not None and rt.channel.last_output is not None:
-                row["last_output_s_ago"] = round(now - rt.channel.last_output, 1)
-            rows.append(row)
-        return pd.DataFrame(rows, columns=STATUS_COLUMNS)
+            v = self.live.view(rt.name)
+            alive = rt.state not in (TaskState.DEAD, TaskState.STOPPED)
+            latest = v.latest if alive else {}
+            last_output = v.last_output
+            rows.append({
+                "task": rt.name, "host": rt.host, "pid": rt.pid, "state": rt.state.value,
+                "step": v.step_count, "step_time_ms": v.step_time_ms(),
+                "input_wait_ms": v.input_wait_ms(),
+                **{k: latest.get(k) for k in ("cpu_percent", "rss_mb", "gpu_util_percent",
+                                              "gpu_mem_mb", "net_rx_mb_s", "net_tx_mb_s")},
+                "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
+            })
+        return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype(
+            {c: "float64" for c in STATUS_COLUMNS[5:]})
 
     def logs(self, on: Any = None, grep: str | None = None,
              tail: int | None = None) -> pd.DataFrame:
@@ -303,6 +312,7 @@ class Cluster:
         """Every event of every task passes here, on the loop thread: disk first, then views."""
         assert self.rundir is not None
         self.rundir.write_event(event)
+        self.live.add(event)
         for fn in self._listeners:
             fn(event)
 
@@ -412,24 +422,6 @@ class Cluster:
         await self._launch(targets)
         if self.spec.ps:
             await self._serve_parameter_servers(targets)
-
-
-def _process_sample(procs: dict[int, Any], pid: int | None) -> dict[str, Any]:
-    """CPU and RSS of a local task's process, read by the controller (no telemetry needed).
-
-    ``procs`` keeps the psutil objects between calls: CPU percent is measured since the last call.
-    """
-    if pid is None:
-        return {}
-    try:
-        import psutil
-
-        proc = procs.get(pid) or procs.setdefault(pid, psutil.Process(pid))
-        with proc.oneshot():
-            return {"cpu_percent": proc.cpu_percent(interval=None),
-                    "rss_mb": round(proc.memory_info().rss / 2**20, 1)}
-    except Exception:
-        return {}
 
 
 @atexit.register

@@ -3,6 +3,7 @@
 ``./tfdist_runs/<cluster-id>/``::
 
     events.jsonl          every output line, rich output and controller note, in arrival order
+    telemetry.jsonl       every heartbeat: resources, GPUs, step records
     cells.jsonl           every cell sent: sequence number, targets, code
     tasks/<task>/         tf_config.json, env.json, kernel.log (what the process wrote before
                           ipykernel captured fd 1/2), kernel connection file while it runs
@@ -55,6 +56,7 @@ class RunDirectory:
         self._lock = threading.Lock()
         self._events = open_private(self.path / "events.jsonl")
         self._cells = open_private(self.path / "cells.jsonl")
+        self._telemetry = open_private(self.path / "telemetry.jsonl")
         self.lines_written = 0
 
     def task_dir(self, slug: str) -> Path:
@@ -69,9 +71,10 @@ class RunDirectory:
     def write_event(self, event: Event) -> None:
         line = json.dumps(event.to_json(), default=str)
         with self._lock:
-            if not self._events.closed:
-                self._events.write(line + "\n")
-                self.lines_written += 1
+            out = self._telemetry if event.kind == "telemetry" else self._events
+            if not out.closed:
+                out.write(line + "\n")
+                self.lines_written += event.kind == "output"
 
     def write_cell(self, seq: int, code: str, targets: list[str]) -> None:
         rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
@@ -96,3 +99,4 @@ class RunDirectory:
         with self._lock:
             self._events.close()
             self._cells.close()
+            self._telemetry.close()

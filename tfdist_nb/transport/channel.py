@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfdist_nb.events import Event, OutputLine, RichOutput
+from tfdist_nb.events import Event, OutputLine, RichOutput, TelemetrySample
+
+TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,7 @@ class KernelChannel:
         self._partial: dict[str, str] = {}
         self._pumps: list[asyncio.Task] = []
         self.last_output: float | None = None
+        self.last_telemetry: float | None = None
 
     async def start(self, timeout: float) -> None:
         self.client.start_channels()
@@ -111,7 +114,10 @@ class KernelChannel:
         ex = self._pending.get(parent)
         content = msg.get("content", {})
         t = _msg_time(msg)
-        if kind == "stream":
+        if kind == TELEMETRY_MSG:
+            self.last_telemetry = time.time()
+            self._sink(TelemetrySample(content.get("time", t), self.task, content))
+        elif kind == "stream":
             self.last_output = time.time()
             name = content.get("name", "stdout")
             text = content.get("text", "")

@@ -11,10 +11,12 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["StepTimer", "step", "steps_done", "task"]
+T = TypeVar("T")
+
+__all__ = ["StepTimer", "set_total_steps", "step", "steps_done", "task", "timed"]
 
 
 def _task_from_env() -> tuple[str, int] | None:
@@ -32,7 +34,8 @@ def _task_from_env() -> tuple[str, int] | None:
 
 task: tuple[str, int] | None = _task_from_env()
 _steps = 0
-_last_step_s: float | None = None
+_input_wait_s: float | None = None
+_telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
 
 
 def steps_done() -> int:
@@ -40,20 +43,50 @@ def steps_done() -> int:
     return _steps
 
 
-def _record_step(duration_s: float) -> None:
-    global _steps, _last_step_s
+def set_total_steps(total: int | None) -> None:
+    """Tell the dashboard how many steps to expect, for a progress bar."""
+    if _telemetry is not None:
+        _telemetry.set_total(total)
+
+
+def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None) -> None:
+    global _steps
     _steps += 1
-    _last_step_s = duration_s
+    if _telemetry is not None:
+        _telemetry.record_step(begin, duration_s, input_wait_s)
 
 
 @contextlib.contextmanager
 def step() -> Iterator[None]:
-    """Mark one training step of a custom loop: ``with tw.step(): strategy.run(...)``."""
+    """Mark one training step of a custom loop: ``with tw.step(): strategy.run(...)``.
+
+    Time spent fetching the batch through :func:`timed` just before counts as its input wait.
+    """
+    global _input_wait_s
+    wait, _input_wait_s = _input_wait_s, None
+    begin = time.time()
     start = time.perf_counter()
     try:
         yield
     finally:
-        _record_step(time.perf_counter() - start)
+        _record_step(begin, time.perf_counter() - start, wait)
+
+
+def timed(iterable: Iterable[T]) -> Iterator[T]:
+    """Iterate ``iterable`` measuring the time each ``next()`` takes: the step's input wait.
+
+    ``for x, y in tw.timed(dist_dataset): with tw.step(): train_step(x, y)``
+    """
+    global _input_wait_s
+    iterator = iter(iterable)
+    while True:
+        start = time.perf_counter()
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        _input_wait_s = time.perf_counter() - start
+        yield item
 
 
 def StepTimer(**kwargs: Any) -> Any:
@@ -64,4 +97,4 @@ def StepTimer(**kwargs: Any) -> Any:
     """
     from tfdist_nb.worker._keras import make_step_timer
 
-    return make_step_timer(**kwargs)
+    return make_step_timer(None, **kwargs)

@@ -80,6 +80,51 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     }
 
 
+def start(kernel: Any) -> None:
+    """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
+    from tfdist_nb.worker import _keras
+    from tfdist_nb.worker.gpu import GpuSampler
+    from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry
+
+    _tag_log_records()
+    _keras.install()
+
+    def send(content: dict[str, Any]) -> None:
+        kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,
+                            ident=MSG_TYPE.encode())
+
+    interval = float(os.environ.get("TFDIST_TELEMETRY_INTERVAL", "1.0"))
+    worker._telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
+    worker._telemetry.start()
+
+
+def _tag_log_records() -> None:
+    """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``)."""
+    import logging
+
+    name = f"{worker.task[0]}:{worker.task[1]}" if worker.task else "?"
+    make = logging.getLogRecordFactory()
+    if getattr(make, "_tfdist", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        record.task = name
+        return record
+
+    factory._tfdist = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
+def set_log_level(level: str) -> str:
+    """Python and TensorFlow logger level of this task (``%tfdist_loglevel``)."""
+    import logging
+
+    logging.getLogger().setLevel(level)
+    logging.getLogger("tensorflow").setLevel(level)
+    return logging.getLevelName(logging.getLogger("tensorflow").level)
+
+
 def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
     return json.dumps(describe(preload))
 

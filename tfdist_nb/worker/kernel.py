@@ -1,8 +1,9 @@
 """Entry point of a worker kernel: ``python -m tfdist_nb.worker.kernel -f CONNECTION_FILE``.
 
-An ordinary ipykernel with ``tfdist_nb.worker`` loaded first. It exits by itself when its
-controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's parent poller ``os._exit``s
-when the parent changes, which also works while TensorFlow ignores SIGTERM.
+An ordinary ipykernel with ``tfdist_nb.worker`` loaded first and its agent started (telemetry
+thread, Keras step timing, task-tagged log records) before the first cell. It exits by itself
+when its controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's parent poller
+``os._exit``s when the parent changes, which also works while TensorFlow ignores SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import tfdist_nb.worker  # noqa: F401  - the task identity is read before any us
 def main() -> None:
     from ipykernel.kernelapp import IPKernelApp
 
-    IPKernelApp.launch_instance()
+    from tfdist_nb.worker import agent
+
+    app = IPKernelApp.instance()
+    app.initialize()
+    agent.start(app.kernel)
+    app.start()
 
 
 if __name__ == "__main__":

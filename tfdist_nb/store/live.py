@@ -1,0 +1,95 @@
+"""Bounded in-memory views of every task for the dashboard and ``status()``.
+
+The run directory keeps everything; this keeps only recent tails, so controller memory stays
+bounded whatever the output volume. Written on the loop thread, read from the notebook's thread;
+each task view has a revision number so a view can tell cheaply whether anything changed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfdist_nb.events import Event, OutputLine, TelemetrySample
+
+TAIL_LINES = 500
+TAIL_SAMPLES = 900  # 15 minutes at one sample a second
+TAIL_STEPS = 5000
+RECENT_STEPS = 20
+
+
+@dataclass
+class TaskView:
+    task: str
+    lines: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lines_total: int = 0
+    samples: deque = field(default_factory=lambda: deque(maxlen=TAIL_SAMPLES))
+    steps: deque = field(default_factory=lambda: deque(maxlen=TAIL_STEPS))
+    latest: dict[str, Any] = field(default_factory=dict)
+    step_count: int = 0
+    total_steps: int | None = None
+    last_output: float | None = None
+    last_sample: float | None = None
+    revision: int = 0
+
+    def step_time_ms(self, window: int = RECENT_STEPS) -> float | None:
+        recent = [s[2] for s in list(self.steps)[-window:]]
+        return statistics.median(recent) if recent else None
+
+    def input_wait_ms(self, window: int = RECENT_STEPS) -> float | None:
+        recent = [s[3] for s in list(self.steps)[-window:] if s[3] is not None]
+        return statistics.median(recent) if recent else None
+
+
+def gpu_summary(gpus: list[dict[str, Any]] | None) -> tuple[float | None, float | None]:
+    """Mean utilisation and summed memory of a task's GPUs; (None, None) when it has none."""
+    if not gpus:
+        return None, None
+    utils = [g["util_percent"] for g in gpus if g.get("util_percent") is not None]
+    mems = [g["mem_used_mb"] for g in gpus if g.get("mem_used_mb") is not None]
+    return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
+
+
+class LiveStore:
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskView] = {}
+        self._lock = threading.Lock()
+        self.revision = 0
+
+    def view(self, task: str) -> TaskView:
+        with self._lock:
+            if task not in self._tasks:
+                self._tasks[task] = TaskView(task)
+            return self._tasks[task]
+
+    def tasks(self) -> list[str]:
+        with self._lock:
+            return list(self._tasks)
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, OutputLine):
+            v = self.view(event.task)
+            v.lines.append(event)
+            v.lines_total += 1
+            v.last_output = event.time
+        elif isinstance(event, TelemetrySample):
+            v = self.view(event.task)
+            self._add_sample(v, event)
+        else:
+            return
+        v.revision += 1
+        self.revision += 1
+
+    def _add_sample(self, v: TaskView, event: TelemetrySample) -> None:
+        d = event.data
+        util, mem = gpu_summary(d.get("gpus"))
+        v.latest = {**d, "gpu_util_percent": util, "gpu_mem_mb": mem}
+        v.samples.append((event.time, d.get("cpu_percent"), d.get("rss_mb"), util, mem,
+                          d.get("net_rx_mb_s"), d.get("net_tx_mb_s")))
+        v.steps.extend(d.get("steps") or [])
+        v.step_count = max(v.step_count, int(d.get("step") or 0))
+        v.total_steps = d.get("total_steps")
+        v.last_sample = event.time

@@ -1,0 +1,94 @@
+"""The worker's telemetry thread: heartbeats, resource samples and step records, once a second.
+
+It publishes on the kernel's own iopub socket (signed with the kernel's key, on the same loopback
+or tunnelled channel as the output), from its own thread, so it keeps flowing while the main
+thread is blocked inside a TensorFlow op — a stuck collective is exactly when it is needed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+MSG_TYPE = "tfdist_telemetry"
+MAX_STEPS_PER_MESSAGE = 2000
+
+
+class Telemetry:
+    def __init__(self, send: Callable[[dict[str, Any]], None], interval_s: float = 1.0,
+                 gpu: Any = None) -> None:
+        self._send = send
+        self.interval_s = interval_s
+        self._gpu = gpu
+        self._steps: collections.deque[list[float | None]] = collections.deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="tfdist-telemetry", daemon=True)
+        self._proc: Any = None
+        self._net: tuple[float, int, int] | None = None
+        self.step_count = 0
+        self.total_steps: int | None = None
+        self.seq = 0
+
+    def start(self) -> None:
+        import psutil
+
+        self._proc = psutil.Process(os.getpid())
+        self._proc.cpu_percent(interval=None)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def record_step(self, begin: float, duration_s: float, input_wait_s: float | None) -> None:
+        """Called on the training thread; cheap: an append under a lock."""
+        with self._lock:
+            self.step_count += 1
+            self._steps.append([self.step_count, begin, duration_s * 1000.0,
+                                None if input_wait_s is None else input_wait_s * 1000.0])
+
+    def set_total(self, total: int | None) -> None:
+        self.total_steps = total
+
+    def _main(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.flush()
+            except Exception:  # the telemetry thread must never die of one bad reading
+                time.sleep(self.interval_s)
+
+    def flush(self) -> None:
+        with self._lock:
+            steps = [self._steps.popleft()
+                     for _ in range(min(len(self._steps), MAX_STEPS_PER_MESSAGE))]
+            count = self.step_count
+        self.seq += 1
+        self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
+                    **self._resources(), "step": count, "total_steps": self.total_steps,
+                    "steps": steps})
+
+    def _resources(self) -> dict[str, Any]:
+        import psutil
+
+        with self._proc.oneshot():
+            cpu = self._proc.cpu_percent(interval=None)
+            rss = self._proc.memory_info().rss / 2**20
+            threads = self._proc.num_threads()
+        now = time.monotonic()
+        counters = psutil.net_io_counters()
+        rx = tx = None
+        if self._net is not None and now > self._net[0]:
+            dt = now - self._net[0]
+            rx = (counters.bytes_recv - self._net[1]) / dt / 2**20
+            tx = (counters.bytes_sent - self._net[2]) / dt / 2**20
+        self._net = (now, counters.bytes_recv, counters.bytes_sent)
+        gpus = self._gpu.sample() if self._gpu is not None else None
+        return {"cpu_percent": cpu, "rss_mb": rss, "threads": threads,
+                "host_cpu_percent": psutil.cpu_percent(interval=None),
+                "load1": os.getloadavg()[0], "cpus": os.cpu_count(),
+                "net_rx_mb_s": rx, "net_tx_mb_s": tx, "gpus": gpus,
+                "gpu_reason": getattr(self._gpu, "reason", None)}
