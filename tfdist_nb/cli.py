@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
 def examples_dir() -> Path:
@@ -33,7 +34,10 @@ def _cell_text(cell: Any, colour: bool) -> list[str]:
         if kind == "stream":
             lines.append(out.get("text", ""))
         elif kind in ("execute_result", "display_data"):
-            lines.append(str(out.get("data", {}).get("text/plain", "")) + "\n")
+            data = out.get("data", {})
+            if WIDGET_MIME in data:  # the live dashboard; a terminal has the text output
+                continue
+            lines.append(str(data.get("text/plain", "")) + "\n")
         elif kind == "error":
             lines.append("\n".join(out.get("traceback", [])) + "\n")
     text = "".join(lines)

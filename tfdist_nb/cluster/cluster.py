@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ class Cluster:
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
+        self._alerts: deque[str] = deque(maxlen=50)
+        self._dashboard: Any = None
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self._loop: LoopThread | None = None
         self._listeners: tuple[Callable[[Event], None], ...] = ()
@@ -133,6 +136,9 @@ class Cluster:
 
     def _teardown(self) -> None:
         self.running = False
+        if self._dashboard is not None:
+            with contextlib.suppress(Exception):
+                self._dashboard.close()
         if self._loop is not None:
             if any(rt.handle for rt in self.tasks.values()):
                 with contextlib.suppress(Exception):
@@ -255,6 +261,19 @@ class Cluster:
         df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
         return df
 
+    def alerts(self) -> list[str]:
+        """What the cluster warned about, newest last (the dashboard's alerts area)."""
+        return list(self._alerts)
+
+    def dashboard(self, start: bool = True) -> Any:
+        """The live ipywidget dashboard (SPEC 2.2); a new one retires the previous one's timer."""
+        from tfdist_nb.display.dashboard import Dashboard
+
+        if self._dashboard is not None:
+            self._dashboard.close()
+        self._dashboard = Dashboard(self)
+        return self._dashboard.start() if start else self._dashboard
+
     def default_targets(self) -> str:
         """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
         if self.spec.ps:
@@ -317,6 +336,8 @@ class Cluster:
             fn(event)
 
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
+        if level in ("WARNING", "ERROR"):
+            self._alerts.append(f"{task}: {text}")
         self._sink(TaskNote(time.time(), task, text, level))
 
     async def _start_all(self) -> None:

@@ -30,25 +30,46 @@ class LivePrinter:
     """Called with every event while a cell runs (in the notebook's main thread)."""
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 colour: bool = True, display: Any = None) -> None:
+                 colour: bool = True, display: Any = None,
+                 max_lines_per_task: int | None = None, run_dir: Any = None) -> None:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.colour = colour
         self._display = display
+        self.max_lines = max_lines_per_task
+        self.run_dir = run_dir
         self.lines = 0
+        self.per_task: dict[str, int] = {}
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, OutputLine):
             if event.stream in ("stdout", "stderr"):
-                out = self.stdout if event.stream == "stdout" else self.stderr
-                out.write(f"{label(event.task, self.colour)} {event.text}\n")
-                self.lines += 1
+                self._line(event)
         elif isinstance(event, RichOutput) and event.msg_type != "update_display_data":
             self.stdout.write(f"{label(event.task, self.colour)} output:\n")
             self.stdout.flush()
             self._show_rich(event)
         elif isinstance(event, TaskNote) and event.level in ("WARNING", "ERROR"):
             self.stderr.write(f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
+
+    def _line(self, event: OutputLine) -> None:
+        """Print one line; past ``max_lines_per_task`` say once where the rest is."""
+        n = self.per_task.get(event.task, 0) + 1
+        self.per_task[event.task] = n
+        out = self.stdout if event.stream == "stdout" else self.stderr
+        if self.max_lines is None or n <= self.max_lines:
+            out.write(f"{label(event.task, self.colour)} {event.text}\n")
+            self.lines += 1
+        elif n == self.max_lines + 1:
+            where = f" in {self.run_dir}/events.jsonl" if self.run_dir else ""
+            self.stdout.write(f"{label(event.task, self.colour)} ... more lines are in the "
+                              f"dashboard and on disk{where} (%tfdist_logs --on {event.task})\n")
+
+    def hidden(self) -> int:
+        """Lines not printed because of the cap (all of them are on disk)."""
+        if self.max_lines is None:
+            return 0
+        return sum(max(0, n - self.max_lines) for n in self.per_task.values())
 
     def _show_rich(self, event: RichOutput) -> None:
         if self._display is not None:

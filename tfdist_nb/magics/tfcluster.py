@@ -15,6 +15,9 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
 from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, plan
 
+DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
+PLAIN_LINES = 5000
+
 
 def _usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
     return UsageError(f"{exc}\n{example}")
@@ -127,13 +130,22 @@ class TfdistMagics(Magics):
     def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:
         from tfdist_nb.display.live import LivePrinter, failure_report
 
+        printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
+                              else PLAIN_LINES, run_dir=cluster.run_dir)
+        dashboard = self._show_dashboard(cluster) if request.dashboard else None
         # The magic line goes along as a comment (IPython drops leading blank lines), so worker
         # tracebacks carry the line numbers the user sees in the notebook cell.
         try:
             result = cluster.run(f"# %%tfcluster {line}\n{code}", on=request.on,
-                                 timeout=request.timeout, on_event=LivePrinter())
+                                 timeout=request.timeout, on_event=printer)
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc) from None
+        finally:
+            if dashboard is not None:
+                dashboard.refresh()
+        if printer.hidden():
+            print(f"tfdist_nb: {printer.hidden()} more lines are on disk in "
+                  f"{cluster.run_dir}/events.jsonl (%tfdist_logs)")
         sys.stdout.flush()
         if not result.ok:
             sys.stderr.write(failure_report(result))
@@ -141,13 +153,29 @@ class TfdistMagics(Magics):
             raise TaskError(result.summary(), result)
         return None
 
+    @staticmethod
+    def _show_dashboard(cluster: Any) -> Any:
+        from IPython.display import display
+
+        dashboard = cluster.dashboard()
+        display(dashboard.widget)
+        return dashboard
+
     @magic_arguments()
     @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
     @line_magic
     def tfdist_status(self, line: str) -> Any:
-        """Show the state of every task (``--table``: as a DataFrame with the SPEC 2.4 columns)."""
-        _parse(self.tfdist_status, line, "example: %tfdist_status --table")
-        return _require().status()
+        """The live dashboard of every task; ``--table``: a DataFrame with the SPEC 2.4 columns.
+
+        The dashboard has a panel per task (state, steps, resources, a filterable log tail) and
+        charts of step time, CPU, RSS and GPU per task; it refreshes a few times a second.
+        """
+        args = _parse(self.tfdist_status, line, "example: %tfdist_status --table")
+        cluster = _require()
+        if args.table:
+            return cluster.status()
+        self._show_dashboard(cluster)
+        return None
 
     @magic_arguments()
     @_on_option

@@ -1,0 +1,252 @@
+"""The live dashboard: a panel per task and bqplot charts, drawn from the cluster's live store.
+
+It never talks to kernels: a timer thread reads :class:`~tfdist_nb.store.live.LiveStore` a few
+times a second and pushes only what changed, so the number of widget updates is bounded by time,
+not by how much the tasks print. Log panels show a bounded tail and say how many lines are on disk.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+import threading
+import time
+from typing import Any
+
+from tfdist_nb.display.live import task_colour
+from tfdist_nb.store.live import TaskView
+
+logger = logging.getLogger(__name__)
+REFRESH_S = 0.5
+PANEL_LINES = 30
+CHART_POINTS = 300
+STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#2e7d32", "busy": "#1565c0",
+                 "stalled": "#ef6c00", "dead": "#c62828", "restarting": "#6a1b9a",
+                 "stopped": "#616161"}
+_ANSI_HEX = {"34": "#1f77b4", "35": "#9467bd", "36": "#17becf", "32": "#2ca02c",
+             "33": "#bcbd22", "94": "#ff7f0e", "95": "#e377c2", "96": "#8c564b"}
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def colour_of(task: str) -> str:
+    return _ANSI_HEX.get(task_colour(task), "#333333")
+
+
+class TaskPanel:
+    """One task: state badge, step progress, resource line, filtered log tail."""
+
+    def __init__(self, task: str, run_dir: str) -> None:
+        import ipywidgets as w
+
+        self.task = task
+        self.run_dir = run_dir
+        self.title = w.HTML()
+        self.progress = w.IntProgress(value=0, min=0, max=1, layout=w.Layout(width="98%"))
+        self.stats = w.HTML()
+        self.stream = w.Dropdown(options=["all", "stdout", "stderr"], value="all",
+                                 layout=w.Layout(width="90px"))
+        self.grep = w.Text(placeholder="regex filter", layout=w.Layout(width="160px"))
+        self.log = w.HTML(layout=w.Layout(max_height="260px", overflow="auto"))
+        self.footer = w.HTML()
+        self.box = w.VBox([self.title, self.progress, self.stats,
+                           w.HBox([self.stream, self.grep]), self.log, self.footer],
+                          layout=w.Layout(border=f"2px solid {colour_of(task)}",
+                                          padding="4px", margin="2px", width="49%"))
+        self.box.add_class("tfdist-task-panel")
+        self._seen: tuple[Any, ...] = ()
+        self.stream.observe(lambda _: self.invalidate(), "value")
+        self.grep.observe(lambda _: self.invalidate(), "value")
+
+    def invalidate(self) -> None:
+        self._seen = ()
+
+    def update(self, view: TaskView, state: str, pid: int | None) -> bool:
+        key = (view.revision, state, self.stream.value, self.grep.value)
+        if key == self._seen:
+            return False
+        self._seen = key
+        badge = STATE_COLOURS.get(state, "#333")
+        self.title.value = (
+            f"<b style='color:{colour_of(self.task)}'>{html.escape(self.task)}</b> "
+            f"<span style='background:{badge};color:white;padding:1px 6px;border-radius:8px'>"
+            f"{state}</span> <small>pid {pid or '-'}</small>")
+        total = view.total_steps or 0
+        self.progress.max = max(total, view.step_count, 1)
+        self.progress.value = view.step_count
+        self.progress.description = f"{view.step_count}" + (f"/{total}" if total else "")
+        self.stats.value = _stats_html(view)
+        lines = self._filtered(view)
+        self.log.value = ("<pre class='tfdist-log' style='font-size:11px;margin:0'>"
+                          + "\n".join(html.escape(ANSI.sub("", x)) for x in lines) + "</pre>")
+        self.footer.value = (f"<small>showing {len(lines)} of {view.lines_total} lines; all are "
+                             f"on disk in {html.escape(self.run_dir)}/events.jsonl "
+                             f"(<code>%tfdist_logs --on {self.task}</code>)</small>")
+        return True
+
+    def _filtered(self, view: TaskView) -> list[str]:
+        try:
+            pattern = re.compile(self.grep.value) if self.grep.value else None
+        except re.error:
+            pattern = None
+        wanted = self.stream.value
+        out = []
+        for line in reversed(view.lines):
+            if wanted != "all" and line.stream != wanted:
+                continue
+            if pattern is not None and not pattern.search(line.text):
+                continue
+            out.append(line.text)
+            if len(out) == PANEL_LINES:
+                break
+        return out[::-1]
+
+
+def _stats_html(view: TaskView) -> str:
+    latest = view.latest
+
+    def fmt(value: Any, unit: str, digits: int = 0) -> str:
+        return "-" if value is None else f"{value:.{digits}f}{unit}"
+
+    gpu = ("no GPU" if not latest.get("gpus") else
+           f"GPU {fmt(latest.get('gpu_util_percent'), '%')} "
+           f"{fmt(latest.get('gpu_mem_mb'), ' MB')}")
+    return ("<small>"
+            f"step {fmt(view.step_time_ms(), ' ms', 1)} · input wait "
+            f"{fmt(view.input_wait_ms(), ' ms', 1)} · CPU {fmt(latest.get('cpu_percent'), '%')}"
+            f" · RSS {fmt(latest.get('rss_mb'), ' MB')} · {gpu} · net "
+            f"{fmt(latest.get('net_rx_mb_s'), '', 2)}/{fmt(latest.get('net_tx_mb_s'), ' MB/s', 2)}"
+            "</small>")
+
+
+class Charts:
+    """bqplot charts, one line per task: step time over steps, CPU / RSS / GPU over time.
+
+    One Lines mark per task (tasks have different numbers of points; bqplot wants a rectangle
+    per mark), sharing the figure's scales.
+    """
+
+    SERIES = (("step time (ms)", "steps", 2), ("CPU %", "time", 1), ("RSS (MB)", "time", 2),
+              ("GPU %", "time", 3))
+
+    def __init__(self, tasks: list[str]) -> None:
+        import bqplot as bq
+        import ipywidgets as w
+
+        self.tasks = tasks
+        self.figures: list[Any] = []
+        self.marks: list[list[Any]] = []
+        for title, xkind, _ in self.SERIES:
+            xs, ys = bq.LinearScale(), bq.LinearScale()
+            marks = [bq.Lines(x=[0.0], y=[0.0], colors=[colour_of(t)], labels=[t],
+                              display_legend=True, scales={"x": xs, "y": ys}) for t in tasks]
+            label = "step" if xkind == "steps" else "seconds"
+            fig = bq.Figure(marks=marks, title=title,
+                            axes=[bq.Axis(scale=xs, label=label),
+                                  bq.Axis(scale=ys, orientation="vertical")],
+                            layout=w.Layout(width="49%", height="240px"),
+                            fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
+            fig.add_class("tfdist-chart")
+            self.figures.append(fig)
+            self.marks.append(marks)
+        self.box = w.Box(self.figures, layout=w.Layout(flex_flow="row wrap"))
+        self._seen = -1
+
+    def update(self, views: list[TaskView], revision: int) -> bool:
+        if revision == self._seen:
+            return False
+        self._seen = revision
+        t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
+        for (_, xkind, col), marks in zip(self.SERIES, self.marks, strict=True):
+            for v, mark in zip(views, marks, strict=True):
+                if xkind == "steps":
+                    pts = list(v.steps)[-CHART_POINTS:]
+                    x, y = [p[0] for p in pts], [p[2] for p in pts]
+                else:
+                    pts = [s for s in list(v.samples)[-CHART_POINTS:] if s[col] is not None]
+                    x, y = [s[0] - t0 for s in pts], [s[col] for s in pts]
+                if x and (len(x) != len(mark.x) or x[-1] != mark.x[-1]):
+                    with mark.hold_sync():
+                        mark.x, mark.y = x, y
+        return True
+
+
+class Dashboard:
+    """The whole view of one cluster; ``widget`` is what the notebook displays."""
+
+    def __init__(self, cluster: Any, refresh_s: float = REFRESH_S) -> None:
+        import ipywidgets as w
+
+        self.cluster = cluster
+        self.refresh_s = refresh_s
+        names = [str(t) for t in cluster.tasks]
+        run_dir = str(cluster.run_dir)
+        self.header = w.HTML()
+        self.alerts = w.HTML()
+        self.panels = {t: TaskPanel(t, run_dir) for t in names}
+        self.charts = Charts(names)
+        self.widget = w.VBox([self.header, self.alerts,
+                              w.Box([p.box for p in self.panels.values()],
+                                    layout=w.Layout(flex_flow="row wrap")),
+                              self.charts.box])
+        self.widget.add_class("tfdist-dashboard")
+        self.updates = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.refresh()
+
+    def start(self) -> Dashboard:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name="tfdist-dashboard",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the timer after one last refresh; the widgets stay as they are."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(2)
+        self.refresh()
+
+    def _main(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self.refresh()
+
+    def refresh(self) -> bool:
+        """Push what changed since the last refresh; True if anything was sent.
+
+        A drawing error is logged, never raised: it must not fail the user's cell.
+        """
+        try:
+            return self._refresh()
+        except Exception:
+            logger.exception("tfdist_nb: the dashboard could not be refreshed")
+            return False
+
+    def _refresh(self) -> bool:
+        with self._lock:
+            c = self.cluster
+            changed = False
+            views = []
+            for name, panel in self.panels.items():
+                rt = next((r for r in c.tasks.values() if r.name == name), None)
+                view = c.live.view(name)
+                views.append(view)
+                changed |= panel.update(view, rt.state.value if rt else "stopped",
+                                        rt.pid if rt else None)
+            changed |= self.charts.update(views, c.live.revision)
+            header = (f"<b>tfdist_nb</b> {html.escape(str(c.spec))} · cluster "
+                      f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}")
+            if header != self.header.value:
+                self.header.value = header
+                changed = True
+            alerts = c.alerts()
+            text = "".join(f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
+                           for a in alerts[-5:])
+            if text != self.alerts.value:
+                self.alerts.value = text
+                changed = True
+            self.updates += changed
+            return changed
