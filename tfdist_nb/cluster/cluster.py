@@ -47,6 +47,7 @@ STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input
                   "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
                   "net_tx_mb_s", "last_output_s_ago"]
 START_ATTEMPTS = 3
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RUN_DONE = object()
 STOP_GRACE_S = 1.0
 
@@ -165,6 +166,36 @@ class Cluster:
         """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG."""
         targets = self._runtimes(on, allow_dead=True)
         self._require_loop().run(self._restart(targets), self.start_timeout + 60)
+
+    def set_log_level(self, level: str, cpp: int | None = None,
+                      vmodule: str | None = None) -> str:
+        """Python and TensorFlow logger level on every task (``%tfdist_loglevel``).
+
+        TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
+        ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
+        """
+        level = level.upper()
+        if level not in LOG_LEVELS:
+            raise SpecError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
+        if cpp is not None and cpp not in (0, 1, 2, 3):
+            raise SpecError("--cpp is TF_CPP_MIN_LOG_LEVEL: 0 (all), 1 (no INFO), 2 (no "
+                            "WARNING), 3 (no ERROR)")
+        said = []
+        if cpp is not None or vmodule is not None:
+            if cpp is not None:
+                self.extra_env["TF_CPP_MIN_LOG_LEVEL"] = str(cpp)
+            if vmodule is not None:
+                self.extra_env["TF_CPP_VMODULE"] = vmodule
+            for rt in self.tasks.values():
+                rt.env = worker_env(rt.task, rt.tf_config, self.extra_env, self.python)
+                self.rundir.write_json(rt.task.slug, "env.json", rt.env)  # type: ignore[union-attr]
+            self.restart()
+            said.append("restarted all tasks so the C++ log settings take effect")
+        targets = self._runtimes("all")
+        self._require_loop().run(asyncio.gather(
+            *(self._agent_call(rt, f"set_log_level({level!r})") for rt in targets)), 30)
+        said.insert(0, f"log level {level} on {len(targets)} task(s)")
+        return "; ".join(said)
 
     def interrupt(self, on: Any = None) -> None:
         """Send the notebook's interrupt (SIGINT) to the targeted tasks."""

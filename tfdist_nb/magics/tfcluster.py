@@ -227,6 +227,32 @@ class TfdistMagics(Magics):
         print(f"tfdist_nb: stopped {len(reports)} task(s) of {cluster.spec}")
 
     @magic_arguments()
+    @argument("level", help="DEBUG | INFO | WARNING | ERROR | CRITICAL (Python and tf logger)")
+    @argument("--cpp", type=int, metavar="N",
+              help="TF_CPP_MIN_LOG_LEVEL for TensorFlow's C++ logs (0-3); restarts the tasks")
+    @argument("--vmodule", metavar="SPEC",
+              help="TF_CPP_VMODULE, e.g. 'collective_ops=2'; restarts the tasks")
+    @line_magic
+    def tfdist_loglevel(self, line: str) -> None:
+        """Set the log level on every task.
+
+        The Python level (root and ``tensorflow`` loggers) changes at once. TensorFlow reads its
+        C++ settings only at start-up, so ``--cpp`` / ``--vmodule`` restart every task (which
+        loses their state) and say so.
+
+        Examples::
+
+            %tfdist_loglevel DEBUG
+            %tfdist_loglevel INFO --cpp 0 --vmodule collective_ops=2
+        """
+        example = "example: %tfdist_loglevel INFO --cpp 0"
+        args = _parse(self.tfdist_loglevel, line, example)
+        try:
+            print(f"tfdist_nb: {_require().set_log_level(args.level, args.cpp, args.vmodule)}")
+        except SpecError as exc:
+            raise _usage(exc, example) from None
+
+    @magic_arguments()
     @line_magic
     def tfdist_env(self, line: str) -> Any:
         """Each task's environment side by side; the ``mismatch`` column marks differences."""
