@@ -25,35 +25,35 @@ class FakeNvml:
         self.fail_init = fail_init
         self.no_power = no_power
 
-    def nvmlInit(self) -> None:  # noqa: N802 - NVML's names
+    def nvmlInit(self) -> None:
         if self.fail_init:
             raise NVMLError("NVML Shared Library Not Found")
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         return self.count
 
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
         return i
 
-    def nvmlDeviceGetName(self, h: int) -> bytes:  # noqa: N802
+    def nvmlDeviceGetName(self, h: int) -> bytes:
         return b"Fake H200"
 
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(gpu=40 + 10 * h, memory=5)
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(used=(1024 + h) * 2**20, total=143771 * 2**20)
 
-    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:  # noqa: N802
+    def nvmlDeviceGetTemperature(self, h: int, sensor: int) -> int:
         return 61 + h
 
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:  # noqa: N802
+    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
         return 1980 - 500 * h
 
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
         if self.no_power:
             raise NVMLError("Not Supported")
         return 350_000
 
-    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:  # noqa: N802
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
         return 0x0 if h == 0 else 0x40 | 0x4
