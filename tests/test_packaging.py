@@ -54,3 +54,14 @@ def test_ruff_clean() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "tfdist_nb", "tests", "bench"],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_quickstart_notebook_runs_the_tested_training_cells() -> None:
+    """The quickstart's training cells are the ones the test suite runs (tests/cells/)."""
+    import nbformat
+
+    nb = nbformat.read(REPO / "examples" / "01_quickstart.ipynb", as_version=4)
+    bodies = [c.source.split("\n", 1)[1] for c in nb.cells
+              if c.cell_type == "code" and c.source.startswith("%%tfcluster 2 workers")]
+    cells = REPO / "tests" / "cells"
+    assert bodies == [(cells / "mwms_loop.py").read_text(), (cells / "tf_keras_fit.py").read_text()]

@@ -11,7 +11,6 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import wait_for
 from tfdist_nb import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -65,13 +64,13 @@ print("steps", tw.steps_done())
 """
     with Cluster(workers=2) as c:
         assert c.run(code_steps, timeout=60).ok
-        wait_for(lambda: set(c.status()["step"]) == {37}, 10, "37 steps in status")
-        status = c.status()
+        status = c.status()  # exact as soon as the cell returns: no waiting for a heartbeat
+        assert list(status["step"]) == [37, 37]
         assert status["input_wait_ms"].notna().all() and status["step_time_ms"].notna().all()
         fit = c.run(code_fit, timeout=120)
         assert fit.ok, fit.summary()
         assert all("steps 53" in r.stdout for r in fit.tasks.values())
-        wait_for(lambda: set(c.status()["step"]) == {53}, 10, "37 + 16 steps in status")
+        assert list(c.status()["step"]) == [53, 53]
         assert {c.live.view(t).total_steps for t in ("worker:0", "worker:1")} == {53}
 
 

@@ -47,7 +47,7 @@ class TaskPanel:
         self.stream = w.Dropdown(options=["all", "stdout", "stderr"], value="all",
                                  layout=w.Layout(width="90px"))
         self.grep = w.Text(placeholder="regex filter", layout=w.Layout(width="160px"))
-        self.log = w.HTML(layout=w.Layout(max_height="260px", overflow="auto"))
+        self.log = w.HTML()
         self.footer = w.HTML()
         self.box = w.VBox([self.title, self.progress, self.stats,
                            w.HBox([self.stream, self.grep]), self.log, self.footer],
@@ -77,8 +77,12 @@ class TaskPanel:
         self.progress.description = f"{view.step_count}" + (f"/{total}" if total else "")
         self.stats.value = _stats_html(view)
         lines = self._filtered(view)
-        self.log.value = ("<pre class='tfdist-log' style='font-size:11px;margin:0'>"
-                          + "\n".join(html.escape(ANSI.sub("", x)) for x in lines) + "</pre>")
+        # column-reverse keeps the scroll box at its bottom: the newest line is in view
+        self.log.value = ("<div style='max-height:260px;overflow:auto;display:flex;"
+                          "flex-direction:column-reverse'><pre class='tfdist-log' "
+                          "style='font-size:11px;margin:0;white-space:pre-wrap'>"
+                          + "\n".join(html.escape(ANSI.sub("", x)) for x in lines)
+                          + "</pre></div>")
         self.footer.value = (f"<small>showing {len(lines)} of {view.lines_total} lines; all are "
                              f"on disk in {html.escape(self.run_dir)}/events.jsonl "
                              f"(<code>%tfdist_logs --on {self.task}</code>)</small>")

@@ -94,8 +94,12 @@ def start(kernel: Any) -> None:
                             ident=MSG_TYPE.encode())
 
     interval = float(os.environ.get("TFDIST_TELEMETRY_INTERVAL", "1.0"))
-    worker._telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
-    worker._telemetry.start()
+    telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
+    worker._telemetry = telemetry
+    telemetry.start()
+    # One sample at the end of every cell: it goes out on iopub before the cell's idle status,
+    # so when the controller sees a cell finish it already has that cell's exact step count.
+    kernel.shell.events.register("post_execute", telemetry.flush)
 
 
 def _tag_log_records() -> None:

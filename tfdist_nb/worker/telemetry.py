@@ -26,6 +26,7 @@ class Telemetry:
         self._gpu = gpu
         self._steps: collections.deque[list[float | None]] = collections.deque()
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="tfdist-telemetry", daemon=True)
         self._proc: Any = None
@@ -62,14 +63,21 @@ class Telemetry:
                 time.sleep(self.interval_s)
 
     def flush(self) -> None:
-        with self._lock:
-            steps = [self._steps.popleft()
-                     for _ in range(min(len(self._steps), MAX_STEPS_PER_MESSAGE))]
-            count = self.step_count
-        self.seq += 1
-        self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
-                    **self._resources(), "step": count, "total_steps": self.total_steps,
-                    "steps": steps})
+        """Send a sample now, with every step recorded so far (the thread calls it every
+        interval; the kernel at the end of every cell)."""
+        with self._flush_lock:
+            resources = self._resources()
+            while True:
+                with self._lock:
+                    steps = [self._steps.popleft()
+                             for _ in range(min(len(self._steps), MAX_STEPS_PER_MESSAGE))]
+                    count, more = self.step_count, bool(self._steps)
+                self.seq += 1
+                self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
+                            **resources, "step": count, "total_steps": self.total_steps,
+                            "steps": steps})
+                if not more:
+                    return
 
     def _resources(self) -> dict[str, Any]:
         import psutil

@@ -1,0 +1,122 @@
+"""The dashboard in a real JupyterLab, driven by headless Chromium through Playwright.
+
+JupyterLab (the version pinned in pyproject's test extra) serves on loopback with a token; the
+test opens the quickstart notebook, runs all cells, and checks what a user would see: both task
+panels with their tf.print lines, and the charts. A screenshot is saved in the test's tmp dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("TFDIST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[str]:
+    shutil.copy(REPO / "examples" / "01_quickstart.ipynb", tmp_path)
+    token, port = secrets.token_hex(16), free_port()
+    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs"),
+           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
+    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+         "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+         "jupyterlab.handlers.announcements.NeverCheckForUpdate"],
+        env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                return True
+        except OSError:
+            return proc.poll() is not None
+
+    try:
+        wait_for(up, 60, "JupyterLab to answer")
+        assert proc.poll() is None, (tmp_path / "jupyterlab.log").read_text()[-3000:]
+        yield f"{base}/lab/tree/01_quickstart.ipynb?token={token}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.mark.timeout(420)
+def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect, sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: .ci/run installs Debian's chromium"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(lab)
+            page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+            select = page.locator(".jp-Dialog button", has_text="Select")
+            with contextlib.suppress(PlaywrightTimeout):  # JupyterLab may ask for the kernel
+                select.wait_for(timeout=10_000)
+                select.click()
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+                   ).to_have_count(1, timeout=60_000)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            first = page.locator(".tfdist-dashboard").first
+            first.wait_for(timeout=60_000)
+            panels = first.locator(".tfdist-task-panel")
+            expect(panels).to_have_count(2, timeout=60_000)
+            for i, task in enumerate(("worker:0", "worker:1")):
+                expect(panels.nth(i)).to_contain_text(task)
+                expect(panels.nth(i).locator(".tfdist-log")).to_contain_text(
+                    "loss ", timeout=120_000)  # tf.print from inside the tf.function
+            charts = first.locator(".tfdist-chart")
+            expect(charts).to_have_count(4)
+            expect(charts.first.locator("svg").first).to_be_visible()
+            expect(page.get_by_text("stopped 2 task(s) of 2 workers")).to_be_visible(
+                timeout=240_000)
+            first.scroll_into_view_if_needed()
+            for i, task in enumerate(("worker:0", "worker:1")):  # the final state, re-rendered
+                expect(panels.nth(i).locator(".tfdist-log")).to_contain_text(
+                    f"{task} final loss", timeout=30_000)
+            time.sleep(1)  # let bqplot finish its transition before the picture
+            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=False)
+            first.screenshot(path=str(tmp_path / "dashboard-widget.png"))
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert (tmp_path / "dashboard-widget.png").stat().st_size > 10_000
