@@ -26,6 +26,22 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("TFDIST_CHROMIUM", "/usr/bin/chromium")
+
+
+def ensure_chromium() -> str:
+    """Debian's chromium (Playwright's own browser download is not used): installed with apt-get
+    when missing and we are root on Debian, as on CI; otherwise the test says what to install."""
+    if Path(CHROMIUM).exists():
+        return CHROMIUM
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, timeout=600)
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, env=env,
+                       timeout=900)
+    assert Path(CHROMIUM).exists(), (
+        f"{CHROMIUM} missing: install Debian's chromium (apt-get install chromium) or set "
+        "TFDIST_CHROMIUM to a Chromium binary")
+    return CHROMIUM
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"]
@@ -79,9 +95,9 @@ def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
 
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: .ci/run installs Debian's chromium"
+    chromium = ensure_chromium()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.goto(lab)
@@ -103,7 +119,7 @@ def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path:
                 expect(panels.nth(i).locator(".tfdist-log")).to_contain_text(
                     "loss ", timeout=120_000)  # tf.print from inside the tf.function
             charts = first.locator(".tfdist-chart")
-            expect(charts).to_have_count(4)
+            expect(charts).to_have_count(5)
             expect(charts.first.locator("svg").first).to_be_visible()
             expect(page.get_by_text("stopped 2 task(s) of 2 workers")).to_be_visible(
                 timeout=240_000)

@@ -130,3 +130,72 @@ def test_env_reports_each_task(cluster2: Any) -> None:
     assert list(env.columns) == ["worker:0", "worker:1", "mismatch"]
     assert not env["mismatch"].any()
     assert env.loc["tensorflow", "worker:0"].startswith("2.")
+
+
+def test_logs_magic_filters_and_saves(cluster2: Any, tmp_path: Any) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("tfdist_nb")
+    cluster2.run("for i in range(3): print('needle', i)")
+    saved = tmp_path / "logs.jsonl"
+    df = ip.run_line_magic("tfdist_logs", f"--on 1 --grep 'needle [12]' --tail 1 --save {saved}")
+    assert list(df["text"]) == ["needle 2"] and list(df["task"]) == ["worker:1"]
+    rows = [json.loads(x) for x in saved.read_text().splitlines()]
+    assert [(r["task"], r["stream"], r["text"]) for r in rows] == [("worker:1", "stdout",
+                                                                    "needle 2")]
+
+
+def test_log_records_carry_their_task(cluster2: Any) -> None:
+    code = """
+import logging, tensorflow as tf
+seen = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        seen.append(record.task)
+for name in ("", "tensorflow"):
+    logging.getLogger(name).addHandler(Keep())
+logging.getLogger("mine").warning("from python logging")
+tf.get_logger().warning("from tf.get_logger")
+print("tasks on records:", sorted(set(seen)), len(seen))
+"""
+    result = cluster2.run(code)
+    assert result.ok, result.summary()
+    assert "tasks on records: ['worker:0'] 3" in result.tasks["worker:0"].stdout
+    assert "tasks on records: ['worker:1'] 3" in result.tasks["worker:1"].stdout
+
+
+def test_dashboard_panels_filter_by_stream_and_regex(cluster2: Any) -> None:
+    cluster2.run("import sys\nfor i in range(5):\n    print('out', i)\n"
+                 "    print('err', i, file=sys.stderr)")
+    dashboard = cluster2.dashboard(start=False)
+    panel = dashboard.panels["worker:1"]
+    panel.grep.value = "^(out|err) [34]$"
+    dashboard.refresh()
+    assert [x for x in ("out 3", "out 4", "err 3", "err 4") if x in panel.log.value] == [
+        "out 3", "out 4", "err 3", "err 4"]
+    assert "out 2" not in panel.log.value
+    panel.stream.value = "stderr"
+    dashboard.refresh()
+    assert "err 4" in panel.log.value and "out 4" not in panel.log.value
+    assert "worker:1" in panel.title.value and "idle" in panel.title.value
+    dashboard.close()
+
+
+def test_loglevel_sets_python_level_and_cpp_through_an_announced_restart(cluster2: Any) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("tfdist_nb")
+    old_pids = list(cluster2.status()["pid"])
+    with capture_output() as captured:
+        ip.run_line_magic("tfdist_loglevel", "WARNING --cpp 2")
+    assert "log level WARNING on 2 task(s)" in captured.stdout
+    assert "restarted all tasks so the C++ log settings take effect" in captured.stdout
+    assert list(cluster2.status()["pid"]) != old_pids
+    check = ("import os, logging\n"
+             "print(os.environ['TF_CPP_MIN_LOG_LEVEL'], "
+             "logging.getLevelName(logging.getLogger('tensorflow').level))")
+    result = cluster2.run(check)
+    assert {r.stdout.strip() for r in result.tasks.values()} == {"2 WARNING"}

@@ -56,5 +56,7 @@ def test_tf_keras_fit_under_mwms() -> None:
         assert losses["worker:0"] == losses["worker:1"]
         for r in result.tasks.values():
             assert "keras tf_keras" in r.stdout
-            assert "steps 16" in r.stdout  # 2 epochs x 8 batches counted by tw.StepTimer
+            assert "steps 16" in r.stdout  # 2 epochs x 8 batches, by the auto-added step timer
             assert "Epoch 2/2" in r.stdout
+        assert list(c.status()["step"]) == [16, 16]
+        assert {c.live.view(t).total_steps for t in ("worker:0", "worker:1")} == {16}

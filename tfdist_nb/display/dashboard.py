@@ -77,14 +77,13 @@ class TaskPanel:
         self.progress.description = f"{view.step_count}" + (f"/{total}" if total else "")
         self.stats.value = _stats_html(view)
         lines = self._filtered(view)
-        # column-reverse keeps the scroll box at its bottom: the newest line is in view
-        self.log.value = ("<div style='max-height:260px;overflow:auto;display:flex;"
-                          "flex-direction:column-reverse'><pre class='tfdist-log' "
+        # newest first: the line that matters is in view without scrolling
+        self.log.value = ("<div style='max-height:260px;overflow:auto'><pre class='tfdist-log' "
                           "style='font-size:11px;margin:0;white-space:pre-wrap'>"
-                          + "\n".join(html.escape(ANSI.sub("", x)) for x in lines)
+                          + "\n".join(html.escape(ANSI.sub("", x)) for x in reversed(lines))
                           + "</pre></div>")
-        self.footer.value = (f"<small>showing {len(lines)} of {view.lines_total} lines; all are "
-                             f"on disk in {html.escape(self.run_dir)}/events.jsonl "
+        self.footer.value = (f"<small>newest first: {len(lines)} of {view.lines_total} lines; "
+                             f"all are on disk in {html.escape(self.run_dir)}/events.jsonl "
                              f"(<code>%tfdist_logs --on {self.task}</code>)</small>")
         return True
 
@@ -124,14 +123,16 @@ def _stats_html(view: TaskView) -> str:
 
 
 class Charts:
-    """bqplot charts, one line per task: step time over steps, CPU / RSS / GPU over time.
+    """bqplot charts, one line per task: step time and input wait over steps (a straggler's
+    slow input stands out there even when synchronous training evens out the step times), and
+    CPU / RSS / GPU over time.
 
     One Lines mark per task (tasks have different numbers of points; bqplot wants a rectangle
     per mark), sharing the figure's scales.
     """
 
-    SERIES = (("step time (ms)", "steps", 2), ("CPU %", "time", 1), ("RSS (MB)", "time", 2),
-              ("GPU %", "time", 3))
+    SERIES = (("step time (ms)", "steps", 2), ("input wait (ms)", "steps", 3),
+              ("CPU %", "time", 1), ("RSS (MB)", "time", 2), ("GPU %", "time", 3))
 
     def __init__(self, tasks: list[str]) -> None:
         import bqplot as bq
@@ -164,8 +165,8 @@ class Charts:
         for (_, xkind, col), marks in zip(self.SERIES, self.marks, strict=True):
             for v, mark in zip(views, marks, strict=True):
                 if xkind == "steps":
-                    pts = list(v.steps)[-CHART_POINTS:]
-                    x, y = [p[0] for p in pts], [p[2] for p in pts]
+                    pts = [p for p in list(v.steps)[-CHART_POINTS:] if p[col] is not None]
+                    x, y = [p[0] for p in pts], [p[col] for p in pts]
                 else:
                     pts = [s for s in list(v.samples)[-CHART_POINTS:] if s[col] is not None]
                     x, y = [s[0] - t0 for s in pts], [s[col] for s in pts]
