@@ -59,13 +59,22 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     assert not left, f"worker kernels left at the end of the session: {sorted(left)}"
 
 
+def _owned_by_live_clusters() -> set[int]:
+    """Workers of clusters still running (a module-scoped cluster's restarted tasks, say)."""
+    from tfdist_nb.cluster import cluster
+
+    return {rt.pid for c in list(cluster._live) if c.running for rt in c.tasks.values()
+            if rt.pid}
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_workers() -> Iterator[None]:
     """Fail a test that leaves behind a worker kernel it started."""
     before = worker_kernels()
     yield
     deadline = time.monotonic() + 5
-    while (new := worker_kernels() - before) and time.monotonic() < deadline:
+    while ((new := worker_kernels() - before - _owned_by_live_clusters())
+           and time.monotonic() < deadline):
         time.sleep(0.1)
     _reap(new)
     assert not new, f"test leaked worker kernels: {sorted(new)}"

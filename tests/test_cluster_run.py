@@ -182,6 +182,23 @@ def test_dashboard_panels_filter_by_stream_and_regex(cluster2: Any) -> None:
     dashboard.close()
 
 
+def test_interrupt_reaches_only_the_chosen_task(cluster2: Any) -> None:
+    import threading
+
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(
+        cluster2.run("import time; time.sleep(30)", on=1)))
+    runner.start()
+    wait_for(lambda: cluster2.status().set_index("task").loc["worker:1", "state"] == "busy", 10,
+             "worker:1 busy")
+    cluster2.interrupt(on=1)
+    runner.join(10)
+    assert not runner.is_alive()
+    r = results[0].tasks["worker:1"]
+    assert (r.status, r.error.ename) == ("error", "KeyboardInterrupt")
+    assert r.duration_s < 10
+
+
 def test_loglevel_sets_python_level_and_cpp_through_an_announced_restart(cluster2: Any) -> None:
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output

@@ -192,7 +192,7 @@ class Cluster:
             self.restart()
             said.append("restarted all tasks so the C++ log settings take effect")
         targets = self._runtimes("all")
-        self._require_loop().run(asyncio.gather(
+        self._require_loop().run(_gather(
             *(self._agent_call(rt, f"set_log_level({level!r})") for rt in targets)), 30)
         said.insert(0, f"log level {level} on {len(targets)} task(s)")
         return "; ".join(said)
@@ -200,8 +200,8 @@ class Cluster:
     def interrupt(self, on: Any = None) -> None:
         """Send the notebook's interrupt (SIGINT) to the targeted tasks."""
         targets = self._runtimes(on, allow_dead=True)
-        self._require_loop().run(
-            asyncio.gather(*(rt.handle.interrupt() for rt in targets if rt.handle)), 10)
+        self._require_loop().run(_gather(*(rt.handle.interrupt() for rt in targets
+                                           if rt.handle)), 10)
 
     # ------------------------------------------------------------------ running cells
     def run(self, code: str, on: Any = None, timeout: float | None = None, *,
@@ -474,6 +474,11 @@ class Cluster:
         await self._launch(targets)
         if self.spec.ps:
             await self._serve_parameter_servers(targets)
+
+
+async def _gather(*coros: Any) -> list[Any]:
+    """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
+    return list(await asyncio.gather(*coros))
 
 
 @atexit.register
