@@ -26,7 +26,9 @@ class OutputLine:
     kind: str = "output"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # by hand: dataclasses.asdict deep-copies, and this runs for every line of a flood
+        return {"time": self.time, "task": self.task, "stream": self.stream, "text": self.text,
+                "cell": self.cell, "kind": self.kind}
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ class Cluster:
         self._dashboard: Any = None
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self._loop: LoopThread | None = None
-        self._listeners: tuple[Callable[[Event], None], ...] = ()
+        self._listeners: tuple[Callable[[list[Event]], None], ...] = ()
         self._listeners_lock = threading.Lock()
         self._cell = 0
         self.last_stop: list[StopReport] = []
@@ -249,7 +249,8 @@ class Cluster:
             if ev is _RUN_DONE:
                 return
             if on_event is not None:
-                on_event(ev)
+                for one in ev:
+                    on_event(one)
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
@@ -350,26 +351,26 @@ class Cluster:
             raise ClusterNotRunningError("the cluster is not running")
         return self._loop
 
-    def _add_listener(self, fn: Callable[[Event], None]) -> None:
+    def _add_listener(self, fn: Callable[[list[Event]], None]) -> None:
         with self._listeners_lock:
             self._listeners = (*self._listeners, fn)
 
-    def _remove_listener(self, fn: Callable[[Event], None]) -> None:
+    def _remove_listener(self, fn: Callable[[list[Event]], None]) -> None:
         with self._listeners_lock:
             self._listeners = tuple(f for f in self._listeners if f is not fn)
 
-    def _sink(self, event: Event) -> None:
+    def _sink(self, events: list[Event]) -> None:
         """Every event of every task passes here, on the loop thread: disk first, then views."""
         assert self.rundir is not None
-        self.rundir.write_event(event)
-        self.live.add(event)
+        self.rundir.write_events(events)
+        self.live.add_many(events)
         for fn in self._listeners:
-            fn(event)
+            fn(events)
 
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
         if level in ("WARNING", "ERROR"):
             self._alerts.append(f"{task}: {text}")
-        self._sink(TaskNote(time.time(), task, text, level))
+        self._sink([TaskNote(time.time(), task, text, level)])
 
     async def _start_all(self) -> None:
         tasks = self.spec.tasks

@@ -69,6 +69,20 @@ class LiveStore:
         with self._lock:
             return list(self._tasks)
 
+    def add_many(self, events: list[Event]) -> None:
+        """A batch from one message: the lines of one task go in together (one revision)."""
+        if events and all(isinstance(e, OutputLine) for e in events):
+            v = self.view(events[0].task)
+            if all(e.task == v.task for e in events):
+                v.lines.extend(events)
+                v.lines_total += len(events)
+                v.last_output = events[-1].time
+                v.revision += 1
+                self.revision += 1
+                return
+        for event in events:
+            self.add(event)
+
     def add(self, event: Event) -> None:
         if isinstance(event, OutputLine):
             v = self.view(event.task)

@@ -8,7 +8,7 @@
     tasks/<task>/         tf_config.json, env.json, kernel.log (what the process wrote before
                           ipykernel captured fd 1/2), kernel connection file while it runs
 
-Lines are flushed as they are written, so a crash of the controller loses nothing already received.
+Each batch is flushed as it is written, so a crash of the controller loses nothing already received.
 """
 
 from __future__ import annotations
@@ -22,9 +22,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.events import Event
+from tfdist_nb.events import Event, OutputLine
 
 DEFAULT_ROOT = "tfdist_runs"
+_ENCODER = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=...) builds one a call
+_STR = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # C-accelerated
+
+
+def _line_json(e: OutputLine) -> str:
+    """The JSON of one output line, built directly: this runs for every line of a flood."""
+    cell = "null" if e.cell is None else int(e.cell)
+    return (f'{{"time": {float(e.time)!r}, "task": {_STR(e.task)}, "stream": {_STR(e.stream)}, '
+            f'"text": {_STR(e.text)}, "cell": {cell}, "kind": "output"}}')
 
 
 def new_cluster_id() -> str:
@@ -42,7 +51,7 @@ def open_private(path: Path, mode: str = "a") -> Any:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)
-    return os.fdopen(fd, mode, encoding="utf-8", buffering=1)
+    return os.fdopen(fd, mode, encoding="utf-8")
 
 
 class RunDirectory:
@@ -68,19 +77,24 @@ class RunDirectory:
             json.dump(data, f, indent=1, sort_keys=True)
         return path
 
-    def write_event(self, event: Event) -> None:
-        line = json.dumps(event.to_json(), default=str)
+    def write_events(self, events: list[Event]) -> None:
+        """Append a batch and flush it: a crash of the controller loses nothing written."""
+        output = [_line_json(e) if isinstance(e, OutputLine) else _ENCODER.encode(e.to_json())
+                  for e in events if e.kind != "telemetry"]
+        telemetry = [_ENCODER.encode(e.to_json()) for e in events if e.kind == "telemetry"]
         with self._lock:
-            out = self._telemetry if event.kind == "telemetry" else self._events
-            if not out.closed:
-                out.write(line + "\n")
-                self.lines_written += event.kind == "output"
+            for out, lines in ((self._events, output), (self._telemetry, telemetry)):
+                if lines and not out.closed:
+                    out.write("\n".join(lines) + "\n")
+                    out.flush()
+            self.lines_written += sum(e.kind == "output" for e in events)
 
     def write_cell(self, seq: int, code: str, targets: list[str]) -> None:
         rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
         with self._lock:
             if not self._cells.closed:
                 self._cells.write(json.dumps(rec) + "\n")
+                self._cells.flush()
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
         with self._lock:

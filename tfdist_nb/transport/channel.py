@@ -45,9 +45,10 @@ def _msg_time(msg: dict[str, Any]) -> float:
 
 
 class KernelChannel:
-    """Executes code on one task and publishes everything it says through ``sink``."""
+    """Executes code on one task and publishes everything it says through ``sink``, in batches
+    (all the lines of one stream message together)."""
 
-    def __init__(self, task: str, client: Any, sink: Callable[[Event], None]) -> None:
+    def __init__(self, task: str, client: Any, sink: Callable[[list[Event]], None]) -> None:
         self.task = task
         self.client = client
         self._sink = sink
@@ -116,7 +117,7 @@ class KernelChannel:
         t = _msg_time(msg)
         if kind == TELEMETRY_MSG:
             self.last_telemetry = time.time()
-            self._sink(TelemetrySample(content.get("time", t), self.task, content))
+            self._sink([TelemetrySample(content.get("time", t), self.task, content)])
         elif kind == "stream":
             self.last_output = time.time()
             name = content.get("name", "stdout")
@@ -128,8 +129,8 @@ class KernelChannel:
             self.last_output = time.time()
             if ex is not None:
                 ex.outputs.append({"output_type": kind, **content})
-            self._sink(RichOutput(t, self.task, kind, content.get("data", {}),
-                                  content.get("metadata", {}), cell))
+            self._sink([RichOutput(t, self.task, kind, content.get("data", {}),
+                                   content.get("metadata", {}), cell)])
             plain = content.get("data", {}).get("text/plain")
             if plain:
                 self._emit_lines(t, "display", plain.splitlines(), cell)
@@ -153,5 +154,6 @@ class KernelChannel:
             self._emit_lines(time.time(), name, [self._partial.pop(name)], cell)
 
     def _emit_lines(self, t: float, stream: str, lines: list[str], cell: int | None) -> None:
-        for line in lines:
-            self._sink(OutputLine(t, self.task, stream, line.rstrip("\r"), cell))
+        if lines:  # one batch per message: a flood costs one write, not one per line
+            self._sink([OutputLine(t, self.task, stream, line.rstrip("\r"), cell)
+                        for line in lines])
