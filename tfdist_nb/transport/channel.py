@@ -78,11 +78,28 @@ class KernelChannel:
                     fut.cancel()
         self._pending.clear()
 
+    async def create_subshell(self, timeout: float) -> str | None:
+        """A kernel subshell (ipykernel >= 7): a second thread that runs requests while the main
+        thread is blocked, e.g. inside a collective. None when the kernel has no subshells."""
+        self.client.control_channel.send(self.client.session.msg("create_subshell_request", {}))
+        try:
+            reply = await self.client.get_control_msg(timeout=timeout)
+        except Exception:
+            return None
+        return reply.get("content", {}).get("subshell_id")
+
     def execute(self, code: str, cell: int | None, *, silent: bool = False,
-                user_expressions: dict[str, str] | None = None) -> Execution:
+                user_expressions: dict[str, str] | None = None,
+                subshell_id: str | None = None) -> Execution:
         loop = asyncio.get_running_loop()
-        msg_id = self.client.execute(code, silent=silent, store_history=not silent,
-                                     user_expressions=user_expressions or {}, allow_stdin=False)
+        content = {"code": code, "silent": silent, "store_history": not silent,
+                   "user_expressions": user_expressions or {}, "allow_stdin": False,
+                   "stop_on_error": subshell_id is None}
+        msg = self.client.session.msg("execute_request", content)
+        if subshell_id is not None:
+            msg["header"]["subshell_id"] = subshell_id
+        self.client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
         ex = Execution(msg_id, cell, time.time(), loop.create_future(), loop.create_future())
         self._pending[msg_id] = ex
         if cell is not None:

@@ -97,9 +97,9 @@ def start(kernel: Any) -> None:
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     worker._telemetry = telemetry
     telemetry.start()
-    # One sample at the end of every cell: it goes out on iopub before the cell's idle status,
-    # so when the controller sees a cell finish it already has that cell's exact step count.
-    kernel.shell.events.register("post_execute", telemetry.flush)
+    # The steps of a cell go out at its end, on iopub before its idle status, so when the
+    # controller sees a cell finish it already has that cell's exact step count.
+    kernel.shell.events.register("post_execute", telemetry.flush_steps)
 
 
 def _tag_log_records() -> None:
@@ -127,6 +127,59 @@ def set_log_level(level: str) -> str:
     logging.getLogger().setLevel(level)
     logging.getLogger("tensorflow").setLevel(level)
     return logging.getLevelName(logging.getLogger("tensorflow").level)
+
+
+def stacks_json() -> str:
+    """Every thread's Python stack, main thread first, and where the main thread stands.
+
+    Runs in the inspection subshell, so it answers while the main thread is inside a TF op.
+    """
+    import threading
+    import traceback
+
+    frames = sys._current_frames()
+    main_id = threading.main_thread().ident
+    names = {t.ident: t.name for t in threading.enumerate()}
+    me = threading.get_ident()
+    out = {}
+    for ident in sorted(frames, key=lambda i: (i != main_id, names.get(i, ""))):
+        if ident == me:
+            continue
+        out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
+    return json.dumps({"threads": out, "main": _where(frames.get(main_id))})
+
+
+_TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
+_IDLE = ("zmq", "asyncio", "selectors", "tornado", "ipykernel", "threading")
+
+
+def _where(frame: Any) -> dict[str, Any]:
+    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func"}`` for a frame."""
+    if frame is None:
+        return {"kind": "unknown", "at": ""}
+    at = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+    stack = []
+    f = frame
+    while f is not None:
+        stack.append(f.f_code.co_filename)
+        f = f.f_back
+    user = [fn for fn in stack if fn.startswith("/tmp/ipykernel_") or "<ipython-input" in fn]
+    if not user and all(any(p in fn for p in _IDLE) or "/IPython/" in fn for fn in stack[:3]):
+        return {"kind": "idle", "at": at}
+    if any(p in stack[0] for p in _TF_PARTS):
+        return {"kind": "tensorflow", "at": at}
+    return {"kind": "python", "at": at}
+
+
+def abort_collectives(reason: str) -> str:
+    """Release a main thread blocked in a collective (SPEC 6: about 0.3 s). Collectives on this
+    cluster then fail until the tasks are restarted."""
+    if "tensorflow" not in sys.modules:
+        return "no tensorflow"
+    from tensorflow.python.eager import context
+
+    context.context().abort_collective_ops(14, f"tfdist_nb: {reason}")  # 14 = UNAVAILABLE
+    return "aborted"
 
 
 def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:

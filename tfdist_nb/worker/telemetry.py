@@ -27,6 +27,7 @@ class Telemetry:
         self._steps: collections.deque[list[float | None]] = collections.deque()
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self._last_resources: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="tfdist-telemetry", daemon=True)
         self._proc: Any = None
@@ -62,11 +63,23 @@ class Telemetry:
             except Exception:  # the telemetry thread must never die of one bad reading
                 time.sleep(self.interval_s)
 
-    def flush(self) -> None:
+    def flush_steps(self) -> None:
+        """At the end of a cell: send the steps not yet sent, with the last resource reading.
+
+        Cheap and skipped when the cell made no step, so a trivial cell pays nothing for it.
+        """
+        with self._lock:
+            pending = bool(self._steps)
+        if pending:
+            self.flush(resample=False)
+
+    def flush(self, resample: bool = True) -> None:
         """Send a sample now, with every step recorded so far (the thread calls it every
-        interval; the kernel at the end of every cell)."""
+        interval)."""
         with self._flush_lock:
-            resources = self._resources()
+            if resample or not self._last_resources:
+                self._last_resources = self._resources()
+            resources = self._last_resources
             while True:
                 with self._lock:
                     steps = [self._steps.popleft()
