@@ -96,6 +96,9 @@ def test_timeout_interrupts_and_the_tasks_come_back(cluster2: Any) -> None:
     result = cluster2.run("import time; time.sleep(60)", timeout=2)
     assert {r.status for r in result.tasks.values()} == {"timeout"}
     assert all(r.duration_s < 20 for r in result.tasks.values())
+    for r in result.tasks.values():  # the main-thread stack at the timeout, and where it was
+        assert "time.sleep(60)" in r.stack
+        assert "main thread running Python code at /tmp/ipykernel_" in r.explanation
     assert cluster2.run("z = 3").ok  # the kernels answered the interrupt and are idle again
 
 

@@ -33,6 +33,7 @@ from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
 from tfdist_nb.events import Event, TaskNote
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
@@ -47,6 +48,7 @@ STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input
                   "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
                   "net_tx_mb_s", "last_output_s_ago"]
 START_ATTEMPTS = 3
+INSPECT_TIMEOUT_S = 5.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RUN_DONE = object()
 STOP_GRACE_S = 1.0
@@ -167,6 +169,14 @@ class Cluster:
         targets = self._runtimes(on, allow_dead=True)
         self._require_loop().run(self._restart(targets), self.start_timeout + 60)
 
+    def stacks(self, on: Any = None) -> dict[str, str]:
+        """Python stacks of every thread of each task (SPEC 2.2), also while its main thread is
+        blocked inside a TensorFlow op: they are taken in the task's inspection subshell."""
+        targets = self._runtimes(on, allow_dead=True)
+        found = self._require_loop().run(_gather(*(_Inspector(self).stacks(rt)
+                                                   for rt in targets)), 20)
+        return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+
     def set_log_level(self, level: str, cpp: int | None = None,
                       vmodule: str | None = None) -> str:
         """Python and TensorFlow logger level on every task (``%tfdist_loglevel``).
@@ -205,11 +215,13 @@ class Cluster:
 
     # ------------------------------------------------------------------ running cells
     def run(self, code: str, on: Any = None, timeout: float | None = None, *,
-            on_event: Callable[[Event], None] | None = None) -> RunResult:
+            on_event: Callable[[Event], None] | None = None,
+            stall_timeout: float | None = None) -> RunResult:
         """Run ``code`` on the targeted tasks at once and return when all have ended.
 
         ``on_event`` is called in the caller's thread with every event while the cell runs (the
-        magic uses it to show output live). Pressing interrupt interrupts the tasks.
+        magic uses it to show output live). Pressing interrupt interrupts the tasks. A task with
+        no progress for ``stall_timeout`` (default: the cluster's) ends the run as stalled.
         """
         targets = self._runtimes(self.default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
@@ -223,7 +235,9 @@ class Cluster:
         self._add_listener(listener)
         loop = self._require_loop()
         control = RunControl()
-        fut = loop.submit(run_cell(targets, code, cell, timeout, control))
+        fut = loop.submit(run_cell(targets, code, cell, timeout, control,
+                                   inspector=_Inspector(self),
+                                   stall_timeout=stall_timeout or self.stall_timeout))
         fut.add_done_callback(lambda _: events.put(_RUN_DONE))  # wakes the wait below at once
         self._active_runs[control] = fut
         try:
@@ -425,6 +439,7 @@ class Cluster:
         rt.channel = KernelChannel(rt.name, rt.handle.client, self._sink)
         await rt.channel.start(timeout=self.start_timeout)
         rt.info = await asyncio.wait_for(self._handshake(rt), self.start_timeout)
+        rt.subshell = await rt.channel.create_subshell(timeout=10)
         rt.transition(TaskEvent.READY)
         self._note(rt.name, f"ready: pid {rt.pid}, {rt.info.get('keras_flavour')}, TF "
                    f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
@@ -432,12 +447,17 @@ class Cluster:
     async def _handshake(self, rt: TaskRuntime) -> dict[str, Any]:
         return json.loads(await self._agent_call(rt, f"describe_json({list(self.preload)!r})"))
 
-    async def _agent_call(self, rt: TaskRuntime, call: str) -> Any:
-        """Evaluate ``tfdist_nb.worker.agent.<call>`` in the task, outside its history."""
+    async def _agent_call(self, rt: TaskRuntime, call: str, inspect: bool = False) -> Any:
+        """Evaluate ``tfdist_nb.worker.agent.<call>`` in the task, outside its history;
+        ``inspect``: in its subshell, which answers while the main thread is busy."""
         assert rt.channel is not None
         expr = f"__import__('tfdist_nb.worker.agent', fromlist=['_']).{call}"
-        ex = rt.channel.execute("", None, silent=True, user_expressions={"out": expr})
-        reply = await ex.reply
+        ex = rt.channel.execute("", None, silent=True, user_expressions={"out": expr},
+                                subshell_id=rt.subshell if inspect else None)
+        try:
+            reply = await ex.reply
+        finally:
+            rt.channel.abandon(ex)
         rt.channel.abandon(ex)
         out = reply.get("user_expressions", {}).get("out", {})
         if out.get("status") != "ok":
@@ -475,6 +495,46 @@ class Cluster:
         await self._launch(targets)
         if self.spec.ps:
             await self._serve_parameter_servers(targets)
+
+
+class _Inspector:
+    """The runner's view of the cluster: progress from the live store, stacks and collective
+    aborts through each task's subshell, every call bounded in time."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def progress(self, rt: TaskRuntime) -> Progress:
+        v = self.cluster.live.view(rt.name)
+        return Progress(v.step_count, v.lines_total, v.latest.get("cpu_percent"), v.last_sample)
+
+    async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None:
+        if rt.channel is None or rt.state is TaskState.DEAD:
+            return None
+        try:
+            text = await asyncio.wait_for(
+                self.cluster._agent_call(rt, "stacks_json()", inspect=True), INSPECT_TIMEOUT_S)
+        except (asyncio.TimeoutError, ClusterStartError):
+            return None
+        return json.loads(text)
+
+    async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None:
+        if rt.channel is None or rt.state is TaskState.DEAD:
+            return
+        with contextlib.suppress(asyncio.TimeoutError, ClusterStartError):
+            await asyncio.wait_for(self.cluster._agent_call(
+                rt, f"abort_collectives({reason!r})", inspect=True), INSPECT_TIMEOUT_S)
+            self.cluster._note(rt.name, f"aborted its collectives ({reason}); restart the "
+                               "tasks before the next collective", "WARNING")
+
+
+def format_stacks(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "(no answer: the task is dead or did not answer in time)"
+    main = found.get("main", {})
+    parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
+    parts += [f"--- {name} ---\n{stack}" for name, stack in found.get("threads", {}).items()]
+    return "\n".join(parts)
 
 
 async def _gather(*coros: Any) -> list[Any]:

@@ -12,15 +12,27 @@ import contextlib
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tfdist_nb.cluster.results import RemoteError, TaskResult
-from tfdist_nb.cluster.state import TaskEvent
+from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.explain import explain
+from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.transport.channel import Execution
 
 POLL_S = 0.2
 IDLE_AFTER_REPLY_S = 2.0
+
+
+class Inspector(Protocol):
+    """What the runner may ask of the cluster about a task while its main thread is busy."""
+
+    def progress(self, rt: TaskRuntime) -> Progress: ...
+
+    async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None: ...
+
+    async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -29,6 +41,7 @@ class RunControl:
 
     reason: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    stalled: set[str] = field(default_factory=set)
 
     def stop(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -48,13 +61,15 @@ def describe_exit(code: int) -> str:
 
 
 async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: float | None,
-                   control: RunControl, grace_s: float = 5.0) -> dict[str, TaskResult]:
+                   control: RunControl, grace_s: float = 5.0, inspector: Inspector | None = None,
+                   stall_timeout: float | None = None) -> dict[str, TaskResult]:
     execs = {rt.name: rt.channel.execute(code, cell) for rt in tasks}
     for rt in tasks:
         rt.transition(TaskEvent.RUN)
     by_name = {rt.name: rt for rt in tasks}
     results: dict[str, TaskResult] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
+    watch = StallWatch(stall_timeout) if stall_timeout and inspector else None
     while len(results) < len(tasks) and control.reason is None:
         pending = [n for n in by_name if n not in results]
         await _wait_any([execs[n].reply for n in pending] + [control.wake], POLL_S)
@@ -65,11 +80,27 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             elif (code := await rt.handle.poll()) is not None:
                 results[name] = _crashed(rt, ex, code)
                 control.stop("crash")
+        if watch is not None and inspector is not None:
+            _watch_stalls(watch, inspector, [by_name[n] for n in by_name if n not in results],
+                          control)
         if deadline is not None and time.monotonic() >= deadline:
             control.stop("timeout")
     if control.reason is not None:
-        results.update(await _end_early(by_name, execs, results, control.reason, grace_s))
+        results.update(await _end_early(by_name, execs, results, control, grace_s, inspector,
+                                        stall_timeout))
     return {rt.name: results[rt.name] for rt in tasks}
+
+
+def _watch_stalls(watch: StallWatch, inspector: Inspector, busy: list[TaskRuntime],
+                  control: RunControl) -> None:
+    now = time.time()
+    for rt in busy:
+        if watch.observe(rt.name, inspector.progress(rt), now):
+            control.stalled.add(rt.name)
+            if rt.state is TaskState.BUSY:
+                rt.transition(TaskEvent.NO_PROGRESS)
+    if control.stalled:
+        control.stop("stall")
 
 
 async def _wait_any(futures: list, timeout: float) -> None:
@@ -119,30 +150,86 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int) -> TaskResult:
 
 
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
-                     done: dict[str, TaskResult], reason: str,
-                     grace_s: float) -> dict[str, TaskResult]:
-    status = "timeout" if reason == "timeout" else "interrupted"
+                     done: dict[str, TaskResult], control: RunControl, grace_s: float,
+                     inspector: Inspector | None,
+                     stall_timeout: float | None) -> dict[str, TaskResult]:
+    """Release and report the tasks still running: stacks first (they show where each task
+    stood), then collectives aborted (stall, crash), then SIGINT, then ``grace_s`` to answer."""
+    reason = control.reason or "interrupt"
+    rest = [by_name[n] for n in by_name if n not in done]
+    stacks: dict[str, dict[str, Any] | None] = {}
+    if inspector is not None and reason in ("timeout", "stall", "crash"):
+        found = await asyncio.gather(*(inspector.stacks(rt) for rt in rest))
+        stacks = {rt.name: s for rt, s in zip(rest, found, strict=True)}
+    if inspector is not None and reason in ("stall", "crash"):
+        await asyncio.gather(*(inspector.abort_collectives(rt, f"{reason} in the cluster")
+                               for rt in rest), return_exceptions=True)
+    await asyncio.gather(*(rt.handle.interrupt() for rt in rest), return_exceptions=True)
     grace_s = 0.0 if reason == "stopped" else grace_s
-    rest = [n for n in by_name if n not in done]
-    await asyncio.gather(*(by_name[n].handle.interrupt() for n in rest), return_exceptions=True)
-    await _wait_all([execs[n].reply for n in rest], grace_s)
-    out: dict[str, TaskResult] = {}
-    for name in rest:
-        rt, ex = by_name[name], execs[name]
-        if ex.reply.done():
-            out[name] = await _finished(rt, ex, status)
-        elif (code := await rt.handle.poll()) is not None:
-            out[name] = _crashed(rt, ex, code)
-        else:
-            rt.channel.abandon(ex)
-            res = _result(rt, ex, status, None)
-            res.explanation = (
-                "the cluster was stopped while the cell ran" if reason == "stopped" else
-                f"{name} did not answer the interrupt within {grace_s:.0f}s and is still busy "
-                "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
-                "restart it with %tfdist_restart.")
-            out[name] = res
+    await _wait_all([execs[rt.name].reply for rt in rest], grace_s)
+    out = {}
+    overview = who_waits(stacks)
+    for rt in rest:
+        status = _early_status(reason, rt.name in control.stalled)
+        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s)
+        _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
+        if overview and out[rt.name].explanation:
+            out[rt.name].explanation += f"\n{overview}"
     return out
+
+
+def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
+    """One line naming the tasks inside a TensorFlow op and those elsewhere (the likely
+    cause when the others wait in a collective)."""
+    inside = [t for t, s in stacks.items() if s and s.get("main", {}).get("kind") == "tensorflow"]
+    elsewhere = {t: s["main"].get("at") for t, s in stacks.items()
+                 if s and s.get("main", {}).get("kind") in ("python", "idle")}
+    if not inside or not elsewhere:
+        return ""
+    away = "; ".join(f"{t} at {at}" for t, at in elsewhere.items())
+    return (f"waiting inside a TensorFlow op (collective): {', '.join(inside)}; elsewhere, "
+            f"likely the cause: {away}")
+
+
+def _early_status(reason: str, stalled: bool) -> str:
+    if reason == "timeout":
+        return "timeout"
+    return "stalled" if stalled else "interrupted"
+
+
+async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str,
+                        grace_s: float) -> TaskResult:
+    if ex.reply.done():
+        return await _finished(rt, ex, status)
+    if (code := await rt.handle.poll()) is not None:
+        return _crashed(rt, ex, code)
+    rt.channel.abandon(ex)
+    res = _result(rt, ex, status, None)
+    res.explanation = (
+        "the cluster was stopped while the cell ran" if reason == "stopped" else
+        f"{rt.name} did not answer within {grace_s:.0f}s and is still busy "
+        "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
+        "restart it with %tfdist_restart.")
+    return res
+
+
+def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
+                   stall_timeout: float | None) -> None:
+    if stack is None:
+        return
+    threads = stack.get("threads", {})
+    res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
+    main = stack.get("main", {})
+    where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
+             "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
+    said = f"main thread {where} at {main.get('at')}"
+    if res.status == "stalled":
+        said = (f"{res.task} made no progress (no step, no output, no CPU of its own) for "
+                f"{stall_timeout:.0f}s; {said}")
+    if reason in ("stall", "crash"):
+        said += (". Collectives were aborted to release the tasks: restart all tasks "
+                 "(%tfdist_restart) before training again")
+    res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."
 
 
 async def _wait_all(futures: list, timeout: float) -> None:

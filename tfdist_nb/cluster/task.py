@@ -29,6 +29,7 @@ class TaskRuntime:
     info: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
     log_path: Path | None = None
+    subshell: str | None = None
     started_at: float = field(default_factory=time.time)
     history: deque = field(default_factory=lambda: deque(maxlen=50), repr=False)
 

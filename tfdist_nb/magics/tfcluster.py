@@ -137,7 +137,8 @@ class TfdistMagics(Magics):
         # tracebacks carry the line numbers the user sees in the notebook cell.
         try:
             result = cluster.run(f"# %%tfcluster {line}\n{code}", on=request.on,
-                                 timeout=request.timeout, on_event=printer)
+                                 timeout=request.timeout, on_event=printer,
+                                 stall_timeout=request.stall_timeout)
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc) from None
         finally:
@@ -194,6 +195,25 @@ class TfdistMagics(Magics):
         if args.save:
             df.to_json(args.save, orient="records", lines=True, date_format="iso")
         return df
+
+    @magic_arguments()
+    @_on_option
+    @line_magic
+    def tfdist_stacks(self, line: str) -> None:
+        """Python stacks of every thread of each task, and where each main thread stands.
+
+        They are taken in each task's inspection subshell, so they come back while the main
+        thread is blocked inside a TensorFlow op (a stuck collective, say).
+        """
+        from tfdist_nb.display.live import label
+
+        args = _parse(self.tfdist_stacks, line, "example: %tfdist_stacks --on 1")
+        try:
+            found = _require().stacks(on=args.on)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, "example: %tfdist_stacks --on worker:0") from None
+        for task, text in found.items():
+            print(f"{label(task)} {text}\n")
 
     @magic_arguments()
     @_on_option

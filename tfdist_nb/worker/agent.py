@@ -13,6 +13,7 @@ import os
 import platform
 import socket
 import sys
+import sysconfig
 from typing import Any
 
 from tfdist_nb import worker
@@ -150,25 +151,35 @@ def stacks_json() -> str:
 
 
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
-_IDLE = ("zmq", "asyncio", "selectors", "tornado", "ipykernel", "threading")
 
 
 def _where(frame: Any) -> dict[str, Any]:
-    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func"}`` for a frame."""
+    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func"}`` for a frame.
+
+    Standard-library frames (a thread pool's wait, say) are looked through: what matters is the
+    innermost frame of TensorFlow or of the user's code.
+    """
     if frame is None:
         return {"kind": "unknown", "at": ""}
-    at = f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-    stack = []
+    stdlib = sysconfig.get_paths()["stdlib"]
+    frames = []
     f = frame
     while f is not None:
-        stack.append(f.f_code.co_filename)
+        frames.append(f)
         f = f.f_back
-    user = [fn for fn in stack if fn.startswith("/tmp/ipykernel_") or "<ipython-input" in fn]
-    if not user and all(any(p in fn for p in _IDLE) or "/IPython/" in fn for fn in stack[:3]):
-        return {"kind": "idle", "at": at}
-    if any(p in stack[0] for p in _TF_PARTS):
-        return {"kind": "tensorflow", "at": at}
-    return {"kind": "python", "at": at}
+    files = [fr.f_code.co_filename for fr in frames]
+    if not any(fn.startswith("/tmp/ipykernel_") or "<ipython-input" in fn for fn in files):
+        return {"kind": "idle", "at": _at(frames[0])}
+    def in_stdlib(fn: str) -> bool:
+        return (fn.startswith(stdlib) and "-packages" not in fn) or fn.startswith("<frozen")
+
+    inner = next((fr for fr in frames if not in_stdlib(fr.f_code.co_filename)), frames[0])
+    kind = "tensorflow" if any(p in inner.f_code.co_filename for p in _TF_PARTS) else "python"
+    return {"kind": kind, "at": _at(inner)}
+
+
+def _at(frame: Any) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 def abort_collectives(reason: str) -> str:

@@ -1,0 +1,75 @@
+"""Stalls and stuck collectives on a real 2-worker cluster: detected, explained, released."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tfdist_nb import Cluster
+
+pytestmark = pytest.mark.cluster
+
+HANG_BEFORE_ALL_REDUCE = """
+import time, tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+if tw.task[1] == 1:
+    time.sleep(3600)   # worker:1 never reaches the all-reduce
+total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+"""
+
+
+def test_a_task_that_never_joins_the_all_reduce_is_found_and_the_cell_ends() -> None:
+    with Cluster(workers=2, preload=()) as c:
+        results: list[Any] = []
+        started = time.monotonic()
+        runner = threading.Thread(target=lambda: results.append(
+            c.run(HANG_BEFORE_ALL_REDUCE, timeout=300, stall_timeout=8)))
+        runner.start()
+        # while worker:0 is blocked inside the collective, its stacks still come back
+        def both_in_place() -> dict[str, str] | None:
+            s = c.stacks()
+            ready = (s["worker:0"].startswith("main thread: tensorflow at")
+                     and "time.sleep(3600)" in s["worker:1"])
+            return s if ready else None
+
+        stacks = wait_for(both_in_place, 30, "worker:0 in the all-reduce, worker:1 asleep")
+        assert "cross_device_ops" in stacks["worker:0"] or "collective" in stacks["worker:0"]
+        assert stacks["worker:1"].startswith("main thread: python at /tmp/ipykernel_")
+        assert "time.sleep(3600)" in stacks["worker:1"]
+        runner.join(60)
+        took = time.monotonic() - started
+        assert not runner.is_alive()
+        assert took < 8 + 10 + 10  # stall_timeout + detection + TF start-up in this cell
+        result = results[0]
+        hung = result.tasks["worker:1"]
+        assert hung.status == "stalled"
+        assert "made no progress" in hung.explanation
+        assert "elsewhere, likely the cause: worker:1" in hung.explanation
+        assert "time.sleep(3600)" in hung.stack
+        waiting = result.tasks["worker:0"]
+        assert waiting.status in ("stalled", "interrupted")
+        assert "tensorflow" in waiting.stack  # its main-thread stack at detection
+        assert "Collectives were aborted" in waiting.explanation
+        assert any("aborted its collectives" in a for a in c.alerts())
+        # released: both tasks answer again, and a restart gives working collectives back
+        assert set(c.status()["state"]) == {"idle"}
+        c.restart()
+        again = c.run("import tensorflow as tf\n"
+                      "s = tf.distribute.MultiWorkerMirroredStrategy()\n"
+                      "print(float(s.reduce('SUM', s.run(lambda: tf.constant(1.0)), axis=None)))",
+                      timeout=120)
+        assert again.ok and all(r.stdout.strip().endswith("2.0") for r in again.tasks.values())
+
+
+def test_a_long_cpu_bound_computation_without_output_is_not_a_stall() -> None:
+    code = ("import time, numpy as np\nt = time.time()\n"
+            "while time.time() - t < 7:\n    np.linalg.svd(np.random.rand(150, 150))\n"
+            "print('done')")
+    with Cluster(workers=1, preload=()) as c:
+        result = c.run(code, timeout=120, stall_timeout=3)
+        assert result.ok, result.summary()
+        assert result.tasks["worker:0"].stdout.strip() == "done"
