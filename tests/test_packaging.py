@@ -25,10 +25,10 @@ def test_public_names_of_the_spec() -> None:
 
     for name in ("Cluster", "current", "load_ipython_extension", "unload_ipython_extension"):
         assert hasattr(tfdist_nb, name)
-    for method in ("start", "run", "status", "logs", "stacks", "env", "interrupt", "restart",
-                   "stop", "__enter__", "__exit__"):
-        if method == "stacks":
-            continue  # SPEC 2.2 stacks() arrives with the telemetry channel (issue 4)
+    for method in ("start", "run", "status", "logs", "stacks", "env", "check", "interrupt",
+                   "restart", "stop", "dashboard", "__enter__", "__exit__"):
+        if method == "check":
+            continue  # SPEC 2.2 check() (CheckReport) is not built yet: see the open issues
         assert callable(getattr(Cluster, method)), method
 
 
