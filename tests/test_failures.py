@@ -73,3 +73,35 @@ def test_a_long_cpu_bound_computation_without_output_is_not_a_stall() -> None:
         result = c.run(code, timeout=120, stall_timeout=3)
         assert result.ok, result.summary()
         assert result.tasks["worker:0"].stdout.strip() == "done"
+
+
+CRASH_AT_STEP_5 = """
+import os, signal, tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+for step in range(1000):
+    with tw.step():
+        print("step", step, flush=True)
+        if tw.task[1] == 1 and step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+        strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+"""
+
+
+def test_a_task_killed_mid_training_is_reported_and_the_others_released() -> None:
+    with Cluster(workers=2, preload=()) as c:
+        result = c.run(CRASH_AT_STEP_5, timeout=300)
+        dead = result.tasks["worker:1"]
+        assert dead.status == "crashed"
+        assert dead.error.ename == "TaskCrashed" and "killed by SIGKILL" in dead.error.evalue
+        assert "Last resource sample: RSS" in dead.explanation
+        # its last output lines (what the kernel had buffered in the last ~0.2 s dies with it)
+        assert "Its last output lines:\nstep " in dead.explanation
+        survivor = result.tasks["worker:0"]
+        assert survivor.status == "interrupted"
+        assert survivor.duration_s - dead.duration_s < 10  # released within seconds, not ~hang
+        status = c.status().set_index("task")["state"]
+        assert (status["worker:0"], status["worker:1"]) == ("idle", "dead")
+        with pytest.raises(Exception, match="worker:1 is dead"):
+            c.run("print(1)")
+        c.restart()
+        assert c.run("print('back')").ok

@@ -28,11 +28,12 @@ import pandas as pd
 from tfdist_nb.cluster.environment import resolve_python, worker_env
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.results import RunResult
-from tfdist_nb.cluster.runner import RunControl, describe_exit, run_cell
+from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
 from tfdist_nb.events import Event, TaskNote
@@ -507,6 +508,10 @@ class _Inspector:
     def progress(self, rt: TaskRuntime) -> Progress:
         v = self.cluster.live.view(rt.name)
         return Progress(v.step_count, v.lines_total, v.latest.get("cpu_percent"), v.last_sample)
+
+    def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]:
+        v = self.cluster.live.view(rt.name)
+        return (v.latest or None), [line.text for line in list(v.lines)[-8:]]
 
     async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None:
         if rt.channel is None or rt.state is TaskState.DEAD:

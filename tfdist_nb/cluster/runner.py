@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,12 +16,14 @@ from typing import Any, Protocol
 from tfdist_nb.cluster.results import RemoteError, TaskResult
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.transport.channel import Execution
 
 POLL_S = 0.2
 IDLE_AFTER_REPLY_S = 2.0
+STALL_SLACK_S = 2.0
 
 
 class Inspector(Protocol):
@@ -33,6 +34,8 @@ class Inspector(Protocol):
     async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None: ...
 
     async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None: ...
+
+    def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
 
 @dataclass(eq=False)
@@ -46,18 +49,6 @@ class RunControl:
     def stop(self, reason: str) -> None:
         self.reason = self.reason or reason
         self.wake.set()
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (likely out of memory: the kernel's OOM killer sends SIGKILL)" \
-            if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exited with code {code}"
 
 
 async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: float | None,
@@ -78,7 +69,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             if ex.reply.done():
                 results[name] = await _finished(rt, ex)
             elif (code := await rt.handle.poll()) is not None:
-                results[name] = _crashed(rt, ex, code)
+                results[name] = _crashed(rt, ex, code, inspector)
                 control.stop("crash")
         if watch is not None and inspector is not None:
             _watch_stalls(watch, inspector, [by_name[n] for n in by_name if n not in results],
@@ -94,13 +85,18 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
 def _watch_stalls(watch: StallWatch, inspector: Inspector, busy: list[TaskRuntime],
                   control: RunControl) -> None:
     now = time.time()
+    found = [rt for rt in busy if watch.observe(rt.name, inspector.progress(rt), now)]
+    if not found:
+        return
+    # Others quiet for about as long stalled too: heartbeats are a second apart, so which task
+    # crosses the line first is chance.
+    slack = watch.stall_timeout - STALL_SLACK_S
     for rt in busy:
-        if watch.observe(rt.name, inspector.progress(rt), now):
+        if rt in found or watch.quiet_for(rt.name, now) >= slack:
             control.stalled.add(rt.name)
             if rt.state is TaskState.BUSY:
                 rt.transition(TaskEvent.NO_PROGRESS)
-    if control.stalled:
-        control.stop("stall")
+    control.stop("stall")
 
 
 async def _wait_any(futures: list, timeout: float) -> None:
@@ -136,16 +132,18 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
     return result
 
 
-def _crashed(rt: TaskRuntime, ex: Execution, code: int) -> TaskResult:
+def _crashed(rt: TaskRuntime, ex: Execution, code: int,
+             inspector: Inspector | None) -> TaskResult:
     rt.channel.abandon(ex)
     rt.exit_code = code
     rt.transition(TaskEvent.EXITED)
+    last, lines = inspector.last_words(rt) if inspector else (None, [])
     what = describe_exit(code)
-    error = RemoteError("TaskCrashed", f"{rt.name} {what}", [])
+    oom = likely_oom(code, last)
+    error = RemoteError("TaskCrashed", f"{rt.name} {what}" + (" (likely out of memory)"
+                                                              if oom else ""), [])
     result = _result(rt, ex, "crashed", error)
-    tail = "\n".join(rt.kernel_log_tail(15))
-    result.explanation = f"{rt.name} {what}." + (f"\nLast lines of its process log:\n{tail}"
-                                                   if tail else "")
+    result.explanation = crash_report(rt.name, code, last, lines, rt.kernel_log_tail(15))
     return result
 
 
@@ -171,7 +169,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     overview = who_waits(stacks)
     for rt in rest:
         status = _early_status(reason, rt.name in control.stalled)
-        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s)
+        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
+                                           inspector)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
         if overview and out[rt.name].explanation:
             out[rt.name].explanation += f"\n{overview}"
@@ -198,11 +197,11 @@ def _early_status(reason: str, stalled: bool) -> str:
 
 
 async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str,
-                        grace_s: float) -> TaskResult:
+                        grace_s: float, inspector: Inspector | None) -> TaskResult:
     if ex.reply.done():
         return await _finished(rt, ex, status)
     if (code := await rt.handle.poll()) is not None:
-        return _crashed(rt, ex, code)
+        return _crashed(rt, ex, code, inspector)
     rt.channel.abandon(ex)
     res = _result(rt, ex, status, None)
     res.explanation = (

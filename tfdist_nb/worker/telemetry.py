@@ -108,8 +108,11 @@ class Telemetry:
             tx = (counters.bytes_sent - self._net[2]) / dt / 2**20
         self._net = (now, counters.bytes_recv, counters.bytes_sent)
         gpus = self._gpu.sample() if self._gpu is not None else None
+        mem = psutil.virtual_memory()
         return {"cpu_percent": cpu, "rss_mb": rss, "threads": threads,
                 "host_cpu_percent": psutil.cpu_percent(interval=None),
                 "load1": os.getloadavg()[0], "cpus": os.cpu_count(),
+                "host_mem_total_mb": mem.total / 2**20,
+                "host_mem_available_mb": mem.available / 2**20,
                 "net_rx_mb_s": rx, "net_tx_mb_s": tx, "gpus": gpus,
                 "gpu_reason": getattr(self._gpu, "reason", None)}
