@@ -15,12 +15,17 @@ import pytest
 CELLS = Path(__file__).parent / "cells"
 
 
+_SESSION_ROOT: list[str] = []  # this session's pytest base temp: every test's run dirs are below
+
+
 def worker_kernels() -> set[int]:
-    """PIDs of every tfdist_nb worker kernel on this machine."""
+    """PIDs of the tfdist_nb worker kernels this test session started (their connection files
+    live under its base temp dir), so another test run on the machine does not count."""
+    root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
     found = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "tfdist_nb.worker.kernel" in cmd:
+        if "tfdist_nb.worker.kernel" in cmd and any(root in part for part in cmd):
             found.add(proc.info["pid"])
     return found
 
@@ -47,6 +52,7 @@ def _reap(pids: set[int]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Run directories go to a temp dir, and the session ends with no worker left anywhere."""
+    _SESSION_ROOT.append(str(tmp_path_factory.getbasetemp()))
     root = tmp_path_factory.mktemp("tfdist_runs")
     os.environ["TFDIST_RUNS_DIR"] = str(root)
     yield root

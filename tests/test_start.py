@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,4 +83,17 @@ def test_a_worker_that_cannot_start_fails_cleanly(tmp_path: Path) -> None:
         c.start()
     message = str(info.value)
     assert "failed to start" in message and "this interpreter is broken" in message
+    assert not c.running
+
+
+def test_a_worker_dying_during_start_up_fails_at_once(tmp_path: Path) -> None:
+    """The kernel comes up, then dies while importing the preload: no wait for the timeout."""
+    (tmp_path / "die_on_import.py").write_text("import os, signal\n"
+                                               "os.kill(os.getpid(), signal.SIGKILL)\n")
+    c = Cluster(workers=2, preload=("die_on_import",), start_timeout=120,
+                env={"PYTHONPATH": str(tmp_path)})
+    started = time.monotonic()
+    with pytest.raises(ClusterStartError, match="killed by SIGKILL while starting"):
+        c.start()
+    assert time.monotonic() - started < 30
     assert not c.running

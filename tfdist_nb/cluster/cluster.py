@@ -35,8 +35,9 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.diagnostics.stall import Progress
+from tfdist_nb.diagnostics.startup import StartupWaitDetector
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
-from tfdist_nb.events import Event, TaskNote
+from tfdist_nb.events import Event, OutputLine, TaskNote
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
 from tfdist_nb.store.live import LiveStore
 from tfdist_nb.store.logs import logs_frame
@@ -97,6 +98,7 @@ class Cluster:
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
         self._alerts: deque[str] = deque(maxlen=50)
+        self._startup_waits = StartupWaitDetector()
         self._dashboard: Any = None
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self._loop: LoopThread | None = None
@@ -177,6 +179,27 @@ class Cluster:
         found = self._require_loop().run(_gather(*(_Inspector(self).stacks(rt)
                                                    for rt in targets)), 20)
         return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+
+    def inject(self, kind: str, on: Any = None, **params: Any) -> dict[str, str]:
+        """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
+
+        Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
+        timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
+        """
+        from tfdist_nb.worker.inject import KINDS
+
+        if kind != "clear" and kind not in KINDS:
+            raise SpecError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} or clear")
+        if kind != "clear" and on is None:
+            raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
+        targets = self._runtimes(on, allow_dead=True)
+        args = json.dumps({k: v for k, v in params.items() if v is not None})
+        said = self._require_loop().run(_gather(*(self._agent_call(
+            rt, f"inject({kind!r}, {args!r})", inspect=True) for rt in targets)), 30)
+        for rt, text in zip(targets, said, strict=True):
+            self._note(rt.name, f"fault injection: {text}", "WARNING" if kind != "clear"
+                       else "INFO")
+        return {rt.name: text for rt, text in zip(targets, said, strict=True)}
 
     def set_log_level(self, level: str, cpp: int | None = None,
                       vmodule: str | None = None) -> str:
@@ -381,6 +404,20 @@ class Cluster:
         self.live.add_many(events)
         for fn in self._listeners:
             fn(events)
+        for event in events:
+            if isinstance(event, OutputLine) and event.stream == "stderr":
+                self._check_startup_wait(event)
+
+    def _check_startup_wait(self, line: OutputLine) -> None:
+        wait = self._startup_waits.feed(line.task, line.text)
+        if wait is None:
+            return
+        states = []
+        for name in wait.stragglers:
+            rt = next((r for r in self.tasks.values() if r.name == name), None)
+            states.append(f"{name} ({rt.state.value if rt else 'not in this cluster'})")
+        self._note(wait.task, f"creating the strategy waits for {wait.missing}/{wait.total} "
+                   f"task(s) to join: {', '.join(states)}", "WARNING")
 
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
         if level in ("WARNING", "ERROR"):
@@ -438,12 +475,31 @@ class Cluster:
             task=rt.task, env=rt.env, python=self.python, log_path=rt.log_path,
             connection_file=tdir / "kernel-connection.json"))
         rt.channel = KernelChannel(rt.name, rt.handle.client, self._sink)
-        await rt.channel.start(timeout=self.start_timeout)
-        rt.info = await asyncio.wait_for(self._handshake(rt), self.start_timeout)
+        await self._unless_it_dies(rt, rt.channel.start(timeout=self.start_timeout))
+        rt.info = await self._unless_it_dies(rt, self._handshake(rt))
         rt.subshell = await rt.channel.create_subshell(timeout=10)
         rt.transition(TaskEvent.READY)
         self._note(rt.name, f"ready: pid {rt.pid}, {rt.info.get('keras_flavour')}, TF "
                    f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
+
+    async def _unless_it_dies(self, rt: TaskRuntime, step: Any) -> Any:
+        """Await a start-up step, but fail at once (not at the timeout) if the process exits."""
+        assert rt.handle is not None
+        work = asyncio.ensure_future(step)
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            while not work.done():
+                await asyncio.wait([work], timeout=0.2)
+                if work.done():
+                    break
+                if (code := await rt.handle.poll()) is not None:
+                    raise ClusterStartError(f"the process {describe_exit(code)} while starting")
+                if time.monotonic() > deadline:
+                    raise ClusterStartError(f"not ready after {self.start_timeout:.0f}s")
+            return work.result()
+        finally:
+            if not work.done():
+                work.cancel()
 
     async def _handshake(self, rt: TaskRuntime) -> dict[str, Any]:
         return json.loads(await self._agent_call(rt, f"describe_json({list(self.preload)!r})"))

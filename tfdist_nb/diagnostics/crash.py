@@ -28,7 +28,9 @@ def likely_oom(code: int, last: dict[str, Any] | None) -> str | None:
     if code != -signal.SIGKILL or not last:
         return None
     rss, total = last.get("rss_mb"), last.get("host_mem_total_mb")
-    free = last.get("host_mem_available_mb")
+    free, limit = last.get("host_mem_available_mb"), last.get("mem_limit_mb")
+    if rss is not None and limit and rss >= 0.8 * limit:
+        return f"its last RSS was {rss:.0f} MB against its own limit of {limit:.0f} MB"
     if rss is None or not total:
         return None
     evidence = f"its last RSS was {rss:.0f} MB of {total:.0f} MB on the host"

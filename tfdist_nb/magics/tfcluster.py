@@ -229,8 +229,14 @@ class TfdistMagics(Magics):
     def tfdist_restart(self, line: str) -> None:
         """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
         args = _parse(self.tfdist_restart, line, "example: %tfdist_restart --on 1")
-        _targets_call(_require().restart, args.on)
-        print(f"tfdist_nb: restarted {args.on or 'all tasks'}")
+        cluster = _require()
+        _targets_call(cluster.restart, args.on)
+        print(f"tfdist_nb: restarted {args.on or 'all tasks'} with the same TF_CONFIG")
+        spec = cluster.spec
+        if args.on not in (None, "all") and spec.workers + spec.chief > 1 and not spec.ps:
+            print("tfdist_nb: with MultiWorkerMirroredStrategy every task has to restart "
+                  "together (the others still belong to the old collective group): run "
+                  "%tfdist_restart without --on to restart them all")
 
     @magic_arguments()
     @line_magic
@@ -271,6 +277,49 @@ class TfdistMagics(Magics):
             print(f"tfdist_nb: {_require().set_log_level(args.level, args.cpp, args.vmodule)}")
         except SpecError as exc:
             raise _usage(exc, example) from None
+
+    @magic_arguments()
+    @argument("kind", help="straggler | hang | crash | nan | oom | bad-shard | clear")
+    @_on_option
+    @argument("--at-step", type=int, metavar="K", help="step at which hang/crash/nan happen")
+    @argument("--seconds", type=float, metavar="S", help="straggler delay per step (0.3)")
+    @argument("--where", choices=["input", "step"], help="straggler: delay the input or step")
+    @argument("--limit-mb", type=float, metavar="MB",
+              help="oom: memory this task may grow by before its limit kills it (500)")
+    @line_magic
+    def tfdist_inject(self, line: str) -> None:
+        """Inject a classic distributed-training failure into one task, for teaching.
+
+        Faults act through the task's own training code: ``with tw.step():`` /
+        ``tw.timed(dataset)`` in custom loops and the step timer tfdist_nb adds to ``model.fit``.
+
+        - ``straggler``: delay that task's input (``--where input``, default) or step by
+          ``--seconds`` every step;
+        - ``hang``: from ``--at-step K`` on, that task never reaches the next collective;
+        - ``crash``: SIGKILL that task at step K;
+        - ``nan``: NaN in that task's model weights at step K (Keras ``fit``), so the loss and
+          the all-reduced gradients turn NaN;
+        - ``oom``: grow that task's memory until a limit set on it alone (``--limit-mb`` above
+          its RSS now) kills it with SIGKILL, as a cgroup limit would (never the whole machine);
+        - ``bad-shard``: turn auto-sharding off, so every task reads the same data;
+        - ``clear``: disarm every fault on the targeted tasks (all by default).
+
+        Examples::
+
+            %tfdist_inject crash --on 1 --at-step 20
+            %tfdist_inject straggler --on worker:0 --seconds 0.5
+            %tfdist_inject clear
+        """
+        example = "example: %tfdist_inject crash --on 1 --at-step 20"
+        args = _parse(self.tfdist_inject, line, example)
+        try:
+            said = _require().inject(args.kind, on=args.on, at_step=args.at_step,
+                                     seconds=args.seconds, where=args.where,
+                                     limit_mb=args.limit_mb)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, example) from None
+        for task, text in said.items():
+            print(f"tfdist_nb: {task}: {text}")
 
     @magic_arguments()
     @line_magic

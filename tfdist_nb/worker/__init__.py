@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
+from tfdist_nb.worker import inject as _inject
+
 T = TypeVar("T")
 
 __all__ = ["StepTimer", "set_total_steps", "step", "steps_done", "task", "timed"]
@@ -64,6 +66,8 @@ def step() -> Iterator[None]:
     """
     global _input_wait_s
     wait, _input_wait_s = _input_wait_s, None
+    if _inject._faults:
+        _inject.before_step(_steps, timed_input=wait is not None)
     begin = time.time()
     start = time.perf_counter()
     try:
@@ -81,6 +85,8 @@ def timed(iterable: Iterable[T]) -> Iterator[T]:
     iterator = iter(iterable)
     while True:
         start = time.perf_counter()
+        if _inject._faults:
+            _inject.before_input()
         try:
             item = next(iterator)
         except StopIteration:

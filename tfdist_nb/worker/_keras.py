@@ -49,6 +49,10 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
                 worker.set_total_steps(worker.steps_done() + int(steps) * int(epochs))
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            from tfdist_nb.worker import inject
+
+            if inject._faults:
+                inject.before_step(worker.steps_done(), model=self.model)
             self._t0 = time.perf_counter()
             self._begin = time.time()
 

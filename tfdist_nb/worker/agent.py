@@ -193,6 +193,12 @@ def abort_collectives(reason: str) -> str:
     return "aborted"
 
 
+def inject(kind: str, params_json: str) -> str:
+    from tfdist_nb.worker import inject as faults
+
+    return faults.clear() if kind == "clear" else faults.set_fault(kind, json.loads(params_json))
+
+
 def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
     return json.dumps(describe(preload))
 

@@ -113,6 +113,19 @@ class Telemetry:
                 "host_cpu_percent": psutil.cpu_percent(interval=None),
                 "load1": os.getloadavg()[0], "cpus": os.cpu_count(),
                 "host_mem_total_mb": mem.total / 2**20,
+                "mem_limit_mb": _mem_limit_mb(),
                 "host_mem_available_mb": mem.available / 2**20,
                 "net_rx_mb_s": rx, "net_tx_mb_s": tx, "gpus": gpus,
                 "gpu_reason": getattr(self._gpu, "reason", None)}
+
+
+def _mem_limit_mb() -> float | None:
+    """A memory limit on this task alone: an injected one, or RLIMIT_AS when set."""
+    from tfdist_nb.worker import inject
+
+    if inject.mem_limit_mb is not None:
+        return inject.mem_limit_mb
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if soft == resource.RLIM_INFINITY else soft / 2**20

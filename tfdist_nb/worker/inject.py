@@ -1,0 +1,122 @@
+"""Fault injection for teaching (``%tfdist_inject``), acting through the user's own training path.
+
+The hooks sit where every training loop passes: ``tw.step()`` and ``tw.timed()`` for custom
+loops, the step timer tfdist_nb adds to ``model.fit``. Faults:
+
+- ``straggler``: sleep ``seconds`` (default 0.3) before every step's input (or step);
+- ``hang``: from step ``at_step`` on, never reach the next collective (sleep until interrupted);
+- ``crash``: SIGKILL this task at step ``at_step``;
+- ``nan``: at step ``at_step``, poison the model's weights with NaN (Keras ``fit``);
+- ``oom``: grow memory until a limit set on this task alone (``limit_mb`` above its RSS now)
+  is passed; the agent then kills the task with SIGKILL, as a cgroup memory limit would;
+- ``bad-shard``: turn auto-sharding off for datasets this task distributes, so every task reads
+  the same data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+KINDS = ("straggler", "hang", "crash", "nan", "oom", "bad-shard")
+_faults: dict[str, dict[str, Any]] = {}
+_oom_thread: threading.Thread | None = None
+mem_limit_mb: float | None = None
+
+
+def set_fault(kind: str, params: dict[str, Any]) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"unknown fault {kind!r}; one of {', '.join(KINDS)}")
+    _faults[kind] = dict(params)
+    if kind == "oom":
+        _start_oom(float(params.get("limit_mb") or 500))
+    if kind == "bad-shard":
+        _patch_distribute_dataset()
+    return f"{kind} armed {params or ''}".strip()
+
+
+def clear() -> str:
+    _faults.clear()
+    return "cleared"
+
+
+def active() -> dict[str, dict[str, Any]]:
+    return dict(_faults)
+
+
+def _step_reached(kind: str, step: int) -> bool:
+    fault = _faults.get(kind)
+    return fault is not None and step >= int(fault.get("at_step") or 0)
+
+
+def before_input() -> None:
+    fault = _faults.get("straggler")
+    if fault and fault.get("where", "input") == "input":
+        time.sleep(float(fault.get("seconds") or 0.3))
+
+
+def before_step(step: int, model: Any = None, timed_input: bool = False) -> None:
+    """Called at the start of every step with the number of steps done so far."""
+    fault = _faults.get("straggler")
+    if fault and (fault.get("where") == "step" or not timed_input):
+        time.sleep(float(fault.get("seconds") or 0.3))
+    if _step_reached("crash", step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if _step_reached("nan", step) and model is not None:
+        _faults.pop("nan")
+        model.set_weights([w * float("nan") for w in model.get_weights()])
+    if _step_reached("hang", step):
+        while "hang" in _faults:  # SIGINT (interrupt) or a clear ends it
+            time.sleep(0.1)
+
+
+def _start_oom(limit_mb: float) -> None:
+    global _oom_thread, mem_limit_mb
+    import psutil
+
+    proc = psutil.Process()
+    mem_limit_mb = proc.memory_info().rss / 2**20 + limit_mb
+
+    def grow() -> None:
+        hoard = []
+        while "oom" in _faults:
+            hoard.append(bytearray(b"x" * (32 * 2**20)))
+            if proc.memory_info().rss / 2**20 > (mem_limit_mb or 0):
+                _last_heartbeat()
+                os.kill(os.getpid(), signal.SIGKILL)  # the limit acts like a cgroup's would
+            time.sleep(0.05)
+
+    _oom_thread = threading.Thread(target=grow, name="tfdist-inject-oom", daemon=True)
+    _oom_thread.start()
+
+
+def _last_heartbeat() -> None:
+    """Send one sample with the final RSS before dying, as evidence for the crash report."""
+    from tfdist_nb import worker
+
+    if worker._telemetry is not None:
+        worker._telemetry.flush()
+        time.sleep(0.3)  # let the iopub thread put it on the wire
+
+
+def _patch_distribute_dataset() -> None:
+    import tensorflow as tf
+
+    strategy_cls = tf.distribute.Strategy
+    original = strategy_cls.experimental_distribute_dataset
+    if getattr(original, "_tfdist_bad_shard", False):
+        return
+
+    def without_sharding(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        if "bad-shard" in _faults:
+            options = tf.data.Options()
+            options.experimental_distribute.auto_shard_policy = (
+                tf.data.experimental.AutoShardPolicy.OFF)
+            dataset = dataset.with_options(options)
+        return original(self, dataset, *args, **kwargs)
+
+    without_sharding._tfdist_bad_shard = True  # type: ignore[attr-defined]
+    strategy_cls.experimental_distribute_dataset = without_sharding
