@@ -36,8 +36,9 @@ from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
+from tfdist_nb.diagnostics.straggler import find_stragglers
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
-from tfdist_nb.events import Event, OutputLine, TaskNote
+from tfdist_nb.events import Event, OutputLine, TaskNote, TelemetrySample
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
 from tfdist_nb.store.live import LiveStore
 from tfdist_nb.store.logs import logs_frame
@@ -48,9 +49,10 @@ logger = logging.getLogger(__name__)
 
 STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input_wait_ms",
                   "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
-                  "net_tx_mb_s", "last_output_s_ago"]
+                  "net_tx_mb_s", "last_output_s_ago", "flags"]
 START_ATTEMPTS = 3
 INSPECT_TIMEOUT_S = 5.0
+STRAGGLER_ROWS = 60
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RUN_DONE = object()
 STOP_GRACE_S = 1.0
@@ -99,6 +101,7 @@ class Cluster:
         self.live = LiveStore()
         self._alerts: deque[str] = deque(maxlen=50)
         self._startup_waits = StartupWaitDetector()
+        self.stragglers: dict[str, Any] = {}
         self._dashboard: Any = None
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self._loop: LoopThread | None = None
@@ -310,9 +313,10 @@ class Cluster:
                 **{k: latest.get(k) for k in ("cpu_percent", "rss_mb", "gpu_util_percent",
                                               "gpu_mem_mb", "net_rx_mb_s", "net_tx_mb_s")},
                 "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
+                "flags": "straggler" if rt.name in self.stragglers else "",
             })
         return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype(
-            {c: "float64" for c in STATUS_COLUMNS[5:]})
+            {c: "float64" for c in STATUS_COLUMNS[5:-1]})
 
     def logs(self, on: Any = None, grep: str | None = None,
              tail: int | None = None) -> pd.DataFrame:
@@ -407,6 +411,22 @@ class Cluster:
         for event in events:
             if isinstance(event, OutputLine) and event.stream == "stderr":
                 self._check_startup_wait(event)
+            elif isinstance(event, TelemetrySample) and event.data.get("steps"):
+                self._check_stragglers()
+
+    def _check_stragglers(self) -> None:
+        steps = {name: list(self.live.view(name).steps)[-STRAGGLER_ROWS:]
+                 for name in (rt.name for rt in self.tasks.values()
+                              if rt.task.role in ("worker", "chief"))}
+        found = {s.task: s for s in find_stragglers(steps)}
+        for task, finding in found.items():
+            if task not in self.stragglers:
+                latest = self.live.view(task).latest
+                evidence = (f"; its input wait {self.live.view(task).input_wait_ms() or 0:.0f} ms,"
+                            f" its CPU {latest.get('cpu_percent') or 0:.0f}%, host load "
+                            f"{latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores")
+                self._note(task, str(finding) + evidence, "WARNING")
+        self.stragglers = found
 
     def _check_startup_wait(self, line: OutputLine) -> None:
         wait = self._startup_waits.feed(line.task, line.text)

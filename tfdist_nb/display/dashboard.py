@@ -61,8 +61,8 @@ class TaskPanel:
     def invalidate(self) -> None:
         self._seen = ()
 
-    def update(self, view: TaskView, state: str, pid: int | None) -> bool:
-        key = (view.revision, state, self.stream.value, self.grep.value)
+    def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False) -> bool:
+        key = (view.revision, state, straggler, self.stream.value, self.grep.value)
         if key == self._seen:
             return False
         self._seen = key
@@ -70,7 +70,9 @@ class TaskPanel:
         self.title.value = (
             f"<b style='color:{colour_of(self.task)}'>{html.escape(self.task)}</b> "
             f"<span style='background:{badge};color:white;padding:1px 6px;border-radius:8px'>"
-            f"{state}</span> <small>pid {pid or '-'}</small>")
+            f"{state}</span> <small>pid {pid or '-'}</small>"
+            + (" <span style='background:#ef6c00;color:white;padding:1px 6px;"
+               "border-radius:8px'>straggler</span>" if straggler else ""))
         total = view.total_steps or 0
         self.progress.max = max(total, view.step_count, 1)
         self.progress.value = view.step_count
@@ -240,7 +242,7 @@ class Dashboard:
                 view = c.live.view(name)
                 views.append(view)
                 changed |= panel.update(view, rt.state.value if rt else "stopped",
-                                        rt.pid if rt else None)
+                                        rt.pid if rt else None, name in c.stragglers)
             changed |= self.charts.update(views, c.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(str(c.spec))} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}")

@@ -37,6 +37,7 @@ def _task_from_env() -> tuple[str, int] | None:
 task: tuple[str, int] | None = _task_from_env()
 _steps = 0
 _input_wait_s: float | None = None
+_input_entry: float | None = None  # wall time at which the step's batch was asked for
 _telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
 
 
@@ -51,11 +52,14 @@ def set_total_steps(total: int | None) -> None:
         _telemetry.set_total(total)
 
 
-def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None) -> None:
+def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
+                 entry: float | None = None) -> None:
+    """``entry``: when this task arrived at the step's first synchronisation point (it asked
+    for the batch, or began the step); the straggler is the task that arrives last."""
     global _steps
     _steps += 1
     if _telemetry is not None:
-        _telemetry.record_step(begin, duration_s, input_wait_s)
+        _telemetry.record_step(begin, duration_s, input_wait_s, entry or begin)
 
 
 @contextlib.contextmanager
@@ -64,8 +68,9 @@ def step() -> Iterator[None]:
 
     Time spent fetching the batch through :func:`timed` just before counts as its input wait.
     """
-    global _input_wait_s
+    global _input_wait_s, _input_entry
     wait, _input_wait_s = _input_wait_s, None
+    entry, _input_entry = _input_entry, None
     if _inject._faults:
         _inject.before_step(_steps, timed_input=wait is not None)
     begin = time.time()
@@ -73,7 +78,7 @@ def step() -> Iterator[None]:
     try:
         yield
     finally:
-        _record_step(begin, time.perf_counter() - start, wait)
+        _record_step(begin, time.perf_counter() - start, wait, entry)
 
 
 def timed(iterable: Iterable[T]) -> Iterator[T]:
@@ -81,12 +86,13 @@ def timed(iterable: Iterable[T]) -> Iterator[T]:
 
     ``for x, y in tw.timed(dist_dataset): with tw.step(): train_step(x, y)``
     """
-    global _input_wait_s
+    global _input_wait_s, _input_entry
     iterator = iter(iterable)
     while True:
-        start = time.perf_counter()
         if _inject._faults:
             _inject.before_input()
+        _input_entry = time.time()
+        start = time.perf_counter()
         try:
             item = next(iterator)
         except StopIteration:

@@ -46,12 +46,15 @@ class Telemetry:
     def stop(self) -> None:
         self._stop.set()
 
-    def record_step(self, begin: float, duration_s: float, input_wait_s: float | None) -> None:
-        """Called on the training thread; cheap: an append under a lock."""
+    def record_step(self, begin: float, duration_s: float, input_wait_s: float | None,
+                    entry: float | None = None) -> None:
+        """Called on the training thread; cheap: an append under a lock. A row is
+        ``[step, begin, duration_ms, input_wait_ms, entry]``."""
         with self._lock:
             self.step_count += 1
             self._steps.append([self.step_count, begin, duration_s * 1000.0,
-                                None if input_wait_s is None else input_wait_s * 1000.0])
+                                None if input_wait_s is None else input_wait_s * 1000.0,
+                                begin if entry is None else entry])
 
     def set_total(self, total: int | None) -> None:
         self.total_steps = total

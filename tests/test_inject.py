@@ -1,0 +1,110 @@
+"""Teaching faults injected with %tfdist_inject are detected and named, through the user's own
+training code (a tw.step()/tw.timed() loop, and Keras fit)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+from tfdist_nb import Cluster
+
+pytestmark = pytest.mark.cluster
+
+LOOP = """
+import tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if "strategy" not in globals() else strategy
+ds = strategy.experimental_distribute_dataset(tf.data.Dataset.range(10**6).batch(4))
+for batch in tw.timed(ds):
+    with tw.step():
+        strategy.reduce("SUM", strategy.run(lambda b: tf.reduce_sum(b), args=(batch,)), axis=None)
+    if tw.steps_done() >= {steps}:
+        break
+print("done", tw.steps_done())
+"""
+
+FIT_NAN = """
+import numpy as np, tensorflow as tf
+model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+h = model.fit(np.ones((64, 4), "float32"), np.ones((64, 1), "float32"), batch_size=8,
+              epochs=1, verbose=0)
+print("loss", h.history["loss"][-1])
+"""
+
+
+@pytest.fixture(scope="module")
+def ip_cluster() -> Iterator[tuple[Any, Cluster]]:
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("tfdist_nb")
+    with Cluster(workers=2, preload=(), stall_timeout=6) as c:
+        yield ip, c
+
+
+def magic(ip: Any, line: str) -> str:
+    with capture_output() as out:
+        ip.run_line_magic("tfdist_inject", line)
+    return out.stdout
+
+
+def test_inject_needs_a_task_and_a_known_kind(ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, _ = ip_cluster
+    with pytest.raises(UsageError, match="say which task gets the fault"):
+        ip.run_line_magic("tfdist_inject", "crash")
+    with pytest.raises(UsageError, match="unknown fault 'meltdown'"):
+        ip.run_line_magic("tfdist_inject", "meltdown --on 1")
+
+
+def test_injected_straggler_is_flagged_with_evidence(ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, c = ip_cluster
+    assert "straggler armed" in magic(ip, "straggler --on 1 --seconds 0.2")
+    result = c.run(LOOP.format(steps=15), timeout=120)
+    assert result.ok, result.summary()
+    flags = c.status().set_index("task")["flags"]
+    assert (flags["worker:1"], flags["worker:0"]) == ("straggler", "")
+    alert = next(a for a in c.alerts() if "is a straggler" in a)
+    assert alert.startswith("worker:1: worker:1 is a straggler: it reaches the step")
+    assert "the others wait for it" in alert and "host load" in alert
+    # both tasks' input waits look alike: the iterator synchronises them (why arrival is used)
+    waits = c.status().set_index("task")["input_wait_ms"]
+    assert waits["worker:0"] > 100
+    assert "cleared" in magic(ip, "clear")
+
+
+def test_injected_nan_poisons_keras_fit(ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, c = ip_cluster
+    magic(ip, "nan --on 0 --at-step 2")
+    result = c.run(FIT_NAN, on=0, timeout=120)
+    assert result.ok and result.tasks["worker:0"].stdout.strip() == "loss nan"
+    magic(ip, "clear")
+
+
+def test_injected_hang_is_found_as_a_stall(ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, c = ip_cluster
+    magic(ip, "hang --on 1 --at-step 3")
+    result = c.run(LOOP.format(steps=10**6), timeout=120)
+    assert result.tasks["worker:1"].status == "stalled"
+    assert "inject.py" in result.tasks["worker:1"].stack  # where it hangs: the injected wait
+    magic(ip, "clear")
+    c.restart()  # the stall aborted the collectives
+
+
+def test_injected_crash_and_oom_are_classified(ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, c = ip_cluster
+    magic(ip, "crash --on 1 --at-step 4")
+    result = c.run(LOOP.format(steps=10**6), timeout=120)
+    crashed = result.tasks["worker:1"]
+    assert crashed.status == "crashed" and "killed by SIGKILL" in crashed.error.evalue
+    assert "likely out of memory" not in crashed.explanation
+    c.restart()
+    magic(ip, "oom --on 0 --limit-mb 300")
+    result = c.run("import time\nfor _ in range(600): time.sleep(0.1)", on=0, timeout=120)
+    oom = result.tasks["worker:0"]
+    assert oom.status == "crashed"
+    assert "likely out of memory" in oom.error.evalue
+    assert "against its own limit" in oom.explanation
+    c.restart()

@@ -1,0 +1,26 @@
+"""Finding the straggler from arrival times (pure)."""
+
+from __future__ import annotations
+
+from tfdist_nb.diagnostics.straggler import find_stragglers
+
+
+def rows(lag_s: float, n: int = 20, step_ms: float = 50.0) -> list[list[float | None]]:
+    return [[i, 100.0 + i + lag_s, step_ms, 1.0, 100.0 + i + lag_s] for i in range(1, n + 1)]
+
+
+def test_the_task_that_arrives_last_step_after_step_is_the_straggler() -> None:
+    found = find_stragglers({"worker:0": rows(0.0), "worker:1": rows(0.03),
+                             "worker:2": rows(0.001)})
+    assert [f.task for f in found] == ["worker:1"]
+    assert round(found[0].lag_ms) == 30 and found[0].last_fraction == 1.0
+    assert "worker:1 is a straggler" in str(found[0])
+
+
+def test_small_jitter_is_not_a_straggler() -> None:
+    assert find_stragglers({"worker:0": rows(0.0), "worker:1": rows(0.002)}) == []
+
+
+def test_too_few_steps_or_one_task_say_nothing() -> None:
+    assert find_stragglers({"worker:0": rows(0.0, n=5), "worker:1": rows(0.5, n=5)}) == []
+    assert find_stragglers({"worker:0": rows(0.0)}) == []

@@ -1,0 +1,62 @@
+"""Stragglers (pure): the task the others keep waiting for.
+
+Under synchronous training every task's step takes as long as the slowest one's, and a
+distributed iterator even synchronises the input fetch, so neither step time nor input wait tells
+the straggler apart (SPEC 6). What does is *arrival*: the wall time at which each task reaches
+the step's first synchronisation point (asks for its batch). The straggler arrives last, step
+after step; its lag behind the first arrival is the time everyone else spends waiting for it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+WINDOW = 20
+MIN_STEPS = 8
+LAST_FRACTION = 0.7
+LAG_RATIO = 0.3  # of the median step time: "consistently over 1.3x the others"
+
+
+@dataclass(frozen=True)
+class Straggler:
+    task: str
+    lag_ms: float
+    last_fraction: float
+    steps: int
+    step_ms: float
+
+    def __str__(self) -> str:
+        return (f"{self.task} is a straggler: it reaches the step {self.lag_ms:.0f} ms after "
+                f"the first task in {self.last_fraction:.0%} of the last {self.steps} steps "
+                f"(step time {self.step_ms:.0f} ms); the others wait for it")
+
+
+def find_stragglers(steps: dict[str, list[list[float | None]]],
+                    window: int = WINDOW) -> list[Straggler]:
+    """``steps``: per task, rows ``[step, begin, duration_ms, input_wait_ms, entry]``."""
+    if len(steps) < 2:
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for task, rows in steps.items():
+        for row in rows:
+            if len(row) >= 5 and row[4] is not None:
+                by_step.setdefault(int(row[0]), {})[task] = float(row[4])
+    common = sorted(s for s, arrivals in by_step.items() if len(arrivals) == len(steps))
+    recent = common[-window:]
+    if len(recent) < MIN_STEPS:
+        return []
+    durations = [float(r[2]) for rows in steps.values() for r in rows[-window:]
+                 if r[2] is not None]
+    step_ms = statistics.median(durations) if durations else 0.0
+    out = []
+    for task in steps:
+        lags, last = [], 0
+        for s in recent:
+            arrivals = by_step[s]
+            lags.append((arrivals[task] - min(arrivals.values())) * 1000.0)
+            last += arrivals[task] == max(arrivals.values())
+        lag, fraction = statistics.median(lags), last / len(recent)
+        if fraction >= LAST_FRACTION and lag > LAG_RATIO * max(step_ms - lag, 1.0):
+            out.append(Straggler(task, lag, fraction, len(recent), step_ms))
+    return out
