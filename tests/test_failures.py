@@ -75,13 +75,14 @@ def test_a_long_cpu_bound_computation_without_output_is_not_a_stall() -> None:
         assert result.tasks["worker:0"].stdout.strip() == "done"
 
 
-CRASH_AT_STEP_5 = """
-import os, signal, tensorflow as tf, tfdist_nb.worker as tw
+CRASH_AT_STEP_20 = """
+import os, signal, time, tensorflow as tf, tfdist_nb.worker as tw
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 for step in range(1000):
     with tw.step():
         print("step", step, flush=True)
-        if tw.task[1] == 1 and step == 5:
+        time.sleep(0.05)
+        if tw.task[1] == 1 and step == 20:
             os.kill(os.getpid(), signal.SIGKILL)
         strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
 """
@@ -89,7 +90,7 @@ for step in range(1000):
 
 def test_a_task_killed_mid_training_is_reported_and_the_others_released() -> None:
     with Cluster(workers=2, preload=()) as c:
-        result = c.run(CRASH_AT_STEP_5, timeout=300)
+        result = c.run(CRASH_AT_STEP_20, timeout=300)
         dead = result.tasks["worker:1"]
         assert dead.status == "crashed"
         assert dead.error.ename == "TaskCrashed" and "killed by SIGKILL" in dead.error.evalue
@@ -105,3 +106,28 @@ def test_a_task_killed_mid_training_is_reported_and_the_others_released() -> Non
             c.run("print(1)")
         c.restart()
         assert c.run("print('back')").ok
+
+
+def test_interrupt_releases_a_task_stuck_inside_a_collective() -> None:
+    with Cluster(workers=2, preload=(), stall_timeout=600) as c:
+        results: list[Any] = []
+        runner = threading.Thread(target=lambda: results.append(
+            c.run(HANG_BEFORE_ALL_REDUCE, timeout=300)))
+        runner.start()
+        def in_place() -> bool:
+            s = c.stacks()
+            return (s["worker:0"].startswith("main thread: tensorflow at")
+                    and "time.sleep(3600)" in s["worker:1"])
+
+        wait_for(in_place, 60, "worker:0 in the all-reduce, worker:1 asleep")
+        aborted = c.interrupt()  # SIGINT frees worker:1's sleep, not worker:0's collective
+        assert aborted == ["worker:0"]
+        runner.join(30)
+        assert not runner.is_alive()
+        r0, r1 = results[0].tasks["worker:0"], results[0].tasks["worker:1"]
+        assert r1.error.ename == "KeyboardInterrupt"
+        # worker:0's main thread waits in Python for the strategy's all-reduce thread: SIGINT
+        # reaches it, and the abort released the thread still inside the collective
+        assert r0.error.ename in ("KeyboardInterrupt", "UnavailableError")
+        assert set(c.status()["state"]) == {"idle"}
+        assert any("interrupted by the user" in a for a in c.alerts())

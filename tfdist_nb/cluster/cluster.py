@@ -234,11 +234,28 @@ class Cluster:
         said.insert(0, f"log level {level} on {len(targets)} task(s)")
         return "; ".join(said)
 
-    def interrupt(self, on: Any = None) -> None:
-        """Send the notebook's interrupt (SIGINT) to the targeted tasks."""
+    def interrupt(self, on: Any = None, grace_s: float = 2.0) -> list[str]:
+        """Interrupt the targeted tasks: SIGINT first; a task with a thread still inside a
+        TensorFlow op ``grace_s`` later (SIGINT cannot reach it there, SPEC 6) gets its
+        collectives aborted. Returns the tasks whose collectives were aborted."""
         targets = self._runtimes(on, allow_dead=True)
-        self._require_loop().run(_gather(*(rt.handle.interrupt() for rt in targets
-                                           if rt.handle)), 10)
+        return self._require_loop().run(self._interrupt(targets, grace_s), grace_s + 20)
+
+    async def _interrupt(self, targets: list[TaskRuntime], grace_s: float) -> list[str]:
+        await _gather(*(rt.handle.interrupt() for rt in targets if rt.handle))
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(
+                rt.state in (TaskState.BUSY, TaskState.STALLED) for rt in targets):
+            await asyncio.sleep(0.1)
+        inspector, aborted = _Inspector(self), []
+        for rt in targets:
+            found = await inspector.stacks(rt)
+            # the main thread, or a thread a strategy runs its all-reduce on, still inside TF
+            if found and (found.get("main", {}).get("kind") == "tensorflow"
+                          or found.get("in_tf")):
+                await inspector.abort_collectives(rt, "interrupted by the user")
+                aborted.append(rt.name)
+        return aborted
 
     # ------------------------------------------------------------------ running cells
     def run(self, code: str, on: Any = None, timeout: float | None = None, *,

@@ -219,9 +219,16 @@ class TfdistMagics(Magics):
     @_on_option
     @line_magic
     def tfdist_interrupt(self, line: str) -> None:
-        """Interrupt (SIGINT) the targeted tasks."""
+        """Interrupt the targeted tasks: SIGINT, then, for a task still stuck inside a TensorFlow
+        op (a collective) two seconds later, abort its collectives (restart before the next)."""
         args = _parse(self.tfdist_interrupt, line, "example: %tfdist_interrupt --on 1")
-        _targets_call(_require().interrupt, args.on)
+        try:
+            aborted = _require().interrupt(on=args.on)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, "example: --on 1  or  --on worker:0,worker:1") from None
+        if aborted:
+            print(f"tfdist_nb: {', '.join(aborted)} did not answer SIGINT inside a TensorFlow "
+                  "op; their collectives were aborted: %tfdist_restart before training again")
 
     @magic_arguments()
     @_on_option

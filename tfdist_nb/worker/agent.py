@@ -147,7 +147,8 @@ def stacks_json() -> str:
         if ident == me:
             continue
         out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
-    return json.dumps({"threads": out, "main": _where(frames.get(main_id))})
+    in_tf = [names.get(i, str(i)) for i, f in frames.items() if i != me and _inside_tf(f)]
+    return json.dumps({"threads": out, "main": _where(frames.get(main_id)), "in_tf": in_tf})
 
 
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
@@ -176,6 +177,24 @@ def _where(frame: Any) -> dict[str, Any]:
     inner = next((fr for fr in frames if not in_stdlib(fr.f_code.co_filename)), frames[0])
     kind = "tensorflow" if any(p in inner.f_code.co_filename for p in _TF_PARTS) else "python"
     return {"kind": kind, "at": _at(inner)}
+
+
+def _inside_tf(frame: Any) -> bool:
+    """Whether the innermost non-standard-library frame of a thread is TensorFlow's: a thread
+    (the main one, or a strategy's worker thread) waiting inside an op such as a collective."""
+    inner = _innermost_own(frame)
+    return any(p in inner.f_code.co_filename for p in _TF_PARTS)
+
+
+def _innermost_own(frame: Any) -> Any:
+    stdlib = sysconfig.get_paths()["stdlib"]
+    f = frame
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not ((fn.startswith(stdlib) and "-packages" not in fn) or fn.startswith("<frozen")):
+            return f
+        f = f.f_back
+    return frame
 
 
 def _at(frame: Any) -> str:
