@@ -131,3 +131,19 @@ def test_interrupt_releases_a_task_stuck_inside_a_collective() -> None:
         assert r0.error.ename in ("KeyboardInterrupt", "UnavailableError")
         assert set(c.status()["state"]) == {"idle"}
         assert any("interrupted by the user" in a for a in c.alerts())
+
+
+def test_strategy_start_up_waiting_for_a_task_is_named() -> None:
+    """The strategy is created on worker:0 only; worker:1 never joins."""
+    with Cluster(workers=2, preload=()) as c:
+        seen: list[Any] = []
+        result = c.run("import tensorflow as tf\n"
+                       "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+                       on=0, timeout=20, on_event=seen.append)
+        assert result.tasks["worker:0"].status == "timeout"
+        # TensorFlow holds the GIL while it waits for the peers, so the task's own threads
+        # (telemetry, output forwarding) are frozen: the gap in its heartbeats tells
+        gaps = [a for a in c.alerts() if "no heartbeat for" in a]
+        assert len(gaps) == 1 and gaps[0].startswith("worker:0: no heartbeat for ")
+        assert "not running this cell: worker:1 (idle): run it on every task" in gaps[0]
+        assert any("no heartbeat for" in getattr(e, "text", "") for e in seen)

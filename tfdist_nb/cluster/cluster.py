@@ -53,6 +53,7 @@ STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input
 START_ATTEMPTS = 3
 INSPECT_TIMEOUT_S = 5.0
 STRAGGLER_ROWS = 60
+HEARTBEAT_GAP_S = 5.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _RUN_DONE = object()
 STOP_GRACE_S = 1.0
@@ -597,10 +598,32 @@ class _Inspector:
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
+        self._gapped: set[str] = set()
 
     def progress(self, rt: TaskRuntime) -> Progress:
         v = self.cluster.live.view(rt.name)
         return Progress(v.step_count, v.lines_total, v.latest.get("cpu_percent"), v.last_sample)
+
+    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None:
+        """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
+        which TensorFlow does while it holds the GIL (creating a strategy that waits for its
+        peers, for one); name the tasks that are not running the cell with it."""
+        v = self.cluster.live.view(rt.name)
+        if v.last_sample is None or time.time() - v.last_sample < HEARTBEAT_GAP_S:
+            self._gapped.discard(rt.name)
+            return
+        if rt.name in self._gapped:
+            return
+        self._gapped.add(rt.name)
+        names = {b.name for b in busy}
+        others = [f"{t.name} ({t.state.value})" for t in self.cluster.tasks.values()
+                  if t.name not in names and t.task.role in ("worker", "chief")]
+        text = (f"no heartbeat for {time.time() - v.last_sample:.0f}s: its Python threads are "
+                "blocked (TensorFlow holds the GIL, as when creating a strategy that waits for "
+                "its peers to join)")
+        if others:
+            text += f"; not running this cell: {', '.join(others)}: run it on every task"
+        self.cluster._note(rt.name, text, "WARNING")
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]:
         v = self.cluster.live.view(rt.name)

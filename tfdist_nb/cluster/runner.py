@@ -37,6 +37,8 @@ class Inspector(Protocol):
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
+    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None: ...
+
 
 @dataclass(eq=False)
 class RunControl:
@@ -71,9 +73,12 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             elif (code := await rt.handle.poll()) is not None:
                 results[name] = _crashed(rt, ex, code, inspector)
                 control.stop("crash")
-        if watch is not None and inspector is not None:
-            _watch_stalls(watch, inspector, [by_name[n] for n in by_name if n not in results],
-                          control)
+        if inspector is not None:
+            busy = [by_name[n] for n in by_name if n not in results]
+            for rt in busy:
+                inspector.heartbeat_gap(rt, busy)
+            if watch is not None:
+                _watch_stalls(watch, inspector, busy, control)
         if deadline is not None and time.monotonic() >= deadline:
             control.stop("timeout")
     if control.reason is not None:
