@@ -1,0 +1,55 @@
+"""The teaching notebooks run as a workshop would run them, and show what they promise."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+pytestmark = pytest.mark.cluster
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def execute(name: str, tmp_path: Path) -> list[Any]:
+    nb = nbformat.read(EXAMPLES / name, as_version=4)
+    NotebookClient(nb, timeout=240, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def text(cell: Any) -> str:
+    parts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            parts.append(out.text)
+        elif out.output_type in ("execute_result", "display_data"):
+            parts.append(out.data.get("text/plain", ""))
+        elif out.output_type == "error":
+            parts.append(f"{out.ename}: {out.evalue}")
+    return ANSI.sub("", "".join(parts))
+
+
+@pytest.mark.timeout(400)
+def test_hang_and_crash_notebook(tmp_path: Path) -> None:
+    cells = execute("02_hang_and_crash.ipynb", tmp_path)
+    hang = text(cells[2])
+    assert "TaskError" in hang and "worker:1 stalled" in hang
+    assert "elsewhere, likely the cause: worker:1" in hang
+    crash = text(cells[5])
+    assert "TaskError" in crash and "worker:1 crashed" in crash and "killed by SIGKILL" in crash
+    assert "Last resource sample" in crash
+    assert re.search(r"worker:1\s+\S+\s+\d+\s+dead", text(cells[6]))
+    again = text(cells[8])
+    assert "[worker:0] done 20 steps" in again and "[worker:1] done 20 steps" in again
+
+
+@pytest.mark.timeout(300)
+def test_straggler_notebook(tmp_path: Path) -> None:
+    cells = execute("03_straggler.ipynb", tmp_path)
+    assert "[worker:1] tfdist_nb: worker:1 is a straggler" in text(cells[2])
+    assert "straggler" in text(cells[3])  # the flags column of %tfdist_status --table
