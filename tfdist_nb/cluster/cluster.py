@@ -196,10 +196,13 @@ class Cluster:
             raise SpecError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} or clear")
         if kind != "clear" and on is None:
             raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
-        targets = self._runtimes(on, allow_dead=True)
+        # a dead task has no faults to clear, and a restart brings it back without any
+        targets = [rt for rt in self._runtimes(on, allow_dead=kind == "clear")
+                   if rt.state is not TaskState.DEAD]
         args = json.dumps({k: v for k, v in params.items() if v is not None})
-        said = self._require_loop().run(_gather(*(self._agent_call(
-            rt, f"inject({kind!r}, {args!r})", inspect=True) for rt in targets)), 30)
+        said = self._require_loop().run(_gather(*(asyncio.wait_for(self._agent_call(
+            rt, f"inject({kind!r}, {args!r})", inspect=True), INSPECT_TIMEOUT_S)
+            for rt in targets)), INSPECT_TIMEOUT_S + 10)
         for rt, text in zip(targets, said, strict=True):
             self._note(rt.name, f"fault injection: {text}", "WARNING" if kind != "clear"
                        else "INFO")
