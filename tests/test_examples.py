@@ -10,9 +10,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.notebooks import cell_text
+
 pytestmark = pytest.mark.cluster
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def execute(name: str, tmp_path: Path) -> list[Any]:
@@ -23,15 +24,7 @@ def execute(name: str, tmp_path: Path) -> list[Any]:
 
 
 def text(cell: Any) -> str:
-    parts = []
-    for out in cell.outputs:
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}")
-    return ANSI.sub("", "".join(parts))
+    return cell_text(cell, errors=True)
 
 
 @pytest.mark.timeout(400)

@@ -13,9 +13,10 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.notebooks import cell_text
+
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def run_notebook(cells: list[str], tmp_path: Path) -> Any:
@@ -28,13 +29,7 @@ def run_notebook(cells: list[str], tmp_path: Path) -> Any:
 
 
 def text_of(cell: Any) -> str:
-    parts = []
-    for out in cell.outputs:
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
-    return ANSI.sub("", "".join(parts))
+    return cell_text(cell)
 
 
 def errors_of(cell: Any) -> list[str]:

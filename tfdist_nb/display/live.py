@@ -38,7 +38,6 @@ class LivePrinter:
         self._display = display
         self.max_lines = max_lines_per_task
         self.run_dir = run_dir
-        self.lines = 0
         self.per_task: dict[str, int] = {}
 
     def __call__(self, event: Event) -> None:
@@ -59,7 +58,6 @@ class LivePrinter:
         out = self.stdout if event.stream == "stdout" else self.stderr
         if self.max_lines is None or n <= self.max_lines:
             out.write(f"{label(event.task, self.colour)} {event.text}\n")
-            self.lines += 1
         elif n == self.max_lines + 1:
             where = f" in {self.run_dir}/events.jsonl" if self.run_dir else ""
             self.stdout.write(f"{label(event.task, self.colour)} ... more lines are in the "

@@ -66,7 +66,6 @@ class RunDirectory:
         self._events = open_private(self.path / "events.jsonl")
         self._cells = open_private(self.path / "cells.jsonl")
         self._telemetry = open_private(self.path / "telemetry.jsonl")
-        self.lines_written = 0
 
     def task_dir(self, slug: str) -> Path:
         return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
@@ -87,7 +86,6 @@ class RunDirectory:
                 if lines and not out.closed:
                     out.write("\n".join(lines) + "\n")
                     out.flush()
-            self.lines_written += sum(e.kind == "output" for e in events)
 
     def write_cell(self, seq: int, code: str, targets: list[str]) -> None:
         rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
