@@ -24,3 +24,17 @@ def test_small_jitter_is_not_a_straggler() -> None:
 def test_too_few_steps_or_one_task_say_nothing() -> None:
     assert find_stragglers({"worker:0": rows(0.0, n=5), "worker:1": rows(0.5, n=5)}) == []
     assert find_stragglers({"worker:0": rows(0.0)}) == []
+
+
+def test_evidence_names_cpu_contention_and_gpu_throttling() -> None:
+    """GPU readings here come from the fake-NVML shapes (no GPU on this machine)."""
+    from tfdist_nb.diagnostics.straggler import evidence
+
+    latest = {"cpu_percent": 35.0, "load1": 3.9, "cpus": 2,
+              "gpus": [{"index": 1, "sm_clock_mhz": 1480.0, "temperature_c": 87.0,
+                        "throttle": ["hw_thermal_slowdown"]}]}
+    text = evidence(latest, 210.0)
+    assert text == ("its input wait 210 ms; its CPU 35%; host load 3.9 on 2 cores; GPU 1: SM "
+                    "clock 1480 MHz, 87 C, throttled (hw_thermal_slowdown)")
+    assert "GPU" not in evidence({"cpu_percent": 5.0, "load1": 0.2, "cpus": 2, "gpus": None},
+                                 None)

@@ -36,6 +36,7 @@ from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
+from tfdist_nb.diagnostics.straggler import evidence as straggler_evidence
 from tfdist_nb.diagnostics.straggler import find_stragglers
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
 from tfdist_nb.events import Event, OutputLine, TaskNote, TelemetrySample
@@ -442,11 +443,9 @@ class Cluster:
         found = {s.task: s for s in find_stragglers(steps)}
         for task, finding in found.items():
             if task not in self.stragglers:
-                latest = self.live.view(task).latest
-                evidence = (f"; its input wait {self.live.view(task).input_wait_ms() or 0:.0f} ms,"
-                            f" its CPU {latest.get('cpu_percent') or 0:.0f}%, host load "
-                            f"{latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores")
-                self._note(task, str(finding) + evidence, "WARNING")
+                view = self.live.view(task)
+                why = straggler_evidence(view.latest, view.input_wait_ms())
+                self._note(task, f"{finding}; {why}", "WARNING")
         self.stragglers = found
 
     def _check_startup_wait(self, line: OutputLine) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 WINDOW = 20
 MIN_STEPS = 8
@@ -60,3 +61,18 @@ def find_stragglers(steps: dict[str, list[list[float | None]]],
         if fraction >= LAST_FRACTION and lag > LAG_RATIO * max(step_ms - lag, 1.0):
             out.append(Straggler(task, lag, fraction, len(recent), step_ms))
     return out
+
+
+def evidence(latest: dict[str, Any], input_wait_ms: float | None) -> str:
+    """What may make a task slow, from its last heartbeat: input wait, its CPU against its
+    host's load (contention), and on GPUs the clocks, temperature and throttle reasons."""
+    parts = [f"its input wait {input_wait_ms or 0:.0f} ms",
+             f"its CPU {latest.get('cpu_percent') or 0:.0f}%",
+             f"host load {latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores"]
+    for gpu in latest.get("gpus") or []:
+        said = f"GPU {gpu.get('index')}: SM clock {gpu.get('sm_clock_mhz') or 0:.0f} MHz, " \
+               f"{gpu.get('temperature_c') or 0:.0f} C"
+        if gpu.get("throttle"):
+            said += f", throttled ({', '.join(gpu['throttle'])})"
+        parts.append(said)
+    return "; ".join(parts)
