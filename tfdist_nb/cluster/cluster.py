@@ -201,9 +201,9 @@ class Cluster:
         targets = [rt for rt in self._runtimes(on, allow_dead=kind == "clear")
                    if rt.state is not TaskState.DEAD]
         args = json.dumps({k: v for k, v in params.items() if v is not None})
-        said = self._require_loop().run(_gather(*(asyncio.wait_for(self._agent_call(
-            rt, f"inject({kind!r}, {args!r})", inspect=True), INSPECT_TIMEOUT_S)
-            for rt in targets)), INSPECT_TIMEOUT_S + 10)
+        said = self._require_loop().run(_gather(*(self._agent_call(
+            rt, f"inject({kind!r}, {args!r})", inspect=True) for rt in targets)),
+            INSPECT_TIMEOUT_S + 10)
         for rt, text in zip(targets, said, strict=True):
             self._note(rt.name, f"fault injection: {text}", "WARNING" if kind != "clear"
                        else "INFO")
@@ -546,16 +546,17 @@ class Cluster:
 
     async def _agent_call(self, rt: TaskRuntime, call: str, inspect: bool = False) -> Any:
         """Evaluate ``tfdist_nb.worker.agent.<call>`` in the task, outside its history;
-        ``inspect``: in its subshell, which answers while the main thread is busy."""
+        ``inspect``: in its subshell, which answers while the main thread is busy, within
+        INSPECT_TIMEOUT_S (asyncio.TimeoutError past it)."""
         assert rt.channel is not None
         expr = f"__import__('tfdist_nb.worker.agent', fromlist=['_']).{call}"
         ex = rt.channel.execute("", None, silent=True, user_expressions={"out": expr},
                                 subshell_id=rt.subshell if inspect else None)
         try:
-            reply = await ex.reply
+            reply = await (asyncio.wait_for(asyncio.shield(ex.reply), INSPECT_TIMEOUT_S)
+                           if inspect else ex.reply)
         finally:
             rt.channel.abandon(ex)
-        rt.channel.abandon(ex)
         out = reply.get("user_expressions", {}).get("out", {})
         if out.get("status") != "ok":
             raise ClusterStartError(f"{rt.name}: worker agent {call} failed: "
@@ -635,8 +636,7 @@ class _Inspector:
         if rt.channel is None or rt.state is TaskState.DEAD:
             return None
         try:
-            text = await asyncio.wait_for(
-                self.cluster._agent_call(rt, "stacks_json()", inspect=True), INSPECT_TIMEOUT_S)
+            text = await self.cluster._agent_call(rt, "stacks_json()", inspect=True)
         except (asyncio.TimeoutError, ClusterStartError):
             return None
         return json.loads(text)
@@ -645,8 +645,7 @@ class _Inspector:
         if rt.channel is None or rt.state is TaskState.DEAD:
             return
         with contextlib.suppress(asyncio.TimeoutError, ClusterStartError):
-            await asyncio.wait_for(self.cluster._agent_call(
-                rt, f"abort_collectives({reason!r})", inspect=True), INSPECT_TIMEOUT_S)
+            await self.cluster._agent_call(rt, f"abort_collectives({reason!r})", inspect=True)
             self.cluster._note(rt.name, f"aborted its collectives ({reason}); restart the "
                                "tasks before the next collective", "WARNING")
 

@@ -71,29 +71,23 @@ class LiveStore:
 
     def add_many(self, events: list[Event]) -> None:
         """A batch from one message: the lines of one task go in together (one revision)."""
-        if events and all(isinstance(e, OutputLine) for e in events):
-            v = self.view(events[0].task)
-            if all(e.task == v.task for e in events):
-                v.lines.extend(events)
-                v.lines_total += len(events)
-                v.last_output = events[-1].time
-                v.revision += 1
-                self.revision += 1
-                return
+        if events and all(isinstance(e, OutputLine) and e.task == events[0].task
+                          for e in events):
+            self._add_lines(self.view(events[0].task), events)  # type: ignore[arg-type]
+            return
         for event in events:
             self.add(event)
 
     def add(self, event: Event) -> None:
         if isinstance(event, OutputLine):
-            v = self.view(event.task)
-            v.lines.append(event)
-            v.lines_total += 1
-            v.last_output = event.time
+            self._add_lines(self.view(event.task), [event])
         elif isinstance(event, TelemetrySample):
-            v = self.view(event.task)
-            self._add_sample(v, event)
-        else:
-            return
+            self._add_sample(self.view(event.task), event)
+
+    def _add_lines(self, v: TaskView, lines: list[OutputLine]) -> None:
+        v.lines.extend(lines)
+        v.lines_total += len(lines)
+        v.last_output = lines[-1].time
         v.revision += 1
         self.revision += 1
 
@@ -107,3 +101,5 @@ class LiveStore:
         v.step_count = max(v.step_count, int(d.get("step") or 0))
         v.total_steps = d.get("total_steps")
         v.last_sample = event.time
+        v.revision += 1
+        self.revision += 1
