@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -33,12 +34,11 @@ from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
-from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
 from tfdist_nb.diagnostics.straggler import evidence as straggler_evidence
 from tfdist_nb.diagnostics.straggler import find_stragglers
-from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError
+from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError, TfdistError
 from tfdist_nb.events import Event, OutputLine, TaskNote, TelemetrySample
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch, get_launcher
 from tfdist_nb.store.live import LiveStore
@@ -63,6 +63,21 @@ _current: Cluster | None = None
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
 
 
+def _make_launcher(name: str, hosts: list[str] | None, python: str | None,
+                   options: Mapping[str, Any] | None) -> Launcher:
+    """The named launcher with what it needs of the cluster's arguments."""
+    opts = dict(options or {})
+    if name == "ssh":
+        if not hosts:
+            raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
+        opts.setdefault("hosts", hosts)
+        opts.setdefault("python", python or sys.executable)  # the notebook's, found there
+    try:
+        return get_launcher(name, **opts)
+    except (ValueError, TypeError) as exc:
+        raise SpecError(str(exc)) from None
+
+
 def current() -> Cluster | None:
     """The notebook's active cluster (the one the magics drive), or None."""
     return _current if _current is not None and _current.running else None
@@ -85,16 +100,19 @@ class Cluster:
                  env: Mapping[str, str] | None = None, stall_timeout: float = 60.0,
                  python: str | None = None, *, evaluator: bool = False,
                  run_dir: str | os.PathLike[str] | None = None,
-                 preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0) -> None:
+                 preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
+                 launcher_options: Mapping[str, Any] | None = None) -> None:
         self.spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps,
                                 evaluator=int(evaluator))
         if hosts is not None and launcher == "local":
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
-        self.launcher = launcher if isinstance(launcher, Launcher) else get_launcher(launcher)
         self.hosts = list(hosts) if hosts else None
+        self.launcher = (launcher if isinstance(launcher, Launcher)
+                         else _make_launcher(launcher, self.hosts, python, launcher_options))
         self.extra_env = dict(env or {})
         self.stall_timeout = float(stall_timeout)
-        self.python = resolve_python(python)
+        # A remote interpreter is looked up on its host (the probe says if it is missing there).
+        self.python = (python or sys.executable) if self.launcher.remote else resolve_python(python)
         self.preload = tuple(preload)
         self.start_timeout = start_timeout
         self._run_root = run_dir
@@ -175,6 +193,9 @@ class Cluster:
     def restart(self, on: Any = None) -> None:
         """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG."""
         targets = self._runtimes(on, allow_dead=True)
+        if not self.launcher.restartable:
+            raise TfdistError(f"the {self.launcher.name} launcher cannot restart tasks: their "
+                              "scheduler started them; restart them there, then attach again")
         self._require_loop().run(self._restart(targets), self.start_timeout + 60)
 
     def stacks(self, on: Any = None) -> dict[str, str]:
@@ -468,7 +489,7 @@ class Cluster:
         tasks = self.spec.tasks
         avoid: dict[TaskId, str] = {}
         for attempt in range(1, START_ATTEMPTS + 1):
-            addresses = self.launcher.tf_addresses(tasks, avoid)
+            addresses = await asyncio.to_thread(self.launcher.tf_addresses, tasks, avoid)
             self.tasks = {t: self._runtime(t, addresses) for t in tasks}
             await self._launch(list(self.tasks.values()))
             clashes = {rt.task: rt.address for rt in self.tasks.values()
@@ -486,7 +507,8 @@ class Cluster:
 
     def _runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
         tf_config = build_tf_config(task, addresses)
-        env = worker_env(task, tf_config, self.extra_env, self.python)
+        env = worker_env(task, tf_config, self.extra_env, self.python,
+                         base=self.launcher.base_environment(), local=not self.launcher.remote)
         assert self.rundir is not None
         self.rundir.write_json(task.slug, "tf_config.json", json.loads(tf_config))
         self.rundir.write_json(task.slug, "env.json", env)
@@ -500,9 +522,10 @@ class Cluster:
         if failed:
             rt, exc = failed[0]
             code = await rt.handle.poll() if rt.handle else None
+            died = (f" (process {rt.handle.describe_exit(code)})"
+                    if code is not None and rt.handle else "")
             await self._stop_tasks(runtimes)
             tail = "\n".join(rt.kernel_log_tail(20))
-            died = f" (process {describe_exit(code)})" if code is not None else ""
             raise ClusterStartError(
                 f"{rt.name} failed to start: {type(exc).__name__}: {exc}{died}"
                 + (f"\n--- last lines of {rt.name}'s process log ---\n{tail}" if tail else ""))
@@ -516,6 +539,8 @@ class Cluster:
             connection_file=tdir / "kernel-connection.json"))
         rt.channel = KernelChannel(rt.name, rt.handle.client, self._sink)
         await self._unless_it_dies(rt, rt.channel.start(timeout=self.start_timeout))
+        if not self.launcher.env_at_launch:
+            await self._agent_call(rt, f"set_environment({json.dumps(rt.env)!r})")
         rt.info = await self._unless_it_dies(rt, self._handshake(rt))
         rt.subshell = await rt.channel.create_subshell(timeout=10)
         rt.transition(TaskEvent.READY)
@@ -533,7 +558,8 @@ class Cluster:
                 if work.done():
                     break
                 if (code := await rt.handle.poll()) is not None:
-                    raise ClusterStartError(f"the process {describe_exit(code)} while starting")
+                    raise ClusterStartError(f"the process {rt.handle.describe_exit(code)} while "
+                                            "starting")
                 if time.monotonic() > deadline:
                     raise ClusterStartError(f"not ready after {self.start_timeout:.0f}s")
             return work.result()

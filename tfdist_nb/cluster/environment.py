@@ -34,10 +34,13 @@ def parse_env_items(items: list[str] | None) -> dict[str, str]:
 
 
 def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,
-               python: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+               python: str, base: Mapping[str, str] | None = None,
+               local: bool = True) -> dict[str, str]:
+    """``base`` (default: this process's environment) less what must not leak, plus the task's
+    identity and TF_CONFIG; ``local``: the interpreter runs here and must find this tfdist_nb."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in _DROP_EXACT and not k.startswith(_DROP_PREFIX)}
-    if Path(python).resolve() != Path(sys.executable).resolve():
+    if local and Path(python).resolve() != Path(sys.executable).resolve():
         # Another interpreter still finds this tfdist_nb (the worker module must match ours).
         here = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)

@@ -143,12 +143,13 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int,
     rt.exit_code = code
     rt.transition(TaskEvent.EXITED)
     last, lines = inspector.last_words(rt) if inspector else (None, [])
-    what = describe_exit(code)
+    what = rt.handle.describe_exit(code) if rt.handle else describe_exit(code)
     oom = likely_oom(code, last)
     error = RemoteError("TaskCrashed", f"{rt.name} {what}" + (" (likely out of memory)"
                                                               if oom else ""), [])
     result = _result(rt, ex, "crashed", error)
-    result.explanation = crash_report(rt.name, code, last, lines, rt.kernel_log_tail(15))
+    result.explanation = crash_report(rt.name, code, last, lines, rt.kernel_log_tail(15),
+                                      what=what)
     return result
 
 

@@ -43,8 +43,9 @@ def likely_oom(code: int, last: dict[str, Any] | None) -> str | None:
 
 
 def crash_report(task: str, code: int, last: dict[str, Any] | None, last_lines: list[str],
-                 log_tail: list[str]) -> str:
-    what = describe_exit(code)
+                 log_tail: list[str], what: str | None = None) -> str:
+    """``what``: how it ended, when the launcher knows better than the code (a lost SSH link)."""
+    what = what or describe_exit(code)
     oom = likely_oom(code, last)
     parts = [f"{task} {what}" + (f": likely out of memory ({oom})." if oom else ".")]
     if last:

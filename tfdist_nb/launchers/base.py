@@ -58,11 +58,28 @@ class TaskHandle(abc.ABC):
     async def stop(self, grace_s: float) -> StopReport:
         """End the task: shutdown request, at most ``grace_s`` to exit, then SIGKILL."""
 
+    def describe_exit(self, code: int) -> str:
+        """How the task ended, in words (a launcher may know more than the exit code)."""
+        from tfdist_nb.diagnostics.crash import describe_exit
+
+        return describe_exit(code)
+
 
 class Launcher(abc.ABC):
     """Chooses addresses for the tasks and starts their kernels."""
 
     name: str = "abstract"
+    #: Tasks run on other hosts: the worker interpreter is looked up there, not here.
+    remote: bool = False
+    #: The environment (TF_CONFIG included) is set when the process starts; False: the core
+    #: sends it to the worker agent before any cell (attached workers).
+    env_at_launch: bool = True
+    #: The core may stop and start a task again (attached tasks belong to their scheduler).
+    restartable: bool = True
+
+    def base_environment(self) -> Mapping[str, str] | None:
+        """What each task's environment starts from; None: this process's own environment."""
+        return None
 
     @abc.abstractmethod
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -70,6 +87,7 @@ class Launcher(abc.ABC):
         """``host:port`` for every task's TensorFlow server, reachable by all the other tasks.
 
         ``avoid`` holds addresses that turned out to be taken; they are not chosen again.
+        It may block (the SSH launcher asks each host); the core calls it off its loop.
         """
 
     @abc.abstractmethod
@@ -87,9 +105,13 @@ def register(name: str, cls: type[Launcher]) -> None:
     _REGISTRY[name] = cls
 
 
+def _register_builtins() -> None:
+    from tfdist_nb.launchers import attach, local, ssh  # noqa: F401  - they register themselves
+
+
 def get_launcher(name: str, **options: Any) -> Launcher:
     """A launcher by short name (``local``, ``ssh``, ``attach``)."""
-    from tfdist_nb.launchers import local  # noqa: F401  - registers the built-in launchers
+    _register_builtins()
 
     if name not in _REGISTRY:
         known = ", ".join(sorted(_REGISTRY))
@@ -98,6 +120,6 @@ def get_launcher(name: str, **options: Any) -> Launcher:
 
 
 def available() -> list[str]:
-    from tfdist_nb.launchers import local  # noqa: F401
+    _register_builtins()
 
     return sorted(_REGISTRY)

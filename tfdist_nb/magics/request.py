@@ -21,7 +21,7 @@ EXAMPLE = (
     "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1"
 )
 LAUNCHERS = ("local", "ssh", "attach")
-AVAILABLE_LAUNCHERS = ("local",)
+AVAILABLE_LAUNCHERS = ("local", "ssh")  # attach needs a connection dir: Python API
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,18 @@ def inject(kind: str, params_json: str) -> str:
     return faults.clear() if kind == "clear" else faults.set_fault(kind, json.loads(params_json))
 
 
+def set_environment(env_json: str) -> str:
+    """Attached workers get TF_CONFIG and ``env=`` this way, before any cell (the scheduler
+    started their process, so nothing could be set at launch). TensorFlow reads TF_CONFIG when
+    a strategy or resolver is made, not at import, so this is early enough."""
+    env = json.loads(env_json)
+    os.environ.update(env)
+    if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
+        role, _, index = env["TFDIST_TASK"].partition(":")
+        worker.task = (role, int(index))
+    return "ok"
+
+
 def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
     return json.dumps(describe(preload))
 

@@ -1,0 +1,297 @@
+"""Tasks on other hosts, reached with the system ``ssh`` so ``~/.ssh/config`` rules as usual.
+
+Aliases, User, Port, IdentityFile, ProxyJump, agents and ControlMaster all work because OpenSSH
+itself reads them. Per task there is exactly one SSH connection, which
+
+- runs ``python -m tfdist_nb.worker.remote serve`` on the host (the kernel's lifeline),
+- carries the kernel's five ZeroMQ channels as stream-local forwards: the kernel listens on
+  ``ipc://`` sockets in an owner-only directory on the host and the controller on sockets in an
+  owner-only directory here, so no kernel port is open on any network and every byte is
+  encrypted by SSH (messages are HMAC-signed on top, as always),
+- and brings the kernel's stdout/stderr back into the task's process log.
+
+TensorFlow's own gRPC servers must reach each other directly, so each host is probed first
+(``probe``) for the address it was reached at and for free ports; ``docs/security.md`` says what
+those ports expose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.asynchronous import AsyncKernelClient
+
+from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch, register
+from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
+
+logger = logging.getLogger(__name__)
+
+#: Variables of the controller's environment that travel to remote tasks (the rest of a remote
+#: task's environment is its host's own login environment).
+FORWARDED_PREFIXES = ("TF_", "TFDIST_", "CUDA_", "NCCL_", "KERAS_", "XLA_", "OMP_",
+                      "PYTHONHASHSEED", "PYTHONUNBUFFERED")
+SSH_LOST = 255  # what ssh exits with when the connection fails or is lost
+
+
+def ssh_base(config: str | None, connect_timeout: float, options: Sequence[str] = ()) -> list[str]:
+    """The ssh command line every call starts with: never prompts, gives up on dead peers."""
+    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}",
+           "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    if config:
+        cmd += ["-F", str(config)]
+    return cmd + list(options)
+
+
+@dataclass
+class HostProbe:
+    destination: str
+    address: str
+    ports: list[int]
+    info: dict[str, Any]
+
+
+def probe_host(destination: str, n_ports: int, python: str, base: list[str],
+               timeout: float, avoid: Sequence[int] = ()) -> HostProbe:
+    """Ask ``destination`` where it is and for free TF ports; ClusterStartError naming the host
+    (unreachable, no such interpreter, tfdist_nb not installed there) otherwise."""
+    remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "probe", "--ports",
+                         str(n_ports), "--avoid", ",".join(map(str, avoid))])
+    try:
+        done = subprocess.run([*base, destination, remote], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ClusterStartError(f"host {destination!r} did not answer over SSH within "
+                                f"{timeout:.0f}s") from None
+    err = done.stderr.strip().splitlines()
+    last = err[-1] if err else ""
+    if done.returncode == SSH_LOST:
+        raise ClusterStartError(f"cannot reach host {destination!r} over SSH: "
+                                f"{last or 'ssh exited with 255'}")
+    if done.returncode == 127 or "No such file" in last:
+        raise ClusterStartError(f"worker interpreter {python!r} not found on host "
+                                f"{destination!r} (pass python= / --python): {last}")
+    if "No module named" in done.stderr:
+        raise ClusterStartError(f"tfdist_nb is not installed for {python} on host "
+                                f"{destination!r}: {last}")
+    try:
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ClusterStartError(f"host {destination!r}: unexpected answer to the probe "
+                                f"(exit {done.returncode}): {last or done.stdout[-200:]}") from None
+    return HostProbe(destination, info["address"], list(info["ports"]), info)
+
+
+@dataclass
+class SSHTaskHandle(TaskHandle):
+    """One task's SSH connection: its stdin is the lifeline, its stdout the protocol lines."""
+
+    proc: asyncio.subprocess.Process = field(default=None, repr=False)  # type: ignore[assignment]
+    sockets: list[Path] = field(default_factory=list, repr=False)
+    remote_exit: int | None = None
+    remote_how: str | None = None
+    _reader: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    async def read_protocol(self, ready: asyncio.Future[int]) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            word, _, rest = raw.decode(errors="replace").strip().partition(" ")
+            if word == "ready" and not ready.done():
+                ready.set_result(int(rest or 0))
+            elif word == "exit":
+                code, _, how = rest.partition(" ")
+                self.remote_exit, self.remote_how = int(code), how or None
+            elif word == "failed" and not ready.done():
+                ready.set_exception(ClusterStartError(f"{self.task} on {self.host}: {rest}"))
+        if not ready.done():
+            ready.set_exception(ClusterStartError(
+                f"{self.task}: the SSH session to {self.host} ended before the kernel was ready"))
+
+    async def poll(self) -> int | None:
+        if self.proc.returncode is None:
+            return None
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
+        return self.remote_exit if self.remote_exit is not None else SSH_LOST
+
+    def describe_exit(self, code: int) -> str:
+        if self.proc.returncode is not None and self.remote_exit is None:
+            return f"lost its SSH connection to {self.host} (ssh exited {self.proc.returncode})"
+        return super().describe_exit(code)
+
+    def _send(self, line: str) -> bool:
+        stdin = self.proc.stdin
+        if stdin is None or stdin.is_closing() or self.proc.returncode is not None:
+            return False
+        try:
+            stdin.write(line.encode() + b"\n")
+        except (ConnectionError, RuntimeError):
+            return False
+        return True
+
+    async def interrupt(self) -> None:
+        self._send("interrupt")
+
+    async def stop(self, grace_s: float) -> StopReport:
+        start = time.monotonic()
+        with contextlib.suppress(Exception):
+            self.client.stop_channels()
+        path = "already-dead"
+        if self.proc.returncode is None:
+            if self._send(f"stop {grace_s}"):
+                await self._wait_exit(grace_s + 5.0)
+            if self.proc.returncode is None:
+                self._send("kill")
+                with contextlib.suppress(Exception):
+                    self.proc.stdin.close()  # type: ignore[union-attr]
+                await self._wait_exit(5.0)
+            if self.proc.returncode is None:  # ssh itself is stuck: cut the connection
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                await self._wait_exit(5.0)
+            path = self.remote_how if self.remote_how in ("request", "kill") else "kill"
+        code = await self.poll()
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.unlink()
+        return StopReport(str(self.task), path, code, time.monotonic() - start)
+
+    async def _wait_exit(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), timeout)
+
+
+class SSHLauncher(Launcher):
+    """Tasks placed round-robin on ``hosts`` (ssh destinations), one SSH connection each."""
+
+    name = "ssh"
+    remote = True
+
+    def __init__(self, hosts: Sequence[str] | None = None, python: str | None = None,
+                 ssh_config: str | os.PathLike[str] | None = None,
+                 ssh_options: Sequence[str] = (), connect_timeout: float = 10.0,
+                 ready_timeout: float = 120.0) -> None:
+        if not hosts:
+            raise ValueError("the ssh launcher needs hosts=[...] (ssh destinations)")
+        if shutil.which("ssh") is None:
+            raise ValueError("the ssh launcher needs OpenSSH's ssh client on PATH")
+        self.hosts = list(hosts)
+        self.python = python
+        self.base = ssh_base(str(ssh_config) if ssh_config else None, connect_timeout,
+                             ssh_options)
+        self.connect_timeout = connect_timeout
+        self.ready_timeout = ready_timeout
+        self.placement: dict[TaskId, str] = {}
+        self.probes: dict[str, HostProbe] = {}
+        self._sockdir: Path | None = None
+        self._token = secrets.token_hex(6)
+
+    def base_environment(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+
+    def tf_addresses(self, tasks: Sequence[TaskId],
+                     avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
+        self.placement = {t: self.hosts[i % len(self.hosts)] for i, t in enumerate(tasks)}
+        wanted: dict[str, list[TaskId]] = {}
+        for task, host in self.placement.items():
+            wanted.setdefault(host, []).append(task)
+        taken = [int(a.rpartition(":")[2]) for a in (avoid or {}).values()]
+        python = self.python or sys.executable
+        timeout = self.connect_timeout + 30.0
+        with concurrent.futures.ThreadPoolExecutor(len(wanted)) as pool:
+            futures = {h: pool.submit(probe_host, h, len(ts), python, self.base, timeout, taken)
+                       for h, ts in wanted.items()}
+            errors = []
+            for host, fut in futures.items():
+                try:
+                    self.probes[host] = fut.result()
+                except ClusterStartError as exc:
+                    errors.append(str(exc))
+        if errors:
+            raise ClusterStartError("; ".join(errors))
+        out: dict[TaskId, str] = {}
+        for host, ts in wanted.items():
+            found = self.probes[host]
+            for task, port in zip(ts, found.ports, strict=True):
+                out[task] = f"{found.address}:{port}"
+        return out
+
+    def _socket_dir(self) -> Path:
+        if self._sockdir is None:
+            # Short on purpose: a Unix socket path is at most 107 bytes.
+            self._sockdir = Path(tempfile.mkdtemp(prefix="tfd-"))
+        return self._sockdir
+
+    async def start(self, launch: TaskLaunch) -> TaskHandle:
+        host = self.placement.get(launch.task) or self.hosts[0]
+        local = self._socket_dir() / f"{launch.task.slug}-{secrets.token_hex(3)}"
+        remote_dir = f"/tmp/tfdist-{self._token}-{launch.task.slug}-{secrets.token_hex(3)}"
+        forwards: list[str] = []
+        for port in CHANNEL_PORTS.values():
+            forwards += ["-L", f"{local}-{port}:{remote_dir}/{SOCKET_PREFIX}-{port}"]
+        python = launch.python
+        remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "serve", "--dir",
+                             remote_dir])
+        cmd = [*self.base, "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
+               "-o", "StreamLocalBindMask=0177", *forwards, host, remote]
+        key = secrets.token_hex(32)
+        fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=fd,
+                start_new_session=True)
+        finally:
+            os.close(fd)
+        setup = {"key": key, "env": dict(launch.env), "cwd": launch.cwd}
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(setup).encode() + b"\n")
+        client = AsyncKernelClient()
+        client.load_connection_info({"transport": "ipc", "ip": str(local), **CHANNEL_PORTS,
+                                     "key": key, "signature_scheme": "hmac-sha256"})
+        handle = SSHTaskHandle(task=launch.task, host=host, pid=None, client=client, proc=proc,
+                               sockets=[Path(f"{local}-{p}") for p in CHANNEL_PORTS.values()])
+        ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        handle._reader = asyncio.ensure_future(handle.read_protocol(ready))
+        try:
+            handle.pid = await asyncio.wait_for(ready, self.ready_timeout)
+        except BaseException as exc:
+            await handle.stop(0.5)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise ClusterStartError(f"{launch.task} on {host}: no kernel after "
+                                        f"{self.ready_timeout:.0f}s") from None
+            raise
+        await self._wait_for_sockets(handle)
+        return handle
+
+    async def _wait_for_sockets(self, handle: SSHTaskHandle) -> None:
+        """ssh binds the local ends as it connects; they exist before 'ready' in practice."""
+        deadline = time.monotonic() + 10.0
+        while not all(s.exists() for s in handle.sockets) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    def release(self) -> None:
+        if self._sockdir is not None:
+            shutil.rmtree(self._sockdir, ignore_errors=True)
+            self._sockdir = None
+
+
+register("ssh", SSHLauncher)
