@@ -79,7 +79,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from tfdist_nb.worker import agent
 
-    app = IPKernelApp.instance(connection_file=str(connection_file), ip=args.ip)
+    import zmq
+
+    # Attached kernels may listen beyond loopback: their channels are encrypted with CurveZMQ
+    # (the keypair goes into the owner-only connection file, which jupyter_client reads).
+    curve = dict(zip(("curve_publickey", "curve_secretkey"), zmq.curve_keypair(),
+                     strict=True)) if zmq.has("curve") else {}
+    app = IPKernelApp.instance(connection_file=str(connection_file), ip=args.ip, **curve)
     app.initialize(["--HistoryManager.enabled=False"])
     agent.start(app.kernel)
     _write_private(sidecar, {
