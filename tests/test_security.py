@@ -1,0 +1,60 @@
+"""What protects a worker kernel: loopback-only channels and signed messages."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jupyter_client import BlockingKernelClient
+
+from tfdist_nb import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+
+def client_for(info: dict[str, Any], key: bytes) -> BlockingKernelClient:
+    c = BlockingKernelClient()
+    c.load_connection_info({**info, "key": key})
+    c.start_channels(hb=False)
+    return c
+
+
+def test_a_message_with_a_wrong_key_is_rejected_by_the_worker(tmp_path: Path) -> None:
+    proof = tmp_path / "ran"
+    code = f"open({str(proof)!r}, 'w').write('x')"
+    with Cluster(workers=1, preload=()) as c:
+        rt = next(iter(c.tasks.values()))
+        info = json.loads((c.run_dir / "tasks" / "worker-0" / "kernel-connection.json")
+                          .read_text())
+        assert info["ip"] == "127.0.0.1" and info["signature_scheme"] == "hmac-sha256"
+        listening = {s.laddr.ip for s in psutil.Process(rt.pid).net_connections(kind="tcp")
+                     if s.status == psutil.CONN_LISTEN}
+        assert listening == {"127.0.0.1"}  # no kernel channel on any other interface
+
+        forger = client_for(info, b"not-the-key")
+        try:
+            msg_id = forger.execute(code)
+            deadline = time.monotonic() + 3
+            replies = []
+            while time.monotonic() < deadline:
+                try:
+                    replies.append(forger.get_shell_msg(timeout=0.2))
+                except Exception:  # queue.Empty: nothing came back, as it should
+                    continue
+        finally:
+            forger.stop_channels()
+        assert not [r for r in replies if r["parent_header"].get("msg_id") == msg_id]
+        assert not proof.exists()
+
+        honest = client_for(info, info["key"].encode())
+        try:
+            reply = honest.execute(code, reply=True, timeout=10)
+        finally:
+            honest.stop_channels()
+        assert reply["content"]["status"] == "ok" and proof.exists()
+        log = (c.run_dir / "tasks" / "worker-0" / "kernel.log").read_text()
+        assert "Invalid Signature" in log or "Invalid Message" in log
