@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -138,3 +139,23 @@ def test_attach_without_a_connection_dir_is_a_usage_error() -> None:
     with pytest.raises(SpecError, match="connection_dir"):
         Cluster(workers=1, launcher="attach")
     assert os.environ.get("TF_CONFIG") is None
+
+
+def test_attach_from_the_magic(scheduler: tuple[Path, list[subprocess.Popen[str]]],
+                               tmp_path: Path) -> None:
+    from tests.notebooks import cell_text
+    from tests.test_notebook import run_notebook
+
+    job = start_workers(scheduler, 2)
+    workers = wait_for(lambda: len(kids := psutil.Process(job.pid).children()) == 2 and
+                       sorted(k.pid for k in kids), 30, "the scheduler's two workers")
+    nb = run_notebook([
+        "%load_ext tfdist_nb",
+        f"%%tfcluster 2 workers --connection-dir {scheduler[0]} --no-dashboard\n"
+        "import os\nprint('pid', os.getpid())",
+        "%tfdist_stop",
+    ], tmp_path)
+    out = cell_text(nb.cells[1])
+    assert "(attach)" in out
+    assert sorted(int(x) for x in re.findall(r"pid (\d+)", out)) == workers
+    assert "scheduler: workers exited" in job.communicate(timeout=30)[0]

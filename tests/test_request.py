@@ -14,7 +14,7 @@ from tfdist_nb.magics.request import build_request, plan
 def request(spec: str = "", **kw: object):
     ns = argparse.Namespace(spec=spec.split(), on=None, env=None, timeout=None,
                             stall_timeout=None, restart=False, python=None, hosts=None,
-                            launcher=None, no_dashboard=False)
+                            launcher=None, connection_dir=None, no_dashboard=False)
     for key, value in kw.items():
         setattr(ns, key, value)
     return build_request(ns)
@@ -52,3 +52,22 @@ def test_on_is_checked_against_the_new_spec() -> None:
     with pytest.raises(SpecError, match="no task worker:1 in a cluster of 1 worker"):
         plan(request("1 worker", on="1"), parse_spec("2 workers"))
     assert plan(request("", on="1"), parse_spec("2 workers")).action == "reuse"
+
+
+def test_hosts_imply_ssh_and_a_remote_python_is_not_looked_up_here() -> None:
+    req = request("2 workers", hosts="gpu1, me@gpu2", python="/opt/venv/bin/python")
+    assert req.launcher == "ssh" and req.hosts == ["gpu1", "me@gpu2"]
+    assert req.python == "/opt/venv/bin/python"
+    assert request("2 workers", connection_dir="/shared/j1").launcher == "attach"
+
+
+def test_changing_hosts_or_launcher_replaces_the_cluster() -> None:
+    two = parse_spec("2 workers")
+    here = ("ssh", ["gpu1", "gpu2"])
+    assert plan(request("2 workers", hosts="gpu1,gpu2"), two, current_place=here).action == \
+        "reuse"
+    moved = plan(request("2 workers", hosts="gpu3"), two, current_place=here)
+    assert moved.action == "replace" and moved.message == "restarting the cluster: --hosts changed"
+    assert plan(request("2 workers", launcher="local"), two,
+                current_place=here).message == "restarting the cluster: launcher ssh -> local"
+    assert plan(request(""), two, current_place=here).action == "reuse"  # line keeps placement

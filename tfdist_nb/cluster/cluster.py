@@ -107,6 +107,7 @@ class Cluster:
         if hosts is not None and launcher == "local":
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
         self.hosts = list(hosts) if hosts else None
+        self.launcher_options = dict(launcher_options or {})
         self.launcher = (launcher if isinstance(launcher, Launcher)
                          else _make_launcher(launcher, self.hosts, python, launcher_options))
         self.extra_env = dict(env or {})

@@ -18,10 +18,11 @@ EXAMPLE = (
     "examples:\n"
     "  %%tfcluster 2 workers\n"
     "  %%tfcluster 1 chief 2 workers 1 ps --timeout 600\n"
-    "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1"
+    "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1\n"
+    "  %%tfcluster 4 workers --hosts gpu1,gpu2\n"
+    "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42"
 )
 LAUNCHERS = ("local", "ssh", "attach")
-AVAILABLE_LAUNCHERS = ("local", "ssh")  # attach needs a connection dir: Python API
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,9 @@ class ClusterRequest:
     stall_timeout: float | None = None
     restart: bool = False
     python: str | None = None
-    launcher: str = "local"
+    launcher: str | None = None  # None: as the running cluster, else local
     hosts: list[str] | None = None
+    connection_dir: str | None = None
     dashboard: bool = True
 
 
@@ -50,19 +52,27 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
         if value is not None and not value > 0:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                             f"got {value}")
-    launcher = args.launcher or ("ssh" if args.hosts else "local")
-    if launcher not in LAUNCHERS:
+    launcher = args.launcher or ("ssh" if args.hosts else
+                                 "attach" if args.connection_dir else None)
+    if launcher is not None and launcher not in LAUNCHERS:
         raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
-    if launcher not in AVAILABLE_LAUNCHERS:
-        raise SpecError(f"the {launcher} launcher is not available in this version of tfdist_nb "
-                        "yet; use --launcher local")
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None
-    if hosts is not None and launcher == "local":
-        raise SpecError("--hosts needs --launcher ssh; the local launcher runs on this machine")
-    python = resolve_python(args.python) if args.python else None
+    if args.hosts is not None and not hosts:
+        raise SpecError("--hosts needs at least one host, e.g. --hosts gpu1,gpu2")
+    if hosts is not None and launcher != "ssh":
+        raise SpecError(f"--hosts needs --launcher ssh; the {launcher} launcher does not use it")
+    if launcher == "ssh" and hosts is None:
+        raise SpecError("--launcher ssh needs --hosts, e.g. --hosts gpu1,gpu2")
+    if (launcher == "attach") != bool(args.connection_dir):
+        raise SpecError("--launcher attach and --connection-dir DIR go together: DIR is where "
+                        "the workers started with python -m tfdist_nb.worker announce themselves")
+    # A remote interpreter is looked up on its hosts, a local one here.
+    python = (resolve_python(args.python) if args.python and launcher in (None, "local")
+              else args.python)
     return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
                           stall_timeout=args.stall_timeout, restart=args.restart, python=python,
-                          launcher=launcher, hosts=hosts, dashboard=not args.no_dashboard)
+                          launcher=launcher, hosts=hosts, connection_dir=args.connection_dir,
+                          dashboard=not args.no_dashboard)
 
 
 @dataclass(frozen=True)
@@ -73,7 +83,8 @@ class Plan:
 
 
 def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
-         current_env: dict[str, str] | None = None, current_python: str | None = None) -> Plan:
+         current_env: dict[str, str] | None = None, current_python: str | None = None,
+         current_place: tuple[str, list[str] | None] | None = None) -> Plan:
     """What the line asks of the cluster that exists now (``current_spec`` None: there is none).
 
     A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env`` or
@@ -93,6 +104,13 @@ def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
         return Plan("replace", spec, "restarting the cluster: --env changed")
     if request.python and request.python != current_python:
         return Plan("replace", spec, "restarting the cluster: --python changed")
+    if current_place is not None:
+        launcher, hosts = current_place
+        if request.launcher and request.launcher != launcher:
+            return Plan("replace", spec, f"restarting the cluster: launcher {launcher} -> "
+                                         f"{request.launcher}")
+        if request.hosts and request.hosts != hosts:
+            return Plan("replace", spec, "restarting the cluster: --hosts changed")
     if request.restart:
         return Plan("restart", spec, f"restarting all tasks of {spec}")
     return Plan("reuse", spec)

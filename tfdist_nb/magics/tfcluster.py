@@ -57,8 +57,15 @@ class TfdistMagics(Magics):
     @argument("--restart", action="store_true",
               help="start every task afresh before running (a second strategy needs this)")
     @argument("--python", metavar="PATH", help="worker interpreter (default: this kernel's)")
-    @argument("--hosts", metavar="H1,H2", help="remote hosts for --launcher ssh (round-robin)")
-    @argument("--launcher", metavar="NAME", help="local (default) | ssh | attach")
+    @argument("--hosts", metavar="H1,H2",
+              help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
+                   "(implies --launcher ssh)")
+    @argument("--launcher", metavar="NAME",
+              help="local (default) | ssh (with --hosts) | attach (with --connection-dir)")
+    @argument("--connection-dir", metavar="DIR",
+              help="for --launcher attach: where workers started by a scheduler with "
+                   "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
+                   "themselves")
     @argument("--no-dashboard", action="store_true",
               help="show plain attributed output instead of the live dashboard")
     @line_cell_magic
@@ -83,6 +90,7 @@ class TfdistMagics(Magics):
             %%tfcluster 2 workers --on 1          # only worker:1
             %%tfcluster 2 workers --env TF_USE_LEGACY_KERAS=1   # tf_keras for model.fit
             %%tfcluster --restart                  # fresh kernels, same cluster
+            %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
         """
         args = _parse(self.tfcluster, line)
         try:
@@ -100,7 +108,8 @@ class TfdistMagics(Magics):
         active = current()
         try:
             decided = plan(request, active.spec if active else None,
-                           active.extra_env if active else None, active.python if active else None)
+                           active.extra_env if active else None, active.python if active else None,
+                           (active.launcher.name, active.hosts) if active else None)
         except SpecError as exc:
             raise _usage(exc) from None
         if decided.message:
@@ -110,18 +119,25 @@ class TfdistMagics(Magics):
         if decided.action == "restart":
             active.restart()
             return active
-        if active is not None:
+        launcher, hosts = request.launcher, request.hosts
+        options = {"connection_dir": request.connection_dir} if request.connection_dir else None
+        if active is not None:  # a resize keeps what the line does not change
             env = request.env or active.extra_env
             python = request.python or active.python
+            if launcher is None:
+                launcher, hosts = active.launcher.name, hosts or active.hosts
+                options = options or active.launcher_options
             active.stop()
         else:
             env, python = request.env, request.python
+        launcher = launcher or "local"
         spec = decided.spec
         cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
-                          evaluator=bool(spec.evaluator), launcher=request.launcher,
-                          hosts=request.hosts, env=env, python=python,
-                          stall_timeout=request.stall_timeout or 60.0)
-        print(f"tfdist_nb: starting {spec} ({request.launcher}) ...", flush=True)
+                          evaluator=bool(spec.evaluator), launcher=launcher, hosts=hosts,
+                          env=env, python=python, stall_timeout=request.stall_timeout or 60.0,
+                          launcher_options=options)
+        where = f"on {', '.join(hosts)}" if hosts else launcher
+        print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
         cluster.start()
         print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)

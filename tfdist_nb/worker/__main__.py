@@ -75,11 +75,10 @@ def main(argv: list[str] | None = None) -> None:
         with contextlib.suppress(FileNotFoundError):
             stale.unlink()
 
+    import zmq
     from ipykernel.kernelapp import IPKernelApp
 
     from tfdist_nb.worker import agent
-
-    import zmq
 
     # Attached kernels may listen beyond loopback: their channels are encrypted with CurveZMQ
     # (the keypair goes into the owner-only connection file, which jupyter_client reads).
