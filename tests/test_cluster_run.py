@@ -203,7 +203,7 @@ def test_interrupt_reaches_only_the_chosen_task(cluster2: Any) -> None:
     runner.join(10)
     assert not runner.is_alive()
     r = results[0].tasks["worker:1"]
-    assert (r.status, r.error.ename) == ("error", "KeyboardInterrupt")
+    assert (r.status, r.error.ename) == ("interrupted", "KeyboardInterrupt")
     assert r.duration_s < 10
 
 

@@ -96,6 +96,10 @@ def test_mwms_training_across_two_ssh_hosts(hosts: remote_hosts.TestHosts) -> No
         log = c.logs(grep=r"^worker:\d \d")
         assert set(log["task"]) == {"worker:0", "worker:1"}
 
+        table = c.status()  # telemetry came back through the tunnel
+        assert (table["rss_mb"] > 100).all() and table["cpu_percent"].notna().all()
+        assert (table["step"] == 20).all()
+
         stacks = c.stacks()
         assert set(stacks) == {"worker:0", "worker:1"}
         assert all("MainThread" in s for s in stacks.values())
@@ -176,6 +180,24 @@ def test_a_lost_ssh_connection_is_reported_and_restart_recovers(
         again = c.run("print('back')")
         assert again.ok and again.tasks["worker:0"].stdout.strip() == "back"
     no_task_left(hosts, "tfdhost1")
+
+
+def test_interrupt_and_crash_of_a_remote_task(hosts: remote_hosts.TestHosts) -> None:
+    with Cluster(workers=1, launcher="ssh", hosts=["tfdhost2"], preload=()) as c:
+        box: dict[str, Any] = {}
+        runner = threading.Thread(target=lambda: box.update(
+            r=c.run("import time\nprint('waiting', flush=True)\ntime.sleep(120)")))
+        runner.start()
+        wait_for(lambda: "waiting" in " ".join(c.logs()["text"]), 30, "the cell to start")
+        c.interrupt()
+        runner.join(20)
+        assert box["r"].tasks["worker:0"].status == "interrupted"
+        assert box["r"].tasks["worker:0"].error.ename == "KeyboardInterrupt"
+
+        crashed = c.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        r = crashed.tasks["worker:0"]
+        assert r.status == "crashed" and "killed by SIGKILL" in r.error.evalue  # not "lost"
+    no_task_left(hosts, "tfdhost2")
 
 
 def test_magic_with_hosts_in_a_notebook(hosts: remote_hosts.TestHosts, tmp_path: Path) -> None:

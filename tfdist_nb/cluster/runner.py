@@ -131,7 +131,10 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
                             list(reply.get("traceback", [])))
     elif reply.get("status") == "aborted":
         error = RemoteError("Aborted", "the kernel aborted this request", [])
-    result = _result(rt, ex, status or ("ok" if error is None else "error"), error)
+    if status is None:  # a KeyboardInterrupt is the user's interrupt, not a bug in the cell
+        status = ("ok" if error is None else
+                  "interrupted" if error.ename == "KeyboardInterrupt" else "error")
+    result = _result(rt, ex, status, error)
     if error is not None:
         result.explanation = explain(error.ename, error.evalue, rt.info.get("keras_flavour"))
     return result
