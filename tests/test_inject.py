@@ -75,6 +75,81 @@ def test_injected_straggler_is_flagged_with_evidence(ip_cluster: tuple[Any, Clus
     assert "cleared" in magic(ip, "clear")
 
 
+SLOW_PIPELINE_ON_1 = """
+import time, tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if "strategy" not in globals() else strategy
+slow = tw.task == ("worker", 1)
+def load(batch):
+    if slow:
+        time.sleep(0.15)  # this host's disk is slow
+    return batch
+ds = tf.data.Dataset.range(10**6).batch(4).map(
+    lambda b: tf.py_function(load, [b], tf.int64))
+it = iter(strategy.experimental_distribute_dataset(ds))
+for _ in range(15):
+    with tw.step():  # no tw.timed: next() inside the step
+        batch = next(it)
+        strategy.reduce("SUM", strategy.run(lambda b: tf.reduce_sum(b), args=(batch,)), axis=None)
+print("done", tw.steps_done())
+"""
+
+
+def test_a_slow_input_pipeline_written_by_hand_is_found(ip_cluster: tuple[Any, Cluster]) -> None:
+    """Nothing injected: user code whose tf.data pipeline is slow on worker:1 only. Both tasks'
+    next() calls last as long (the iterator synchronises them); the local fetch does not."""
+    _, c = ip_cluster
+    before = len(c.alerts())
+    result = c.run(SLOW_PIPELINE_ON_1, timeout=120)
+    assert result.ok, result.summary()
+    flags = c.status().set_index("task")["flags"]
+    assert (flags["worker:1"], flags["worker:0"]) == ("straggler", "")
+    alert = next(a for a in c.alerts()[before:] if "is a straggler" in a)
+    assert alert.startswith("worker:1: worker:1 is a straggler")
+    assert "cause: its input pipeline - its own tf.data fetch takes" in alert
+    fetch = {t: c.live.view(t).local_fetch_ms() for t in ("worker:0", "worker:1")}
+    assert fetch["worker:1"] > 100 > 10 > fetch["worker:0"]
+
+
+UNSHARDED = """
+import tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if "strategy" not in globals() else strategy
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+ds = tf.data.Dataset.range(64)
+if {manual_shard}:
+    ds = ds.shard(2, tw.task[1])  # sharded by hand: OFF is then right
+dist = strategy.experimental_distribute_dataset(ds.batch(4).with_options(options))
+print("distributed", next(iter(dist)))
+"""
+
+
+def test_bad_shard_injected_and_written_by_hand_are_named(
+        ip_cluster: tuple[Any, Cluster]) -> None:
+    ip, c = ip_cluster
+
+    def shard_alerts(before: int) -> list[str]:
+        return [a for a in c.alerts()[before:] if "input not sharded" in a]
+
+    assert "bad-shard armed" in magic(ip, "bad-shard --on 1")
+    before = len(c.alerts())
+    result = c.run(LOOP.format(steps=3), timeout=120)
+    assert result.ok, result.summary()
+    said = shard_alerts(before)
+    assert [a.split(":")[0] + ":" + a.split(":")[1] for a in said] == ["worker:1"]
+    assert ("auto_shard_policy OFF and no dataset.shard(), so it reads the whole dataset - the "
+            "same examples as the other 1 task(s)") in said[0]
+    assert "AutoShardPolicy.DATA" in said[0]
+    magic(ip, "clear")
+
+    before = len(c.alerts())
+    assert c.run(UNSHARDED.format(manual_shard=False), timeout=60).ok
+    assert sorted(a.split(": ")[0] for a in shard_alerts(before)) == ["worker:0", "worker:1"]
+
+    before = len(c.alerts())
+    assert c.run(UNSHARDED.format(manual_shard=True), timeout=60).ok
+    assert shard_alerts(before) == []  # OFF with its own dataset.shard() is fine
+
+
 def test_injected_nan_poisons_keras_fit(ip_cluster: tuple[Any, Cluster]) -> None:
     ip, c = ip_cluster
     magic(ip, "nan --on 0 --at-step 2")

@@ -38,3 +38,15 @@ def test_evidence_names_cpu_contention_and_gpu_throttling() -> None:
                     "clock 1480 MHz, 87 C, throttled (hw_thermal_slowdown)")
     assert "GPU" not in evidence({"cpu_percent": 5.0, "load1": 0.2, "cpus": 2, "gpus": None},
                                  None)
+
+
+def test_a_slow_local_fetch_is_named_as_the_cause() -> None:
+    from tfdist_nb.diagnostics.straggler import evidence, input_bound
+
+    latest = {"cpu_percent": 20.0, "load1": 0.5, "cpus": 2}
+    text = evidence(latest, 398.0, local_fetch_ms=395.0, others_fetch_ms=[0.4])
+    assert text.startswith("cause: its input pipeline - its own tf.data fetch takes 395 ms per "
+                           "batch against 0 ms on the other tasks")
+    assert not input_bound(3.0, [0.5])  # a few ms is noise
+    assert not input_bound(50.0, [40.0])  # everyone's pipeline is slow: not this task's fault
+    assert not input_bound(None, [1.0])

@@ -129,6 +129,7 @@ class Cluster:
         self._listeners: tuple[Callable[[list[Event]], None], ...] = ()
         self._listeners_lock = threading.Lock()
         self._cell = 0
+        self._cell_started = 0.0
         self.last_stop: list[StopReport] = []
         self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
         self.running = False
@@ -299,6 +300,8 @@ class Cluster:
             raise ValueError("timeout must be positive")
         self._cell += 1
         cell = self._cell
+        # Stragglers are judged afresh in each cell, on its own steps, with a new alert.
+        self.stragglers, self._cell_started = {}, time.time()
         assert self.rundir is not None
         self.rundir.write_cell(cell, code, [rt.name for rt in targets])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -455,18 +458,26 @@ class Cluster:
         for event in events:
             if isinstance(event, OutputLine) and event.stream == "stderr":
                 self._check_startup_wait(event)
-            elif isinstance(event, TelemetrySample) and event.data.get("steps"):
-                self._check_stragglers()
+            elif isinstance(event, TelemetrySample):
+                for note in event.data.get("notes") or ():
+                    self._note(event.task, note.get("text", ""), note.get("level", "INFO"))
+                if event.data.get("steps"):
+                    self._check_stragglers()
 
     def _check_stragglers(self) -> None:
-        steps = {name: list(self.live.view(name).steps)[-STRAGGLER_ROWS:]
+        steps = {name: [r for r in list(self.live.view(name).steps)[-STRAGGLER_ROWS:]
+                        if r[1] >= self._cell_started]
                  for name in (rt.name for rt in self.tasks.values()
                               if rt.task.role in ("worker", "chief"))}
         found = {s.task: s for s in find_stragglers(steps)}
         for task, finding in found.items():
             if task not in self.stragglers:
                 view = self.live.view(task)
-                why = straggler_evidence(view.latest, view.input_wait_ms())
+                since = self._cell_started
+                others = [f for name in steps if name != task
+                          if (f := self.live.view(name).local_fetch_ms(since=since)) is not None]
+                why = straggler_evidence(view.latest, view.input_wait_ms(),
+                                         view.local_fetch_ms(since=since), others)
                 self._note(task, f"{finding}; {why}", "WARNING")
         self.stragglers = found
 

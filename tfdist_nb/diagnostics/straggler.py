@@ -63,10 +63,28 @@ def find_stragglers(steps: dict[str, list[list[float | None]]],
     return out
 
 
-def evidence(latest: dict[str, Any], input_wait_ms: float | None) -> str:
-    """What may make a task slow, from its last heartbeat: input wait, its CPU against its
-    host's load (contention), and on GPUs the clocks, temperature and throttle reasons."""
-    parts = [f"its input wait {input_wait_ms or 0:.0f} ms",
+INPUT_BOUND_RATIO = 2.0
+
+
+def input_bound(own_fetch_ms: float | None, others_fetch_ms: list[float]) -> bool:
+    """Its own tf.data fetch is what makes it late: over twice the others' and over 5 ms."""
+    if own_fetch_ms is None or not others_fetch_ms:
+        return False
+    return own_fetch_ms > 5.0 and own_fetch_ms > INPUT_BOUND_RATIO * max(others_fetch_ms)
+
+
+def evidence(latest: dict[str, Any], input_wait_ms: float | None,
+             local_fetch_ms: float | None = None,
+             others_fetch_ms: list[float] | None = None) -> str:
+    """What may make a task slow, from its last heartbeat: its own input pipeline (local
+    fetch against the others'), input wait, its CPU against its host's load (contention), and
+    on GPUs the clocks, temperature and throttle reasons."""
+    parts = []
+    if input_bound(local_fetch_ms, others_fetch_ms or []):
+        parts.append(f"cause: its input pipeline - its own tf.data fetch takes "
+                     f"{local_fetch_ms:.0f} ms per batch against "
+                     f"{max(others_fetch_ms or [0]):.0f} ms on the other tasks")
+    parts += [f"its input wait {input_wait_ms or 0:.0f} ms",
              f"its CPU {latest.get('cpu_percent') or 0:.0f}%",
              f"host load {latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores"]
     for gpu in latest.get("gpus") or []:

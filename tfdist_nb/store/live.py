@@ -43,6 +43,13 @@ class TaskView:
         recent = [s[3] for s in list(self.steps)[-window:] if s[3] is not None]
         return statistics.median(recent) if recent else None
 
+    def local_fetch_ms(self, window: int = RECENT_STEPS, since: float = 0.0) -> float | None:
+        """Median time this task's own pipeline took per batch (distributed iterators only),
+        over its last ``window`` steps begun after ``since``."""
+        recent = [s[5] for s in list(self.steps)[-window:]
+                  if len(s) > 5 and s[5] is not None and s[1] >= since]
+        return statistics.median(recent) if recent else None
+
 
 def gpu_summary(gpus: list[dict[str, Any]] | None) -> tuple[float | None, float | None]:
     """Mean utilisation and summed memory of a task's GPUs; (None, None) when it has none."""

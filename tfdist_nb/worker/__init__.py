@@ -38,6 +38,8 @@ task: tuple[str, int] | None = _task_from_env()
 _steps = 0
 _input_wait_s: float | None = None
 _input_entry: float | None = None  # wall time at which the step's batch was asked for
+_fetch_s = 0.0  # this step's local tf.data fetch time so far (see worker._tfdata)
+_fetch_done: float | None = None  # wall time at which the last local fetch returned
 _telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
 
 
@@ -52,14 +54,33 @@ def set_total_steps(total: int | None) -> None:
         _telemetry.set_total(total)
 
 
+def _note(text: str, level: str = "INFO") -> None:
+    """Tell the controller something this task found (it becomes an alert for WARNING)."""
+    if _telemetry is not None:
+        _telemetry.note(text, level)
+
+
+def _local_fetch(seconds: float) -> None:
+    """A distributed iterator took this task's batch from its own pipeline in ``seconds``."""
+    global _fetch_s, _fetch_done
+    _fetch_s += seconds
+    _fetch_done = time.time()
+
+
 def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
                  entry: float | None = None) -> None:
     """``entry``: when this task arrived at the step's first synchronisation point (it asked
-    for the batch, or began the step); the straggler is the task that arrives last."""
-    global _steps
+    for the batch, or began the step); the straggler is the task that arrives last. When a
+    distributed iterator fetched the batch, the arrival is when the local fetch returned: the
+    all-reduce that follows it is the first synchronisation point."""
+    global _steps, _fetch_s, _fetch_done
     _steps += 1
+    fetch_s, fetch_done = _fetch_s, _fetch_done
+    _fetch_s, _fetch_done = 0.0, None
     if _telemetry is not None:
-        _telemetry.record_step(begin, duration_s, input_wait_s, entry or begin)
+        arrival = fetch_done if fetch_done is not None else (entry or begin)
+        _telemetry.record_step(begin, duration_s, input_wait_s, arrival,
+                               fetch_s if fetch_done is not None else None)
 
 
 @contextlib.contextmanager

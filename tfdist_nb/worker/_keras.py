@@ -7,16 +7,13 @@ imports no Keras.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import importlib.abc
-import importlib.util
 import os
-import sys
 import time
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from tfdist_nb.worker.hooks import after_import
 
 KERAS_PACKAGES = ("keras", "tf_keras")
 
@@ -85,46 +82,6 @@ def patch_fit(keras: ModuleType) -> bool:
     return True
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``hook(module)`` right after one of ``names`` has been imported."""
-
-    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], Any]) -> None:
-        self.names = names
-        self.hook = hook
-        self._busy: set[str] = set()
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in self.names or name in self._busy:
-            return None
-        self._busy.add(name)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self._busy.discard(name)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _HookedLoader(spec.loader, self.hook)
-        return spec
-
-
-class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, hook: Callable[[ModuleType], Any]) -> None:
-        self._loader = loader
-        self._hook = hook
-
-    def create_module(self, spec: Any) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
-        with contextlib.suppress(Exception):  # never break the user's import
-            self._hook(module)
-
-
 def install() -> None:
     """Patch Keras now if it is loaded, and whenever it is imported later."""
-    for name in KERAS_PACKAGES:
-        if name in sys.modules:
-            patch_fit(sys.modules[name])
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(KERAS_PACKAGES, patch_fit))
+    after_import(KERAS_PACKAGES, patch_fit)

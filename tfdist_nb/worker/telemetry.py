@@ -25,6 +25,7 @@ class Telemetry:
         self.interval_s = interval_s
         self._gpu = gpu
         self._steps: collections.deque[list[float | None]] = collections.deque()
+        self._notes: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._last_resources: dict[str, Any] = {}
@@ -47,14 +48,21 @@ class Telemetry:
         self._stop.set()
 
     def record_step(self, begin: float, duration_s: float, input_wait_s: float | None,
-                    entry: float | None = None) -> None:
+                    entry: float | None = None, fetch_s: float | None = None) -> None:
         """Called on the training thread; cheap: an append under a lock. A row is
-        ``[step, begin, duration_ms, input_wait_ms, entry]``."""
+        ``[step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms]``."""
         with self._lock:
             self.step_count += 1
             self._steps.append([self.step_count, begin, duration_s * 1000.0,
                                 None if input_wait_s is None else input_wait_s * 1000.0,
-                                begin if entry is None else entry])
+                                begin if entry is None else entry,
+                                None if fetch_s is None else fetch_s * 1000.0])
+
+    def note(self, text: str, level: str = "INFO") -> None:
+        """A finding of the worker agent; it goes out with the next sample (within a second,
+        or at the end of the cell)."""
+        with self._lock:
+            self._notes.append({"text": text, "level": level})
 
     def set_total(self, total: int | None) -> None:
         self.total_steps = total
@@ -72,7 +80,7 @@ class Telemetry:
         Cheap and skipped when the cell made no step, so a trivial cell pays nothing for it.
         """
         with self._lock:
-            pending = bool(self._steps)
+            pending = bool(self._steps or self._notes)
         if pending:
             self.flush(resample=False)
 
@@ -88,10 +96,11 @@ class Telemetry:
                     steps = [self._steps.popleft()
                              for _ in range(min(len(self._steps), MAX_STEPS_PER_MESSAGE))]
                     count, more = self.step_count, bool(self._steps)
+                    notes, self._notes = self._notes, []
                 self.seq += 1
                 self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
                             **resources, "step": count, "total_steps": self.total_steps,
-                            "steps": steps})
+                            "steps": steps, **({"notes": notes} if notes else {})})
                 if not more:
                     return
 

@@ -1,0 +1,74 @@
+"""Unsharded input under a multi-worker strategy, found when the dataset is distributed.
+
+``strategy.experimental_distribute_dataset(ds)`` splits ``ds`` across tasks by its auto-shard
+policy. With the policy OFF and no ``dataset.shard()`` of its own, a task reads the whole
+dataset: the same examples as every other task, so N workers train N times on one shard's worth
+of distinct data, and nothing fails. Both facts are in the dataset itself (its options and its
+graph), so this is checked once per call, before any batch is read, for Keras ``fit`` and custom
+loops alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+from tfdist_nb.worker.hooks import after_import
+
+DISTRIBUTE_LIB = "tensorflow.python.distribute.distribute_lib"
+FIX = ("set options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA (or FILE), "
+       "or shard it yourself with dataset.shard(num_workers, worker_index)")
+
+
+def unsharded_reason(strategy: Any, dataset: Any) -> str | None:
+    """Why this task would read every element of ``dataset``, or None if it is sharded."""
+    import tensorflow as tf
+
+    try:
+        workers = strategy.extended._num_workers  # MWMS; 1 elsewhere (no sharding to check)
+    except AttributeError:
+        return None
+    if not workers or workers < 2:
+        return None
+    policy = dataset.options().experimental_distribute.auto_shard_policy
+    if policy != tf.data.experimental.AutoShardPolicy.OFF:
+        return None
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    if any(node.op == "ShardDataset" for node in graph.node):
+        return None
+    return (f"its dataset has auto_shard_policy OFF and no dataset.shard(), so it reads the "
+            f"whole dataset - the same examples as the other {workers - 1} task(s), and the "
+            f"cluster trains {workers} times on the same data; {FIX}")
+
+
+def _checked(method: Any) -> Any:
+    from tfdist_nb import worker
+
+    @functools.wraps(method)
+    def distribute_and_check(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            reason = unsharded_reason(self, dataset)
+        except Exception:  # a check must never break the user's input pipeline
+            reason = None
+        if reason:
+            worker._note(f"input not sharded: {reason}", "WARNING")
+        return method(self, dataset, *args, **kwargs)
+
+    distribute_and_check._tfdist_shard_check = True  # type: ignore[attr-defined]
+    return distribute_and_check
+
+
+def patch_distribute_lib(module: ModuleType) -> bool:
+    for cls_name in ("StrategyBase", "Strategy"):
+        cls = getattr(module, cls_name, None)
+        method = getattr(cls, "experimental_distribute_dataset", None) if cls else None
+        if method is not None and not getattr(method, "_tfdist_shard_check", False) \
+                and "experimental_distribute_dataset" in vars(cls):
+            cls.experimental_distribute_dataset = _checked(method)
+    return True
+
+
+def install() -> None:
+    after_import((DISTRIBUTE_LIB,), patch_distribute_lib)
