@@ -46,3 +46,15 @@ def test_straggler_notebook(tmp_path: Path) -> None:
     cells = execute("03_straggler.ipynb", tmp_path)
     assert "[worker:1] tfdist_nb: worker:1 is a straggler" in text(cells[2])
     assert "straggler" in text(cells[3])  # the flags column of %tfdist_status --table
+
+
+@pytest.mark.timeout(300)
+def test_input_pipeline_notebook(tmp_path: Path) -> None:
+    cells = execute("04_input_pipeline.ipynb", tmp_path)
+    slow = text(cells[1])
+    assert "[worker:0] done 20 steps" in slow and "[worker:1] done 20 steps" in slow
+    assert "worker:1 is a straggler" in slow and "cause: its input pipeline" in slow
+    assert "straggler" in text(cells[2])  # the flags column
+    unsharded = text(cells[4])
+    assert "worker:1" in unsharded and "input not sharded" in unsharded
+    assert "epoch done" in unsharded
