@@ -1,6 +1,6 @@
 """An output flood: N lines per task, printed as fast as Python can.
 
-    python -m bench.flood [--workers 2] [--lines 100000] [--quick]
+    python -m bench.flood [--workers 2] [--lines 100000] [--quick] [--json PATH]
 
 Measures for tfdist_nb (worker kernels -> run directory, live store and dashboard) and, in the
 same run, for ipyparallel (``DirectView.execute(..., silent=False, block=True)``, which gathers
@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true", help="10k lines (CI smoke)")
     parser.add_argument("--no-ipyparallel", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
         args.lines = 10_000
@@ -126,6 +128,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, r in results.items():
         print(f"{name:22s} {r['wall_s']:7.2f}   {r['controller_cpu_s']:16.2f}   "
               f"{r['peak_rss_growth_mb']:12.1f}   {r['lines_lost']:10d}")
+    if args.json:
+        args.json.write_text(json.dumps({"workers": args.workers, "lines": args.lines,
+                                         **results}, indent=1))
     return results
 
 

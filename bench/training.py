@@ -1,6 +1,6 @@
 """Training step time with full telemetry vs the same code in plain processes with TF_CONFIG.
 
-    python -m bench.training [--workers 2] [--steps 300] [--repeat 3] [--quick]
+    python -m bench.training [--workers 2] [--steps 300] [--repeat 3] [--quick] [--json PATH]
 
 The same script (a small MLP under MultiWorkerMirroredStrategy, a custom loop with
 ``tw.step()``) runs (a) on a tfdist_nb cluster — worker kernels, telemetry thread, step records,
@@ -18,6 +18,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.spec import ClusterSpec
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 repeat, 60 steps (CI smoke)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     if args.quick:
         args.repeat, args.steps = 1, 60
@@ -123,7 +125,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{args.workers} workers, {args.steps} steps   tfdist_nb   plain TF_CONFIG   ratio")
     print(f"median step time (ms)    {med['tfdist_nb']:9.2f}   {med['plain']:15.2f}   "
           f"{ratio:5.3f}x")
-    return {"runs": runs, "median_ms": med, "ratio": ratio}
+    results = {"workers": args.workers, "steps": args.steps, "runs": runs, "median_ms": med,
+               "ratio": ratio}
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The benchmark stays runnable: a quick run reports both tools and their ratio (not a timing)."""
+"""The benchmarks stay runnable: a quick run reports every tool and the ratios (not timings)."""
 
 from __future__ import annotations
 
@@ -9,26 +9,67 @@ from bench import startup
 pytestmark = pytest.mark.cluster
 
 
-def test_quick_startup_benchmark_reports_both_tools(capsys: pytest.CaptureFixture[str]) -> None:
+def test_quick_startup_benchmark_reports_all_tools(capsys: pytest.CaptureFixture[str]) -> None:
+    """tfdist_nb, ipyparallel and hand-rolled jupyter_client kernels, 1 worker each."""
     results = startup.main(["--quick", "--workers", "1"])
     run = results["runs"][0]
-    assert set(run["start_s"]) == {"tfdist_nb", "ipyparallel"}
+    assert set(run["start_s"]) == {"tfdist_nb", "ipyparallel", "jupyter_client"}
     assert all(v > 0 for v in run["rtt_ms"].values())
+    # where each tool's start-up went, phase by phase, ending when it reported TF-ready
+    assert "3 tensorflow imported (execute)" in run["phases_s"]["jupyter_client"]
+    assert "3 preload imported (handshake)" in run["phases_s"]["tfdist_nb"]
     out = capsys.readouterr().out
-    assert "start to TF-ready (s)" in out and "x" in out and "round trip" in out
+    assert "start to TF-ready (s)" in out and "round trip" in out
+    assert "ratio tfdist_nb / ipyparallel:" in out and "/ jupyter_client:" in out
 
 
-def test_quick_training_benchmark_compares_with_plain_processes() -> None:
-    from bench import training
+def test_quick_rtt_benchmark_reports_each_size_with_ratios(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import rtt
 
-    res = training.main(["--quick"])
-    assert set(res["median_ms"]) == {"tfdist_nb", "plain"}
-    assert res["ratio"] > 0
+    res = rtt.main(["--quick", "--tasks", "2", "4", "--rtt", "5"])
+    assert [r["tasks"] for r in res["runs"]] == [2, 4]
+    for run in res["runs"]:
+        assert set(run["rtt_ms"]) == {"tfdist_nb", "ipyparallel", "ipyparallel_silent_false",
+                                      "jupyter_client"}
+        assert set(run["rtt_p90_ms"]) == set(run["rtt_ms"])
+        assert run["ratio"]["silent_true"] > 0 and run["ratio"]["silent_false"] > 0
+    out = capsys.readouterr().out
+    assert "2 tasks, median" in out and "4 tasks, median" in out
+    assert out.count("ratio tfdist_nb / ipyparallel:") == 2
 
 
-def test_quick_flood_benchmark_loses_no_line() -> None:
-    from bench import flood
+def test_summary_table_marks_each_goal() -> None:
+    """``python -m bench`` prints one row per goal, met or NOT MET (canned results)."""
+    from bench.__main__ import format_table, summary
 
-    res = flood.main(["--quick"])
-    assert res["tfdist_nb"]["lines_lost"] == 0
-    assert res["ipyparallel"]["lines_lost"] == 0
+    rtt_run = {"rtt_ms": {"tfdist_nb": 9.0, "ipyparallel": 8.0, "ipyparallel_silent_false": 10.0,
+                          "jupyter_client": 8.5},
+               "rtt_p90_ms": {"tfdist_nb": 12.0, "ipyparallel": 11.0,
+                              "ipyparallel_silent_false": 13.0, "jupyter_client": 9.0}}
+    parts = {
+        "startup": {"runs": [{"workers": 2, "start_s": {"tfdist_nb": 5.0, "ipyparallel": 11.0,
+                                                        "jupyter_client": 4.5}, **rtt_run}]},
+        "rtt": {"runs": [{"tasks": 16, **rtt_run}]},
+        "training": {"workers": 2, "steps": 300, "median_ms": {"tfdist_nb": 10.0, "plain": 9.8},
+                     "ratio": 10.0 / 9.8},
+        "flood": {"workers": 2, "lines": 100000,
+                  "tfdist_nb": {"lines_lost": 0, "peak_rss_growth_mb": 26.0, "wall_s": 2.4,
+                                "controller_cpu_s": 2.1},
+                  "ipyparallel": {"lines_lost": 0, "peak_rss_growth_mb": 17.0, "wall_s": 1.0,
+                                  "controller_cpu_s": 0.2}},
+        "detect": {"error": "exit status 1"},
+    }
+    rows = summary(parts)
+    by_measure = {r["measure"]: r for r in rows}
+    start = by_measure["start to TF-ready, 2 workers (s)"]
+    assert (start["ratio"], start["result"]) == ("0.45x", "met")
+    loud = by_measure["x = 1 round trip, 16 tasks, no TF (ms), vs silent=False"]
+    quiet = by_measure["x = 1 round trip, 16 tasks, no TF (ms), vs silent=True"]
+    assert (loud["result"], quiet["result"]) == ("met", "NOT MET")
+    assert by_measure["median step time, 2 workers, 300 steps (ms)"]["result"] == "met"
+    assert [r["goal"] for r in rows if r["goal"]] == sorted(r["goal"] for r in rows if r["goal"])
+    assert rows[-1]["goal"] == "(e)" and rows[-1]["result"] == "NOT MET"  # a failed part shows
+    table = format_table(rows)
+    assert "NOT MET" in table and "<= 0.50x" in table and "jupyter_client" in table
+    assert format_table(rows, markdown=True).startswith("| goal | measure |")
