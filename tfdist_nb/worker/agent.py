@@ -88,6 +88,7 @@ def start(kernel: Any) -> None:
     from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry
 
     _tag_log_records()
+    _flush_output_sooner()
     _keras.install()
     _tfdata.install()
     _sharding.install()
@@ -103,6 +104,16 @@ def start(kernel: Any) -> None:
     # The steps of a cell go out at its end, on iopub before its idle status, so when the
     # controller sees a cell finish it already has that cell's exact step count.
     kernel.shell.events.register("post_execute", telemetry.flush_steps)
+
+
+def _flush_output_sooner() -> None:
+    """ipykernel sends buffered output every 0.2 s; what a SIGKILLed task printed in its last
+    interval dies with it. A shorter interval shrinks that window (floods still go out in big
+    batches: one message per interval whatever was written)."""
+    interval = float(os.environ.get("TFDIST_OUTPUT_FLUSH_S", "0.05"))
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "flush_interval"):
+            stream.flush_interval = interval
 
 
 def _tag_log_records() -> None:
