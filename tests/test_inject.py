@@ -3,6 +3,7 @@ training code (a tw.step()/tw.timed() loop, and Keras fit)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,12 +68,41 @@ def test_injected_straggler_is_flagged_with_evidence(ip_cluster: tuple[Any, Clus
     flags = c.status().set_index("task")["flags"]
     assert (flags["worker:1"], flags["worker:0"]) == ("straggler", "")
     alert = next(a for a in c.alerts() if "is a straggler" in a)
-    assert alert.startswith("worker:1: worker:1 is a straggler: it reaches the step")
-    assert "the others wait for it" in alert and "host load" in alert
+    assert alert.startswith("worker:1: worker:1 is a straggler: the others wait ")
+    assert "it was the last to arrive" in alert and "host load" in alert
     # both tasks' input waits look alike: the iterator synchronises them (why arrival is used)
     waits = c.status().set_index("task")["input_wait_ms"]
     assert waits["worker:0"] > 100
     assert "cleared" in magic(ip, "clear")
+
+
+SLEEPS_BEFORE_ALL_REDUCE_ON_1 = """
+import time, tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy() if "strategy" not in globals() else strategy
+ds = strategy.experimental_distribute_dataset(tf.data.Dataset.range(10**6).batch(4))
+for i, batch in enumerate(tw.timed(ds)):
+    with tw.step():
+        partial = strategy.run(lambda b: tf.reduce_sum(b), args=(batch,))
+        if tw.task == ("worker", 1):
+            time.sleep(0.1)  # this task's compute is slower
+        strategy.reduce("SUM", partial, axis=None)
+    if i == 14:
+        break
+"""
+
+
+def test_a_task_that_sleeps_before_its_all_reduce_is_the_straggler(
+        ip_cluster: tuple[Any, Cluster]) -> None:
+    """Both tasks fetch their batch together; worker:1 reaches the gradient all-reduce late."""
+    _, c = ip_cluster
+    before = len(c.alerts())
+    assert c.run(SLEEPS_BEFORE_ALL_REDUCE_ON_1, timeout=120).ok
+    assert c.status().set_index("task")["flags"].to_dict() == {"worker:0": "", "worker:1":
+                                                              "straggler"}
+    alert = next(a for a in c.alerts()[before:] if "is a straggler" in a)
+    lag = int(re.search(r"the others wait (\d+) ms a step", alert).group(1))  # type: ignore[union-attr]
+    assert 70 <= lag <= 300, alert
+    assert "input pipeline" not in alert  # its fetch was as fast as the others'
 
 
 SLOW_PIPELINE_ON_1 = """

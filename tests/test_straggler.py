@@ -50,3 +50,15 @@ def test_a_slow_local_fetch_is_named_as_the_cause() -> None:
     assert not input_bound(3.0, [0.5])  # a few ms is noise
     assert not input_bound(50.0, [40.0])  # everyone's pipeline is slow: not this task's fault
     assert not input_bound(None, [1.0])
+
+
+def test_lateness_at_a_later_collective_counts() -> None:
+    """Both tasks fetch together (first stamp), worker:1 enters the gradient all-reduce 80 ms
+    late (second stamp), then both finish together (third): the others waited 80 ms for it."""
+    def stamped(late_s: float) -> list[list[object]]:
+        return [[i, 10.0 * i, 120.0, 1.0, 10.0 * i, 0.5,
+                 [10.0 * i, 10.0 * i + 0.02 + late_s, 10.0 * i + 0.11]] for i in range(1, 21)]
+
+    found = find_stragglers({"worker:0": stamped(0.0), "worker:1": stamped(0.08)})
+    assert [f.task for f in found] == ["worker:1"] and round(found[0].lag_ms) == 80
+    assert find_stragglers({"worker:0": stamped(0.0), "worker:1": stamped(0.001)}) == []

@@ -2,9 +2,10 @@
 
 Under synchronous training every task's step takes as long as the slowest one's, and a
 distributed iterator even synchronises the input fetch, so neither step time nor input wait tells
-the straggler apart (SPEC 6). What does is *arrival*: the wall time at which each task reaches
-the step's first synchronisation point (asks for its batch). The straggler arrives last, step
-after step; its lag behind the first arrival is the time everyone else spends waiting for it.
+the straggler apart (SPEC 6). What does is *arrival*: the wall time at which each task enters
+the step's collectives (stamped by the worker for eager collectives, else when its own input
+fetch returned or it began the step). The straggler arrives last, step after step; its lateness
+is the time everyone else spends waiting for it.
 """
 
 from __future__ import annotations
@@ -28,35 +29,53 @@ class Straggler:
     step_ms: float
 
     def __str__(self) -> str:
-        return (f"{self.task} is a straggler: it reaches the step {self.lag_ms:.0f} ms after "
-                f"the first task in {self.last_fraction:.0%} of the last {self.steps} steps "
-                f"(step time {self.step_ms:.0f} ms); the others wait for it")
+        return (f"{self.task} is a straggler: the others wait {self.lag_ms:.0f} ms a step for "
+                f"it; it was the last to arrive in {self.last_fraction:.0%} of the last "
+                f"{self.steps} steps (step time {self.step_ms:.0f} ms)")
 
 
-def find_stragglers(steps: dict[str, list[list[float | None]]],
-                    window: int = WINDOW) -> list[Straggler]:
-    """``steps``: per task, rows ``[step, begin, duration_ms, input_wait_ms, entry]``."""
+def step_lags(rows: dict[str, list[Any]]) -> dict[str, float]:
+    """How long the others waited for each task in one step, in ms.
+
+    With collective entry stamps (eager collectives), the lateness at each collective, in the
+    order the step ran them, summed: a task late at its gradient all-reduce is found even when
+    everyone fetched the batch together. Without stamps, the lateness of the arrival."""
+    stamps = {t: (r[6] if len(r) > 6 and r[6] else []) for t, r in rows.items()}
+    n = min(len(v) for v in stamps.values())
+    if n:
+        lags = dict.fromkeys(rows, 0.0)
+        for j in range(n):
+            first = min(v[j] for v in stamps.values())
+            for t, v in stamps.items():
+                lags[t] += (v[j] - first) * 1000.0
+        return lags
+    arrivals = {t: float(r[4]) for t, r in rows.items()}
+    first = min(arrivals.values())
+    return {t: (a - first) * 1000.0 for t, a in arrivals.items()}
+
+
+def find_stragglers(steps: dict[str, list[list[Any]]], window: int = WINDOW) -> list[Straggler]:
+    """``steps``: per task, rows ``[step, begin, duration_ms, input_wait_ms, arrival,
+    local_fetch_ms, collective_entries]`` (the last two optional)."""
     if len(steps) < 2:
         return []
-    by_step: dict[int, dict[str, float]] = {}
+    by_step: dict[int, dict[str, list[Any]]] = {}
     for task, rows in steps.items():
         for row in rows:
             if len(row) >= 5 and row[4] is not None:
-                by_step.setdefault(int(row[0]), {})[task] = float(row[4])
-    common = sorted(s for s, arrivals in by_step.items() if len(arrivals) == len(steps))
+                by_step.setdefault(int(row[0]), {})[task] = row
+    common = sorted(s for s, found in by_step.items() if len(found) == len(steps))
     recent = common[-window:]
     if len(recent) < MIN_STEPS:
         return []
     durations = [float(r[2]) for rows in steps.values() for r in rows[-window:]
                  if r[2] is not None]
     step_ms = statistics.median(durations) if durations else 0.0
+    per_step = [step_lags(by_step[s]) for s in recent]
     out = []
     for task in steps:
-        lags, last = [], 0
-        for s in recent:
-            arrivals = by_step[s]
-            lags.append((arrivals[task] - min(arrivals.values())) * 1000.0)
-            last += arrivals[task] == max(arrivals.values())
+        lags = [lag[task] for lag in per_step]
+        last = sum(lag[task] == max(lag.values()) and lag[task] > 0 for lag in per_step)
         lag, fraction = statistics.median(lags), last / len(recent)
         if fraction >= LAST_FRACTION and lag > LAG_RATIO * max(step_ms - lag, 1.0):
             out.append(Straggler(task, lag, fraction, len(recent), step_ms))

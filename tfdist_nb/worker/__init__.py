@@ -40,6 +40,8 @@ _input_wait_s: float | None = None
 _input_entry: float | None = None  # wall time at which the step's batch was asked for
 _fetch_s = 0.0  # this step's local tf.data fetch time so far (see worker._tfdata)
 _fetch_done: float | None = None  # wall time at which the last local fetch returned
+_syncs: list[float] = []  # when this step's eager collectives were entered (see _collectives)
+MAX_SYNCS = 16
 _telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
 
 
@@ -67,20 +69,25 @@ def _local_fetch(seconds: float) -> None:
     _fetch_done = time.time()
 
 
+def _entered_collective(at: float) -> None:
+    if len(_syncs) < MAX_SYNCS:
+        _syncs.append(at)
+
+
 def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
                  entry: float | None = None) -> None:
     """``entry``: when this task arrived at the step's first synchronisation point (it asked
     for the batch, or began the step); the straggler is the task that arrives last. When a
     distributed iterator fetched the batch, the arrival is when the local fetch returned: the
     all-reduce that follows it is the first synchronisation point."""
-    global _steps, _fetch_s, _fetch_done
+    global _steps, _fetch_s, _fetch_done, _syncs
     _steps += 1
-    fetch_s, fetch_done = _fetch_s, _fetch_done
-    _fetch_s, _fetch_done = 0.0, None
+    fetch_s, fetch_done, syncs = _fetch_s, _fetch_done, _syncs
+    _fetch_s, _fetch_done, _syncs = 0.0, None, []
     if _telemetry is not None:
         arrival = fetch_done if fetch_done is not None else (entry or begin)
         _telemetry.record_step(begin, duration_s, input_wait_s, arrival,
-                               fetch_s if fetch_done is not None else None)
+                               fetch_s if fetch_done is not None else None, syncs)
 
 
 @contextlib.contextmanager

@@ -83,7 +83,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 
 def start(kernel: Any) -> None:
     """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
-    from tfdist_nb.worker import _keras, _sharding, _tfdata
+    from tfdist_nb.worker import _collectives, _keras, _sharding, _tfdata
     from tfdist_nb.worker.gpu import GpuSampler
     from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry
 
@@ -92,6 +92,7 @@ def start(kernel: Any) -> None:
     _keras.install()
     _tfdata.install()
     _sharding.install()
+    _collectives.install()
 
     def send(content: dict[str, Any]) -> None:
         kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,

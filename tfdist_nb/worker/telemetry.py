@@ -48,15 +48,17 @@ class Telemetry:
         self._stop.set()
 
     def record_step(self, begin: float, duration_s: float, input_wait_s: float | None,
-                    entry: float | None = None, fetch_s: float | None = None) -> None:
+                    entry: float | None = None, fetch_s: float | None = None,
+                    syncs: list[float] | None = None) -> None:
         """Called on the training thread; cheap: an append under a lock. A row is
-        ``[step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms]``."""
+        ``[step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms, sync_entries]``."""
         with self._lock:
             self.step_count += 1
             self._steps.append([self.step_count, begin, duration_s * 1000.0,
                                 None if input_wait_s is None else input_wait_s * 1000.0,
                                 begin if entry is None else entry,
-                                None if fetch_s is None else fetch_s * 1000.0])
+                                None if fetch_s is None else fetch_s * 1000.0,
+                                syncs or []])
 
     def note(self, text: str, level: str = "INFO") -> None:
         """A finding of the worker agent; it goes out with the next sample (within a second,
