@@ -58,3 +58,22 @@ def test_a_message_with_a_wrong_key_is_rejected_by_the_worker(tmp_path: Path) ->
         assert reply["content"]["status"] == "ok" and proof.exists()
         log = (c.run_dir / "tasks" / "worker-0" / "kernel.log").read_text()
         assert "Invalid Signature" in log or "Invalid Message" in log
+
+
+def test_the_controller_rejects_forged_or_replayed_messages_too() -> None:
+    """Its faster Session (dates kept as strings) still checks every signature."""
+    from jupyter_client.session import Session
+
+    from tfdist_nb.transport.session import FastDateSession, message_time
+
+    ours = FastDateSession(key=b"k1")
+    msg = Session(key=b"k1").msg("stream", {"name": "stdout", "text": "hi"})
+    frames = Session(key=b"k1").serialize(msg)[1:]  # drop the <IDS|MSG> delimiter
+    got = ours.deserialize(list(frames))
+    assert got["content"]["text"] == "hi" and isinstance(got["header"]["date"], str)
+    assert abs(message_time(got, 0.0) - time.time()) < 60
+    with pytest.raises(ValueError, match="Duplicate Signature"):
+        ours.deserialize(list(frames))  # replayed
+    forged = Session(key=b"k2").serialize(msg)[1:]
+    with pytest.raises(ValueError, match="Invalid Signature"):
+        FastDateSession(key=b"k1").deserialize(list(forged))

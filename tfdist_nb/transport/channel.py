@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist_nb.events import Event, OutputLine, RichOutput, TelemetrySample
+from tfdist_nb.transport.session import faster_session, message_time
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
 
@@ -36,14 +37,6 @@ class Execution:
     outputs: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _msg_time(msg: dict[str, Any]) -> float:
-    date = msg.get("header", {}).get("date")
-    try:
-        return float(date.timestamp())
-    except AttributeError:
-        return time.time()
-
-
 class KernelChannel:
     """Executes code on one task and publishes everything it says through ``sink``, in batches
     (all the lines of one stream message together)."""
@@ -51,6 +44,7 @@ class KernelChannel:
     def __init__(self, task: str, client: Any, sink: Callable[[list[Event]], None]) -> None:
         self.task = task
         self.client = client
+        client.session = faster_session(client.session)  # before the channels exist
         self._sink = sink
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
@@ -131,7 +125,7 @@ class KernelChannel:
         cell = self._cells.get(parent)
         ex = self._pending.get(parent)
         content = msg.get("content", {})
-        t = _msg_time(msg)
+        t = message_time(msg, time.time())
         if kind == TELEMETRY_MSG:
             self.last_telemetry = time.time()
             self._sink([TelemetrySample(content.get("time", t), self.task, content)])
