@@ -1,0 +1,241 @@
+"""Every benchmark in one run, each against the tool a user would pick instead, with its goal.
+
+    python -m bench [--quick] [--json PATH] [--only startup rtt training flood detect] [--markdown]
+
+(a) ``bench.startup``  start to TF-ready, 2 and 4 workers: tfdist_nb vs ipyparallel vs
+    hand-rolled jupyter_client kernels; goal at most 0.5x ipyparallel.
+(b) ``bench.rtt``      ``x = 1`` broadcast round trip at 2, 8 and 16 tasks (no TF) and at 2 TF
+    workers (from ``bench.startup``) vs ``DirectView.execute(block=True)``, silent=True and
+    silent=False; goal at most 1.0x at every size.
+(c) ``bench.training`` training step time with telemetry vs plain processes; goal at most 1.05x.
+(d) ``bench.flood``    100k lines per task: goal 0 lines lost, controller RSS growth <= 200 MB.
+(e) ``bench.detect``   crash detected within 2 s, stall within stall_timeout + 2 s.
+
+Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
+weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
+``python -m bench.<part> --help``. ``--quick`` is a short smoke version; its numbers are indicative
+only. The summary table marks each goal met / NOT MET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick args)
+    "startup": (["--workers", "2", "4", "--repeat", "3", "--rtt", "50"],
+                ["--workers", "2", "--quick"]),
+    "rtt": (["--tasks", "2", "8", "16", "--repeat", "3", "--rtt", "50"],
+            ["--tasks", "2", "4", "--quick"]),
+    "training": (["--workers", "2", "--steps", "300", "--repeat", "3"], ["--quick"]),
+    "flood": (["--workers", "2", "--lines", "100000"], ["--quick"]),
+    "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
+}
+START_GOAL = 0.5
+RTT_GOAL = 1.0
+TRAIN_GOAL = 1.05
+RSS_GOAL_MB = 200.0
+DETECT_GOAL_S = 2.0
+COLUMNS = ["goal", "measure", "tfdist_nb", "alternative", "ratio", "target", "result"]
+
+
+def run_part(part: str, args: list[str], workdir: Path) -> dict[str, Any]:
+    """``python -m bench.<part> ARGS --json FILE`` in a fresh process; its output goes to ours."""
+    out = workdir / f"{part}.json"
+    here = str(Path(__file__).parent.parent)  # where this bench (and its tfdist_nb) lives
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", f"bench.{part}", *args, "--json", str(out)]
+    print(f"\n=== {part}: {' '.join(cmd[1:])}", flush=True)
+    t0, load0 = time.perf_counter(), os.getloadavg()[0]
+    proc = subprocess.run(cmd, env=env, check=False)
+    ran = {"wall_s": time.perf_counter() - t0, "load1_before": load0,
+           "load1_after": os.getloadavg()[0]}  # > ~2.5 on 2 cores: something else ran too
+    if proc.returncode != 0 or not out.exists():
+        return {"error": f"exit status {proc.returncode}", **ran}
+    return {**json.loads(out.read_text()), **ran}
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
+def _row(goal: str, measure: str, ours: str, alt: str, ratio: str, target: str,
+         ok: bool | None) -> dict[str, str]:
+    return dict(zip(COLUMNS, [goal, measure, ours, alt, ratio, target,
+                              "-" if ok is None else _verdict(ok)], strict=True))
+
+
+def rows_startup(res: dict[str, Any]) -> list[dict[str, str]]:
+    rows = []
+    for run in res["runs"]:
+        s, n = run["start_s"], run["workers"]
+        ratio = s["tfdist_nb"] / s["ipyparallel"]
+        rows.append(_row("(a)", f"start to TF-ready, {n} workers (s)", f"{s['tfdist_nb']:.2f}",
+                         f"ipyparallel {s['ipyparallel']:.2f}", f"{ratio:.2f}x",
+                         f"<= {START_GOAL:.2f}x", ratio <= START_GOAL))
+        if "jupyter_client" in s:
+            rows.append(_row("", "  same, vs hand-rolled jupyter_client", "",
+                             f"jupyter_client {s['jupyter_client']:.2f}",
+                             f"{s['tfdist_nb'] / s['jupyter_client']:.2f}x", "", None))
+    return rows
+
+
+def _rtt_rows(label: str, run: dict[str, Any]) -> list[dict[str, str]]:
+    med, p90 = run["rtt_ms"], run["rtt_p90_ms"]
+    ours = f"{med['tfdist_nb']:.1f} (p90 {p90['tfdist_nb']:.1f})"
+    rows = []
+    for key, what in (("ipyparallel", "silent=True"), ("ipyparallel_silent_false",
+                                                       "silent=False")):
+        ratio = med["tfdist_nb"] / med[key]
+        rows.append(_row("(b)", f"{label}, vs {what}", ours,
+                         f"ipyparallel {med[key]:.1f} (p90 {p90[key]:.1f})",
+                         f"{ratio:.2f}x (p90 {p90['tfdist_nb'] / p90[key]:.2f}x)",
+                         f"<= {RTT_GOAL:.2f}x", ratio <= RTT_GOAL))
+    if "jupyter_client" in med:
+        rows.append(_row("", "  same, vs hand-rolled jupyter_client", "",
+                         f"jupyter_client {med['jupyter_client']:.1f} "
+                         f"(p90 {p90['jupyter_client']:.1f})",
+                         f"{med['tfdist_nb'] / med['jupyter_client']:.2f}x", "", None))
+    return rows
+
+
+def rows_rtt(res: dict[str, Any]) -> list[dict[str, str]]:
+    return [r for run in res["runs"]
+            for r in _rtt_rows(f"x = 1 round trip, {run['tasks']} tasks, no TF (ms)", run)]
+
+
+def rows_startup_rtt(res: dict[str, Any]) -> list[dict[str, str]]:
+    return [r for run in res["runs"] if "rtt_ms" in run
+            for r in _rtt_rows(f"x = 1 round trip, {run['workers']} TF workers (ms)", run)]
+
+
+def rows_training(res: dict[str, Any]) -> list[dict[str, str]]:
+    med, ratio = res["median_ms"], res["ratio"]
+    return [_row("(c)", f"median step time, {res['workers']} workers, {res['steps']} steps (ms)",
+                 f"{med['tfdist_nb']:.2f}", f"plain TF_CONFIG {med['plain']:.2f}",
+                 f"{ratio:.3f}x", f"<= {TRAIN_GOAL:.2f}x", ratio <= TRAIN_GOAL)]
+
+
+def rows_flood(res: dict[str, Any]) -> list[dict[str, str]]:
+    ours, alt = res["tfdist_nb"], res.get("ipyparallel", {})
+    what = f"{res['lines']} lines x {res['workers']} tasks"
+    rows = [_row("(d)", f"{what}: lines lost", str(ours["lines_lost"]),
+                 f"ipyparallel {alt.get('lines_lost', '-')}", "", "0",
+                 ours["lines_lost"] == 0),
+            _row("(d)", f"{what}: controller peak RSS growth (MB)",
+                 f"{ours['peak_rss_growth_mb']:.0f}",
+                 f"ipyparallel {alt['peak_rss_growth_mb']:.0f}" if alt else "", "",
+                 f"<= {RSS_GOAL_MB:.0f}", ours["peak_rss_growth_mb"] <= RSS_GOAL_MB)]
+    if alt:
+        rows.append(_row("", f"  {what}: wall (s) / controller CPU (s)",
+                         f"{ours['wall_s']:.2f} / {ours['controller_cpu_s']:.2f}",
+                         f"ipyparallel {alt['wall_s']:.2f} / {alt['controller_cpu_s']:.2f}",
+                         f"{ours['wall_s'] / alt['wall_s']:.2f}x", "", None))
+    return rows
+
+
+def rows_detect(res: dict[str, Any]) -> list[dict[str, str]]:
+    c, s, st = res["crash"], res["stall"], res["stall_timeout_s"]
+    return [_row("(e)", "crash: process exit to cell end (s)",
+                 f"{c['median_s']:.2f} (max {c['max_s']:.2f})", "", "",
+                 f"<= {DETECT_GOAL_S:.0f} s", c["max_s"] <= DETECT_GOAL_S),
+            _row("(e)", f"stall: cell end beyond stall_timeout={st:.0f} s (s)",
+                 f"{s['median_s']:.2f} (max {s['max_s']:.2f})", "", "",
+                 f"<= {DETECT_GOAL_S:.0f} s", s["max_s"] <= DETECT_GOAL_S)]
+
+
+ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
+    "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
+    "flood": [rows_flood], "detect": [rows_detect],
+}
+LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)"}
+
+
+def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
+    """The table's rows, in goal order ((b) gathers the round trips of startup and rtt)."""
+    rows: list[dict[str, str]] = []
+    for part, res in parts.items():
+        if "error" in res:
+            rows.append(_row(LETTER[part], f"bench.{part} failed: {res['error']}", "", "", "",
+                             "", False))
+            continue
+        for make in ROWS[part]:
+            try:
+                rows.extend(make(res))
+            except (KeyError, ZeroDivisionError, TypeError) as exc:
+                rows.append(_row(LETTER[part], f"bench.{part}: no result ({exc!r})", "", "",
+                                 "", "", False))
+    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4}
+    goal = ""
+    for r in rows:  # continuation rows sort with the goal above them
+        goal = r["goal"] or goal
+        r["_key"] = goal
+    rows.sort(key=lambda r: order.get(r["_key"], 9))
+    for r in rows:
+        del r["_key"]
+    return rows
+
+
+def format_table(rows: list[dict[str, str]], markdown: bool = False) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(r[c] for c in COLUMNS) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in COLUMNS}
+    fmt = "  ".join(f"{{{c}:{widths[c]}}}" for c in COLUMNS)
+    lines = [fmt.format(**{c: c for c in COLUMNS}), fmt.format(**{c: "-" * widths[c]
+                                                                   for c in COLUMNS})]
+    lines += [fmt.format(**r) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke version of each part")
+    parser.add_argument("--json", type=Path, help="write every part's results and the summary")
+    parser.add_argument("--only", nargs="+", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--markdown", action="store_true", help="the summary as a Markdown table")
+    args = parser.parse_args(argv)
+    from bench.startup import machine
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench_all_"))
+    runs_dir = workdir / "tfdist_runs"
+    os.environ.setdefault("TFDIST_RUNS_DIR", str(runs_dir))
+    began = time.time()
+    info = machine()
+    parts = {}
+    try:
+        for part in args.only:
+            full, quick = PARTS[part]
+            parts[part] = run_part(part, quick if args.quick else full, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    rows = summary(parts)
+    met = sum(r["result"] == "met" for r in rows)
+    missed = sum(r["result"] == "NOT MET" for r in rows)
+    print(f"\n=== summary{' (--quick: indicative only)' if args.quick else ''}: {met} goal(s) "
+          f"met, {missed} not met; {time.time() - began:.0f} s; load average at the end "
+          f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(format_table(rows, markdown=args.markdown))
+    results = {"machine": info, "command": " ".join(["python -m bench",
+                                                *(sys.argv[1:] if argv is None else argv)]),
+               "quick": args.quick, "parts": parts, "summary": rows,
+               "load_avg_end": os.getloadavg()}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+    return results
+
+
+if __name__ == "__main__":
+    main()
