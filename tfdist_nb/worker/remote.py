@@ -89,9 +89,8 @@ class _Lifeline:
             json.dump(info, f)
         env = {**os.environ, **self.setup.get("env", {}), "JPY_PARENT_PID": str(os.getpid())}
         cwd = self.setup.get("cwd")
-        python = self.setup.get("python") or sys.executable
-        self.proc = subprocess.Popen(
-            [python, "-m", "tfdist_nb.worker.kernel", "-f", str(self.connection_file),
+        self.proc = subprocess.Popen(  # this interpreter: the one ssh was asked to run
+            [sys.executable, "-m", "tfdist_nb.worker.kernel", "-f", str(self.connection_file),
              "--HistoryManager.enabled=False"],
             env=env, cwd=cwd if cwd and Path(cwd).is_dir() else None, stdin=subprocess.DEVNULL,
             stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), start_new_session=True)
