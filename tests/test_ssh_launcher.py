@@ -156,14 +156,20 @@ def test_missing_interpreter_on_the_host_is_named(hosts: remote_hosts.TestHosts)
         c.start()
 
 
+def sleeping_cell(c: Cluster, marker: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run a 120 s sleep on the cluster in the background; return once it has begun."""
+    box: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: box.update(
+        r=c.run(f"import time\nprint({marker!r}, flush=True)\ntime.sleep(120)")))
+    runner.start()
+    wait_for(lambda: marker in " ".join(c.logs()["text"]), 30, "the cell to start")
+    return runner, box
+
+
 def test_a_lost_ssh_connection_is_reported_and_restart_recovers(
         hosts: remote_hosts.TestHosts) -> None:
     with Cluster(workers=1, launcher="ssh", hosts=["tfdhost1"], preload=()) as c:
-        box: dict[str, Any] = {}
-        runner = threading.Thread(target=lambda: box.update(
-            r=c.run("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")))
-        runner.start()
-        wait_for(lambda: "sleeping" in " ".join(c.logs()["text"]), 30, "the cell to start")
+        runner, box = sleeping_cell(c, "sleeping")
         dropped_at = time.monotonic()
         assert hosts.drop_connections("tfdhost1")
         runner.join(30)
@@ -184,11 +190,7 @@ def test_a_lost_ssh_connection_is_reported_and_restart_recovers(
 
 def test_interrupt_and_crash_of_a_remote_task(hosts: remote_hosts.TestHosts) -> None:
     with Cluster(workers=1, launcher="ssh", hosts=["tfdhost2"], preload=()) as c:
-        box: dict[str, Any] = {}
-        runner = threading.Thread(target=lambda: box.update(
-            r=c.run("import time\nprint('waiting', flush=True)\ntime.sleep(120)")))
-        runner.start()
-        wait_for(lambda: "waiting" in " ".join(c.logs()["text"]), 30, "the cell to start")
+        runner, box = sleeping_cell(c, "waiting")
         c.interrupt()
         runner.join(20)
         assert box["r"].tasks["worker:0"].status == "interrupted"
