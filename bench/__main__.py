@@ -87,7 +87,7 @@ def rows_startup(res: dict[str, Any]) -> list[dict[str, str]]:
             rows.append(_row("", "  same, vs hand-rolled jupyter_client", "",
                              f"jupyter_client {s['jupyter_client']:.2f}",
                              f"{s['tfdist_nb'] / s['jupyter_client']:.2f}x", "", None))
-    return rows
+    return rows + _failures(res, "(a)")
 
 
 def _rtt_rows(label: str, run: dict[str, Any]) -> list[dict[str, str]]:
@@ -109,9 +109,15 @@ def _rtt_rows(label: str, run: dict[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def _failures(res: dict[str, Any], goal: str) -> list[dict[str, str]]:
+    failed = [f for run in res["runs"] for f in run.get("start_failures", [])]
+    return [_row(goal, f"  start failed, retried: {f}", "", "", "", "", None) for f in failed]
+
+
 def rows_rtt(res: dict[str, Any]) -> list[dict[str, str]]:
     return [r for run in res["runs"]
-            for r in _rtt_rows(f"x = 1 round trip, {run['tasks']} tasks, no TF (ms)", run)]
+            for r in _rtt_rows(f"x = 1 round trip, {run['tasks']} tasks, no TF (ms)", run)
+            ] + _failures(res, "(b)")
 
 
 def rows_startup_rtt(res: dict[str, Any]) -> list[dict[str, str]]:
@@ -193,9 +199,9 @@ def format_table(rows: list[dict[str, str]], markdown: bool = False) -> str:
         return "\n".join(lines)
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in COLUMNS}
     fmt = "  ".join(f"{{{c}:{widths[c]}}}" for c in COLUMNS)
-    lines = [fmt.format(**{c: c for c in COLUMNS}), fmt.format(**{c: "-" * widths[c]
+    lines = [fmt.format(**{c: c for c in COLUMNS}).rstrip(), fmt.format(**{c: "-" * widths[c]
                                                                    for c in COLUMNS})]
-    lines += [fmt.format(**r) for r in rows]
+    lines += [fmt.format(**r).rstrip() for r in rows]
     return "\n".join(lines)
 
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.tools import TOOLS, percentile, rotated
+from bench.tools import TOOLS, percentile, rotated, start
 
 ALT = "ipyparallel"
 LOUD = "ipyparallel_silent_false"
@@ -34,27 +34,33 @@ SETTLE_S = 1.0  # after a start, let the machine go quiet before timing
 def measure(n: int, repeat: int, rtt: int, tools: list[str]) -> dict[str, Any]:
     keys = [*tools] + ([LOUD] if ALT in tools else [])
     samples: dict[str, list[float]] = {k: [] for k in keys}
+    per_cluster: dict[str, list[float]] = {k: [] for k in keys}  # medians: cluster-to-cluster
     start_s: dict[str, list[float]] = {k: [] for k in tools}
+    failures: list[str] = []
     for i in range(repeat):
         for name in rotated(tools, i):
             tool = TOOLS[name]
-            started = tool.start(n, tf=False)
+            started = start(name, n, False, failures)
             start_s[name].append(started.took_s)
             try:
                 time.sleep(SETTLE_S)
                 for _ in range(WARMUP):
                     tool.rtt(started.handle)
-                samples[name].extend(tool.rtt(started.handle) for _ in range(rtt))
+                got = {name: [tool.rtt(started.handle) for _ in range(rtt)]}
                 if name == ALT:
                     for _ in range(WARMUP):
                         tool.rtt_loud(started.handle)
-                    samples[LOUD].extend(tool.rtt_loud(started.handle) for _ in range(rtt))
+                    got[LOUD] = [tool.rtt_loud(started.handle) for _ in range(rtt)]
+                for key, values in got.items():
+                    samples[key].extend(values)
+                    per_cluster[key].append(1000 * statistics.median(values))
             finally:
                 tool.stop(started.handle)
     med = {k: 1000 * statistics.median(v) for k, v in samples.items()}
     p90 = {k: 1000 * percentile(v, 0.9) for k, v in samples.items()}
     out: dict[str, Any] = {"tasks": n, "rtt_ms": med, "rtt_p90_ms": p90,
                            "start_s": {k: statistics.median(v) for k, v in start_s.items()},
+                           "cluster_medians_ms": per_cluster, "start_failures": failures,
                            "samples": len(next(iter(samples.values())))}
     if ALT in tools and "tfdist_nb" in tools:
         out["ratio"] = {"silent_true": med["tfdist_nb"] / med[ALT],

@@ -20,14 +20,22 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.tools import TOOLS, percentile, rotated
+from bench.tools import TOOLS, percentile, rotated, start
 
 ALT = "ipyparallel"
+
+
+def warm_up() -> None:
+    """One untimed import of what every tool loads, so the first timed start does not pay for a
+    cold page cache alone (whichever tool happens to go first)."""
+    subprocess.run([sys.executable, "-c", "import tensorflow, ipykernel.kernelapp, ipyparallel"],
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def measure(n: int, repeat: int, rtt: int, tools: list[str]) -> dict[str, Any]:
@@ -35,10 +43,11 @@ def measure(n: int, repeat: int, rtt: int, tools: list[str]) -> dict[str, Any]:
     phases: dict[str, dict[str, list[float]]] = {k: {} for k in tools}
     rtt_keys = [*tools] + (["ipyparallel_silent_false"] if ALT in tools else [])
     rtts: dict[str, list[float]] = {k: [] for k in rtt_keys}
+    failures: list[str] = []
     for i in range(repeat):
         for name in rotated(tools, i):
             tool = TOOLS[name]
-            started = tool.start(n, tf=True)
+            started = start(name, n, True, failures)
             starts[name].append(started.took_s)
             for phase, t in started.phases.items():
                 phases[name].setdefault(phase, []).append(t)
@@ -55,6 +64,7 @@ def measure(n: int, repeat: int, rtt: int, tools: list[str]) -> dict[str, Any]:
         "workers": n,
         "start_s": {k: statistics.median(v) for k, v in starts.items()},
         "start_all_s": starts,
+        "start_failures": failures,
         "phases_s": {k: {p: statistics.median(v) for p, v in ph.items()}
                      for k, ph in phases.items()},
     }
@@ -122,6 +132,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.repeat, args.rtt = 1, 5
     os.environ.setdefault("TFDIST_RUNS_DIR", tempfile.mkdtemp(prefix="tfdist_bench_"))
     results: dict[str, Any] = {"machine": machine(), "runs": []}
+    if not args.quick:
+        warm_up()
     for n in args.workers:
         res = measure(n, args.repeat, args.rtt, args.tools)
         print(report(res), flush=True)

@@ -297,6 +297,18 @@ TOOLS: dict[str, Any] = {"tfdist_nb": Tfdist(), "ipyparallel": Ipyparallel(),
                          "jupyter_client": JupyterClient()}
 
 
+def start(name: str, n: int, tf: bool, failures: list[str]) -> Started:
+    """``TOOLS[name].start``, tried once more if it fails; each failure is kept in ``failures``
+    (and so in the results), not hidden: on 2 cores with 16 kernels starting, a kernel port that
+    jupyter_client picked can be taken before the kernel binds it."""
+    try:
+        return TOOLS[name].start(n, tf=tf)
+    except Exception as exc:
+        failures.append(f"{name} x{n}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        print(f"bench: {failures[-1]}; trying once more", flush=True)
+        return TOOLS[name].start(n, tf=tf)
+
+
 def rotated(names: list[str], i: int) -> list[str]:
     """The order of the ``i``-th round: each tool goes first in turn, so drift hits all alike."""
     k = i % len(names)
