@@ -74,7 +74,7 @@ def tfdist(n_workers: int, lines: int) -> dict[str, Any]:
             return _count_on_disk(cluster.run_dir / "events.jsonl", lines)
 
         out = _measure(flood, lines * n_workers)
-        dashboard.close()
+        dashboard.stop()
         out["dashboard_updates"] = dashboard.updates
         return out
 

@@ -67,8 +67,8 @@ _TFDIST_PROBES = [
      lambda a: str(a[1].task)),
     ("tfdist_nb.transport.channel", "KernelChannel", "start", "2 kernel ready (wait_for_ready)",
      lambda a: a[0].task),
-    ("tfdist_nb.cluster.cluster", "Cluster", "_handshake", "3 preload imported (handshake)",
-     lambda a: a[1].name),
+    ("tfdist_nb.cluster.agent_client", "AgentClient", "describe",
+     "3 preload imported (handshake)", lambda a: a[0].task),
     ("tfdist_nb.transport.channel", "KernelChannel", "create_subshell", "4 subshell created",
      lambda a: a[0].task),
 ]

@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.cluster.spec import ClusterSpec
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.launchers import ports
+from tfdist_nb.topology import ClusterSpec
 
 TRAIN = """
 import json, statistics, time
@@ -79,7 +79,7 @@ def run_tfdist(n: int, steps: int) -> float:
     with Cluster(workers=n) as cluster:
         dashboard = cluster.dashboard()  # the view a user has open while training
         result = cluster.run(TRAIN.format(steps=steps), timeout=600)
-        dashboard.close()
+        dashboard.stop()
         assert result.ok, result.summary()
         return max(_medians([r.stdout for r in result.tasks.values()]))
 

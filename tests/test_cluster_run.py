@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tfdist_nb.cluster.cluster import STATUS_COLUMNS
+from tfdist_nb.cluster.views import STATUS_COLUMNS
 
 pytestmark = pytest.mark.cluster
 
@@ -173,6 +173,18 @@ print("tasks on records:", sorted(set(seen)), len(seen))
     assert "tasks on records: ['worker:1'] 3" in result.tasks["worker:1"].stdout
 
 
+def test_dashboard_is_a_widget_that_shows_itself(cluster2: Any) -> None:
+    import ipywidgets
+
+    dashboard = cluster2.dashboard(start=False)
+    assert isinstance(dashboard, ipywidgets.DOMWidget)
+    # what a cell's last expression shows: the widget view, not "<Dashboard at 0x...>"
+    bundle = dashboard._repr_mimebundle_()
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == dashboard.model_id
+    assert set(dashboard.panels) == {"worker:0", "worker:1"}
+    dashboard.stop()
+
+
 def test_dashboard_panels_filter_by_stream_and_regex(cluster2: Any) -> None:
     cluster2.run("import sys\nfor i in range(5):\n    print('out', i)\n"
                  "    print('err', i, file=sys.stderr)")
@@ -187,7 +199,7 @@ def test_dashboard_panels_filter_by_stream_and_regex(cluster2: Any) -> None:
     dashboard.refresh()
     assert "err 4" in panel.log.value and "out 4" not in panel.log.value
     assert "worker:1" in panel.title.value and "idle" in panel.title.value
-    dashboard.close()
+    dashboard.stop()
 
 
 def test_interrupt_reaches_only_the_chosen_task(cluster2: Any) -> None:

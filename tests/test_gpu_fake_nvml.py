@@ -9,7 +9,7 @@ import pytest
 
 from tests.fake_nvml import FakeNvml
 from tfdist_nb.events import TelemetrySample
-from tfdist_nb.store.live import LiveStore
+from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.worker.gpu import GpuSampler, decode_throttle
 from tfdist_nb.worker.telemetry import Telemetry
 

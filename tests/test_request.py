@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from tfdist_nb.cluster.spec import parse_spec
 from tfdist_nb.errors import SpecError
 from tfdist_nb.magics.request import build_request, plan
+from tfdist_nb.topology import parse_spec
 
 
 def request(spec: str = "", **kw: object):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfdist_nb.cluster.spec import ClusterSpec, TaskId, parse_spec, parse_targets
 from tfdist_nb.errors import SpecError
+from tfdist_nb.topology import ClusterSpec, TaskId, parse_spec, parse_targets
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import cell
 from tfdist_nb import Cluster
-from tfdist_nb.cluster.spec import TaskId
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers.local import LocalLauncher
+from tfdist_nb.topology import TaskId
 
 pytestmark = pytest.mark.cluster
 

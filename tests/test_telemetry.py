@@ -84,7 +84,7 @@ def test_a_flood_of_100k_lines_per_task_is_kept_whole_and_bounded() -> None:
         took = time.monotonic() - started
         assert result.ok
         growth_mb = (me.memory_info().rss - rss_before) / 2**20
-        dashboard.close()
+        dashboard.stop()
         per_task: Counter[str] = Counter()
         numbers: dict[str, list[int]] = {"worker:0": [], "worker:1": []}
         with open(c.run_dir / "events.jsonl") as f:

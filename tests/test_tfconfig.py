@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tfdist_nb.cluster.spec import TaskId, parse_spec
 from tfdist_nb.cluster.tfconfig import build_tf_config, validate_tf_config
+from tfdist_nb.topology import TaskId, parse_spec
 
 
 def test_every_task_sees_the_same_cluster() -> None:

@@ -13,15 +13,15 @@ __all__ = ["Cluster", "RunResult", "TaskResult", "current", "load_ipython_extens
            "unload_ipython_extension"]
 
 if TYPE_CHECKING:
-    from tfdist_nb.cluster.cluster import Cluster, current
+    from tfdist_nb.cluster.facade import Cluster, current
     from tfdist_nb.cluster.results import RunResult, TaskResult
 
 
 def __getattr__(name: str) -> Any:
     if name in ("Cluster", "current"):
-        from tfdist_nb.cluster import cluster
+        from tfdist_nb.cluster import facade
 
-        return getattr(cluster, name)
+        return getattr(facade, name)
     if name in ("RunResult", "TaskResult"):
         from tfdist_nb.cluster import results
 
@@ -37,7 +37,7 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Unloading stops the active cluster: no worker outlives the extension."""
-    from tfdist_nb.cluster.cluster import current
+    from tfdist_nb.cluster.facade import current
 
     cluster = current()
     if cluster is not None:

@@ -19,6 +19,10 @@ class ClusterNotRunningError(TfdistError, RuntimeError):
     """An operation needs a running cluster and there is none."""
 
 
+class AgentError(TfdistError, RuntimeError):
+    """A call into a task's worker agent raised there (or got no usable answer)."""
+
+
 class TaskError(TfdistError, RuntimeError):
     """One or more tasks of a run did not finish cleanly.
 

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tfdist_nb.cluster.spec import TaskId
 from tfdist_nb.errors import SpecError
+from tfdist_nb.topology import TaskId
 
 _DROP_EXACT = {"PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "JPY_SESSION_NAME", "TF_CONFIG"}
 _DROP_PREFIX = ("TFDIST_TASK",)

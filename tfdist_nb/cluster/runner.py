@@ -143,7 +143,6 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
 def _crashed(rt: TaskRuntime, ex: Execution, code: int,
              inspector: Inspector | None) -> TaskResult:
     rt.channel.abandon(ex)
-    rt.exit_code = code
     rt.transition(TaskEvent.EXITED)
     last, lines = inspector.last_words(rt) if inspector else (None, [])
     what = rt.handle.describe_exit(code) if rt.handle else describe_exit(code)

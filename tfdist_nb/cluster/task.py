@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.state import TaskEvent, TaskState, next_state
 from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 
 logger = logging.getLogger(__name__)
@@ -27,11 +26,8 @@ class TaskRuntime:
     channel: KernelChannel | None = None
     state: TaskState = TaskState.STARTING
     info: dict[str, Any] = field(default_factory=dict)
-    exit_code: int | None = None
     log_path: Path | None = None
-    subshell: str | None = None
-    started_at: float = field(default_factory=time.time)
-    history: deque = field(default_factory=lambda: deque(maxlen=50), repr=False)
+    agent: AgentClient | None = None
 
     @property
     def name(self) -> str:
@@ -48,7 +44,6 @@ class TaskRuntime:
     def transition(self, event: TaskEvent) -> TaskState:
         new = next_state(self.state, event)
         if new is not self.state:
-            self.history.append((time.time(), self.state.value, new.value, event.value))
             logger.debug("%s: %s -> %s (%s)", self.name, self.state, new, event.value)
         self.state = new
         return new

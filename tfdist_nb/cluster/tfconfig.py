@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from tfdist_nb.cluster.spec import ROLES, TaskId
+from tfdist_nb.topology import ROLES, TaskId
 
 
 def cluster_dict(addresses: Mapping[TaskId, str]) -> dict[str, list[str]]:

@@ -1,6 +1,6 @@
 """The live dashboard: a panel per task and bqplot charts, drawn from the cluster's live store.
 
-It never talks to kernels: a timer thread reads :class:`~tfdist_nb.store.live.LiveStore` a few
+It never talks to kernels: a timer thread reads :class:`~tfdist_nb.store.tails.LiveStore` a few
 times a second and pushes only what changed, so the number of widget updates is bounded by time,
 not by how much the tasks print. Log panels show a bounded tail and say how many lines are on disk.
 """
@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Any
 
-from tfdist_nb.display.live import task_colour
-from tfdist_nb.store.live import TaskView
+from tfdist_nb.display.printer import task_colour
+from tfdist_nb.store.tails import TaskView
 
 logger = logging.getLogger(__name__)
 REFRESH_S = 0.5
@@ -178,47 +178,58 @@ class Charts:
         return True
 
 
-class Dashboard:
-    """The whole view of one cluster; ``widget`` is what the notebook displays."""
+def _box_class() -> type:
+    import ipywidgets as w
+
+    return w.VBox
+
+
+class Dashboard(_box_class()):  # type: ignore[misc]
+    """The whole view of one cluster: an ipywidgets ``VBox`` that refreshes itself.
+
+    Displaying it (or leaving it as a cell's last expression) shows it; ``refresh()`` pushes what
+    changed, ``start()`` / ``stop()`` run and end its refresh timer. Stopping leaves the widgets
+    showing their last state.
+    """
 
     def __init__(self, cluster: Any, refresh_s: float = REFRESH_S) -> None:
         import ipywidgets as w
 
-        self.cluster = cluster
-        self.refresh_s = refresh_s
         names = [str(t) for t in cluster.tasks]
         run_dir = str(cluster.run_dir)
-        self.header = w.HTML()
-        self.alerts = w.HTML()
-        self.panels = {t: TaskPanel(t, run_dir) for t in names}
-        self.charts = Charts(names)
-        self.widget = w.VBox([self.header, self.alerts,
-                              w.Box([p.box for p in self.panels.values()],
-                                    layout=w.Layout(flex_flow="row wrap")),
-                              self.charts.box])
-        self.widget.add_class("tfdist-dashboard")
+        header, alerts = w.HTML(), w.HTML()
+        panels = {t: TaskPanel(t, run_dir) for t in names}
+        charts = Charts(names)
+        super().__init__([header, alerts,
+                          w.Box([p.box for p in panels.values()],
+                                layout=w.Layout(flex_flow="row wrap")),
+                          charts.box])
+        self.add_class("tfdist-dashboard")
+        self.cluster = cluster
+        self.refresh_s = refresh_s
+        self.header, self.alerts, self.panels, self.charts = header, alerts, panels, charts
         self.updates = 0
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._refresh_lock = threading.Lock()
+        self._timer_stop = threading.Event()
+        self._timer: threading.Thread | None = None
         self.refresh()
 
     def start(self) -> Dashboard:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._main, name="tfdist-dashboard",
-                                            daemon=True)
-            self._thread.start()
+        if self._timer is None:
+            self._timer = threading.Thread(target=self._main, name="tfdist-dashboard",
+                                           daemon=True)
+            self._timer.start()
         return self
 
-    def close(self) -> None:
+    def stop(self) -> None:
         """Stop the timer after one last refresh; the widgets stay as they are."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(2)
+        self._timer_stop.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join(2)
         self.refresh()
 
     def _main(self) -> None:
-        while not self._stop.wait(self.refresh_s):
+        while not self._timer_stop.wait(self.refresh_s):
             self.refresh()
 
     def refresh(self) -> bool:
@@ -233,7 +244,7 @@ class Dashboard:
             return False
 
     def _refresh(self) -> bool:
-        with self._lock:
+        with self._refresh_lock:
             c = self.cluster
             changed = False
             views = []

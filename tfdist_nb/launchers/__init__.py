@@ -1,5 +1,7 @@
-"""Where tasks run. One small interface (:mod:`.base`); backends registered by short name."""
+"""Where tasks run. One small interface (:mod:`.base`); backends found by short name
+(:mod:`.registry`)."""
 
-from tfdist_nb.launchers.base import Launcher, TaskHandle, TaskLaunch, available, get_launcher
+from tfdist_nb.launchers.base import Launcher, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.registry import available, get_launcher, register
 
-__all__ = ["Launcher", "TaskHandle", "TaskLaunch", "available", "get_launcher"]
+__all__ = ["Launcher", "TaskHandle", "TaskLaunch", "available", "get_launcher", "register"]

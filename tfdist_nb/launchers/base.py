@@ -1,7 +1,8 @@
 """The one launcher contract: where a task's kernel runs and how it is started and ended.
 
-Local, SSH and attach launchers implement it; the cluster core only talks to this interface. The
-coroutines run on the cluster's event loop thread.
+Local, SSH and attach launchers implement it; the cluster core only talks to this interface and
+finds them by name through :mod:`.registry` (this module knows none of them). The coroutines run
+on the cluster's event loop thread.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.cluster.spec import TaskId
+from tfdist_nb.topology import TaskId
 
 
 @dataclass
@@ -96,30 +97,3 @@ class Launcher(abc.ABC):
 
     def release(self) -> None:  # noqa: B027 - optional hook
         """Give back what ``tf_addresses`` reserved (called when the cluster stops)."""
-
-
-_REGISTRY: dict[str, type[Launcher]] = {}
-
-
-def register(name: str, cls: type[Launcher]) -> None:
-    _REGISTRY[name] = cls
-
-
-def _register_builtins() -> None:
-    from tfdist_nb.launchers import attach, local, ssh  # noqa: F401  - they register themselves
-
-
-def get_launcher(name: str, **options: Any) -> Launcher:
-    """A launcher by short name (``local``, ``ssh``, ``attach``)."""
-    _register_builtins()
-
-    if name not in _REGISTRY:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ValueError(f"unknown launcher {name!r}; available: {known}")
-    return _REGISTRY[name](**options)
-
-
-def available() -> list[str]:
-    _register_builtins()
-
-    return sorted(_REGISTRY)

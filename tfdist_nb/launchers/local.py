@@ -1,7 +1,10 @@
 """Tasks as ipykernel processes on this machine, started through jupyter_client's async API.
 
-Kernel channels listen on 127.0.0.1 and every message is HMAC-signed with a per-kernel key kept in
-an owner-only connection file inside the run directory.
+Kernel channels are Unix sockets (jupyter_client's ``ipc`` transport) in the task's owner-only
+directory of the run: no kernel port exists, so none can be raced for, and nothing but this user
+can connect. Every message is still HMAC-signed with a per-kernel key kept in an owner-only
+connection file. ``transport="tcp"`` (loopback, ports from ``bind(0)``) remains for file systems
+without Unix sockets.
 """
 
 from __future__ import annotations
@@ -10,21 +13,27 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
-from tfdist_nb.cluster.spec import TaskId
 from tfdist_nb.launchers import ports
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch, register
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
 KERNEL_NAME = "tfdist-worker"
+TRANSPORTS = ("ipc", "tcp")
+#: sun_path holds 108 bytes; the longest socket is "<prefix>-5" plus a NUL.
+MAX_SOCKET_PREFIX = 100
 
 
 def worker_kernel_spec(python: str) -> KernelSpec:
@@ -57,6 +66,7 @@ class _OneSpec(KernelSpecManager):
 @dataclass
 class LocalTaskHandle(TaskHandle):
     manager: AsyncKernelManager = field(default=None, repr=False)  # type: ignore[assignment]
+    scratch: Path | None = None  # a short socket directory of its own, removed at stop
 
     async def poll(self) -> int | None:
         prov = self.manager.provisioner
@@ -81,6 +91,8 @@ class LocalTaskHandle(TaskHandle):
             await self.manager.cleanup_resources()
         with contextlib.suppress(Exception):
             self.manager.context.destroy(linger=0)
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         return StopReport(str(self.task), path, code, time.monotonic() - start)
 
     async def _request_then_kill(self, grace_s: float) -> str:
@@ -114,8 +126,12 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
-    def __init__(self, host: str = "localhost") -> None:
+    def __init__(self, host: str = "localhost", transport: str = "ipc") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not "
+                             f"{transport!r}")
         self.host = host
+        self.transport = transport
         self._ports: list[int] = []
 
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -137,15 +153,30 @@ class LocalLauncher(Launcher):
         )
         km.connection_file = str(launch.connection_file)
         km.shutdown_wait_time = 1.0
+        scratch = None
+        if self.transport == "ipc":
+            km.transport = "ipc"
+            km.ip, scratch = _socket_prefix(launch.connection_file.parent)
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             await km.start_kernel(env=launch.env, stdout=fd, stderr=fd,
                                   cwd=launch.cwd or os.getcwd())
+        except BaseException:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
         finally:
             os.close(fd)
         pid = getattr(getattr(km.provisioner, "process", None), "pid", None)
         return LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
-                               manager=km)
+                               manager=km, scratch=scratch)
 
 
-register("local", LocalLauncher)
+def _socket_prefix(task_dir: Path) -> tuple[str, Path | None]:
+    """Where the kernel's five sockets go: ``<task dir>/kernel-1`` ... ``-5``, or, when that
+    path is too long for a Unix socket, a fresh owner-only directory under the temp dir."""
+    prefix = str(task_dir / "kernel")
+    if len(os.fsencode(prefix)) <= MAX_SOCKET_PREFIX:
+        return prefix, None
+    scratch = Path(tempfile.mkdtemp(prefix="tfdist-"))  # mkdtemp makes it 0700
+    return str(scratch / "k"), scratch

@@ -11,8 +11,8 @@ import argparse
 from dataclasses import dataclass, field
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
-from tfdist_nb.cluster.spec import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
 from tfdist_nb.errors import SpecError
+from tfdist_nb.topology import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
 
 EXAMPLE = (
     "examples:\n"

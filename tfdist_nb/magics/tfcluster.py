@@ -1,5 +1,5 @@
 """The IPython magics of SPEC 2.1. Each parses its line, raises UsageError for the user's mistakes
-(with an example), and hands off to the :class:`~tfdist_nb.cluster.cluster.Cluster` API.
+(with an example), and hands off to the :class:`~tfdist_nb.cluster.facade.Cluster` API.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class TfdistMagics(Magics):
         return self._run(cluster, line, cell, request)
 
     def _ensure(self, request: ClusterRequest) -> Any:
-        from tfdist_nb.cluster.cluster import Cluster, current
+        from tfdist_nb.cluster.facade import Cluster, current
 
         active = current()
         try:
@@ -144,7 +144,7 @@ class TfdistMagics(Magics):
         return cluster
 
     def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:
-        from tfdist_nb.display.live import LivePrinter, failure_report
+        from tfdist_nb.display.printer import LivePrinter, failure_report
 
         printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
                               else PLAIN_LINES, run_dir=cluster.run_dir)
@@ -175,7 +175,7 @@ class TfdistMagics(Magics):
         from IPython.display import display
 
         dashboard = cluster.dashboard()
-        display(dashboard.widget)
+        display(dashboard)
         return dashboard
 
     @magic_arguments()
@@ -221,7 +221,7 @@ class TfdistMagics(Magics):
         They are taken in each task's inspection subshell, so they come back while the main
         thread is blocked inside a TensorFlow op (a stuck collective, say).
         """
-        from tfdist_nb.display.live import label
+        from tfdist_nb.display.printer import label
 
         args = _parse(self.tfdist_stacks, line, "example: %tfdist_stacks --on 1")
         try:
@@ -265,7 +265,7 @@ class TfdistMagics(Magics):
     @line_magic
     def tfdist_stop(self, line: str) -> None:
         """Stop every task of the active cluster (fast: short grace, then SIGKILL)."""
-        from tfdist_nb.cluster.cluster import current
+        from tfdist_nb.cluster.facade import current
 
         _parse(self.tfdist_stop, line, "example: %tfdist_stop")
         cluster = current()
@@ -353,7 +353,7 @@ class TfdistMagics(Magics):
 
 
 def _require() -> Any:
-    from tfdist_nb.cluster.cluster import current
+    from tfdist_nb.cluster.facade import current
 
     cluster = current()
     if cluster is None:

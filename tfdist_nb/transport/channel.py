@@ -50,8 +50,7 @@ class KernelChannel:
         self._cells: dict[str, int] = {}
         self._partial: dict[str, str] = {}
         self._pumps: list[asyncio.Task] = []
-        self.last_output: float | None = None
-        self.last_telemetry: float | None = None
+        self.iopub_alive = asyncio.Event()  # set by the first iopub message: that channel works
 
     async def start(self, timeout: float) -> None:
         self.client.start_channels()
@@ -126,18 +125,16 @@ class KernelChannel:
         ex = self._pending.get(parent)
         content = msg.get("content", {})
         t = message_time(msg, time.time())
+        self.iopub_alive.set()
         if kind == TELEMETRY_MSG:
-            self.last_telemetry = time.time()
             self._sink([TelemetrySample(content.get("time", t), self.task, content)])
         elif kind == "stream":
-            self.last_output = time.time()
             name = content.get("name", "stdout")
             text = content.get("text", "")
             if ex is not None:
                 (ex.stdout if name == "stdout" else ex.stderr).append(text)
             self._emit_stream(t, name, text, cell)
         elif kind in ("display_data", "execute_result", "update_display_data"):
-            self.last_output = time.time()
             if ex is not None:
                 ex.outputs.append({"output_type": kind, **content})
             self._sink([RichOutput(t, self.task, kind, content.get("data", {}),

@@ -8,6 +8,8 @@ when its controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's par
 
 from __future__ import annotations
 
+import os
+
 import tfdist_nb.worker  # noqa: F401  - the task identity is read before any user code
 
 
@@ -17,7 +19,13 @@ def main() -> None:
     from tfdist_nb.worker import agent
 
     app = IPKernelApp.instance()
-    app.initialize()
+    # The kernel's ipc sockets are created while it binds: owner-only, like every file of the
+    # run (docs/security.md). The user's own files get the usual umask back before any cell.
+    umask = os.umask(0o077)
+    try:
+        app.initialize()
+    finally:
+        os.umask(umask)
     agent.start(app.kernel)
     app.start()
 

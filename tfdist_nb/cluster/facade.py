@@ -1,0 +1,380 @@
+"""The ``Cluster`` facade (docs/reference.md, Python API): validate arguments, hand the work to
+the cluster's loop thread, wait with a deadline.
+
+The jobs live in their own modules: :mod:`.lifecycle` starts and stops tasks, :mod:`.runner`
+runs a cell, :mod:`.hub` fans events out to disk, views and detectors, :mod:`.inspector` reads
+stacks and aborts collectives, :mod:`.agent_client` calls into the worker agent, :mod:`.views`
+builds the DataFrames, :mod:`.registry` knows the active cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import queue
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tfdist_nb.cluster import registry
+from tfdist_nb.cluster.environment import resolve_python
+from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.inspector import Inspector, format_stacks
+from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
+from tfdist_nb.cluster.loop import LoopThread
+from tfdist_nb.cluster.relay import RUN_DONE, relay
+from tfdist_nb.cluster.results import RunResult
+from tfdist_nb.cluster.runner import RunControl, run_cell
+from tfdist_nb.cluster.state import TaskEvent, TaskState
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.views import env_frame, status_frame
+from tfdist_nb.diagnostics.straggler import Straggler
+from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError, TfdistError
+from tfdist_nb.events import Event
+from tfdist_nb.launchers.base import Launcher, StopReport
+from tfdist_nb.launchers.registry import make_launcher
+from tfdist_nb.store.logs import logs_frame
+from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
+from tfdist_nb.store.tails import LiveStore
+from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+STOP_TIMEOUT_S = 30.0
+INSPECT_CALL_S = 15.0
+
+
+def current() -> Cluster | None:
+    """The notebook's active cluster (the one the magics drive), or None."""
+    return registry.current()
+
+
+class Cluster:
+    """A multi-worker TensorFlow cluster whose tasks are ipykernels.
+
+    >>> with Cluster(workers=2) as c:                       # doctest: +SKIP
+    ...     c.run("import tensorflow as tf; print(tf.__version__)")
+    """
+
+    def __init__(self, workers: int = 2, ps: int = 0, chief: bool = False,
+                 launcher: str | Launcher = "local", hosts: list[str] | None = None,
+                 env: Mapping[str, str] | None = None, stall_timeout: float = 60.0,
+                 python: str | None = None, *, evaluator: bool = False,
+                 run_dir: str | os.PathLike[str] | None = None,
+                 preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
+                 launcher_options: Mapping[str, Any] | None = None) -> None:
+        spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
+        if hosts is not None and launcher == "local":
+            raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
+        if start_timeout <= 0:
+            raise SpecError("start_timeout must be positive (seconds for the whole start)")
+        self.hosts = list(hosts) if hosts else None
+        self.launcher_options = dict(launcher_options or {})
+        chosen = (launcher if isinstance(launcher, Launcher)
+                  else make_launcher(launcher, self.hosts, python, self.launcher_options))
+        # A remote interpreter is looked up on its host (the probe says if it is missing there).
+        interpreter = (python or sys.executable) if chosen.remote else resolve_python(python)
+        self.setup = Setup(spec=spec, launcher=chosen, python=interpreter,
+                           preload=tuple(preload), extra_env=dict(env or {}),
+                           start_timeout=float(start_timeout))
+        self.stall_timeout = float(stall_timeout)
+        self._run_root = run_dir
+        self.id = new_cluster_id()
+        self.rundir: RunDirectory | None = None
+        self.live = LiveStore()
+        self.tasks: dict[TaskId, TaskRuntime] = {}
+        self.hub: EventHub | None = None
+        self._lifecycle: Lifecycle | None = None
+        self._loop: LoopThread | None = None
+        self._dashboard: Any = None
+        self._cell = 0
+        self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
+        self.last_stop: list[StopReport] = []
+        self.running = False
+
+    # what the cluster was made with (the magics compare a new line against these)
+    spec = property(lambda self: self.setup.spec)
+    launcher = property(lambda self: self.setup.launcher)
+    python = property(lambda self: self.setup.python)
+    preload = property(lambda self: self.setup.preload)
+    extra_env = property(lambda self: self.setup.extra_env)
+    start_timeout = property(lambda self: self.setup.start_timeout)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> Cluster:
+        """Start every task in parallel; ``start_timeout`` bounds the whole start."""
+        if self.running:
+            return self
+        self.rundir = RunDirectory(self._run_root, self.id)
+        self.hub = EventHub(self.rundir, self.live, self._task_states)
+        self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
+        self._loop = LoopThread(f"tfdist-{self.id}")
+        registry.track(self)
+        try:
+            self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
+        except BaseException as exc:
+            self._teardown()
+            if isinstance(exc, ClusterStartError):
+                raise
+            raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
+        self.running = True
+        registry.set_current(self)
+        return self
+
+    def stop(self) -> list[StopReport]:
+        """End every task at once (shutdown request, short grace, then SIGKILL)."""
+        if self._loop is None:
+            return self.last_stop
+        for control in list(self._active_runs):  # a cell still running ends now, not later
+            self._loop.call_soon(control.stop, "stopped")
+        if self._lifecycle is not None:
+            with contextlib.suppress(Exception):
+                self.last_stop = self._loop.run(
+                    self._lifecycle.stop(list(self.tasks.values())), STOP_TIMEOUT_S)
+        concurrent.futures.wait(list(self._active_runs.values()), timeout=5)
+        self._teardown()
+        return self.last_stop
+
+    def _teardown(self) -> None:
+        self.running = False
+        if self._dashboard is not None:
+            with contextlib.suppress(Exception):
+                self._dashboard.stop()
+        if self._loop is not None:
+            if self._lifecycle is not None and any(rt.handle for rt in self.tasks.values()):
+                with contextlib.suppress(Exception):
+                    self._loop.run(self._lifecycle.stop(list(self.tasks.values())),
+                                   STOP_TIMEOUT_S)
+            self._loop.close()
+            self._loop = None
+        self.launcher.release()
+        for rt in self.tasks.values():
+            if rt.state is not TaskState.STOPPED:
+                rt.transition(TaskEvent.STOP)
+        if self.rundir is not None:
+            self.rundir.close()
+        registry.forget(self)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def restart(self, on: Any = None) -> None:
+        """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG."""
+        targets = self._runtimes(on, allow_dead=True)
+        if not self.launcher.restartable:
+            raise TfdistError(f"the {self.launcher.name} launcher cannot restart tasks: their "
+                              "scheduler started them; restart them there, then attach again")
+        assert self._lifecycle is not None
+        self._require_loop().run(self._lifecycle.restart(targets),
+                                 self.start_timeout + STOP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ inspection and control
+    def stacks(self, on: Any = None) -> dict[str, str]:
+        """Python stacks of every thread of each task (SPEC 2.2), also while its main thread is
+        blocked inside a TensorFlow op: they are taken in the task's inspection subshell."""
+        targets = self._runtimes(on, allow_dead=True)
+        inspector = self._inspector()
+        found = self._require_loop().run(_gather(*(inspector.stacks(rt) for rt in targets)),
+                                         INSPECT_CALL_S)
+        return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+
+    def inject(self, kind: str, on: Any = None, **params: Any) -> dict[str, str]:
+        """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
+
+        Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
+        timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
+        """
+        from tfdist_nb.worker.inject import KINDS
+
+        if kind != "clear" and kind not in KINDS:
+            raise SpecError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} or clear")
+        if kind != "clear" and on is None:
+            raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
+        # a dead task has no faults to clear, and a restart brings it back without any
+        targets = [rt for rt in self._runtimes(on, allow_dead=kind == "clear")
+                   if rt.state is not TaskState.DEAD and rt.agent is not None]
+        args = {k: v for k, v in params.items() if v is not None}
+        said = self._require_loop().run(
+            _gather(*(rt.agent.inject(kind, args) for rt in targets if rt.agent)),
+            INSPECT_CALL_S)
+        for rt, text in zip(targets, said, strict=True):
+            self._note(rt.name, f"fault injection: {text}",
+                       "WARNING" if kind != "clear" else "INFO")
+        return {rt.name: text for rt, text in zip(targets, said, strict=True)}
+
+    def set_log_level(self, level: str, cpp: int | None = None,
+                      vmodule: str | None = None) -> str:
+        """Python and TensorFlow logger level on every task (``%tfdist_loglevel``).
+
+        TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
+        ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
+        """
+        level = level.upper()
+        if level not in LOG_LEVELS:
+            raise SpecError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
+        if cpp is not None and cpp not in (0, 1, 2, 3):
+            raise SpecError("--cpp is TF_CPP_MIN_LOG_LEVEL: 0 (all), 1 (no INFO), 2 (no "
+                            "WARNING), 3 (no ERROR)")
+        said = []
+        if cpp is not None or vmodule is not None:
+            if cpp is not None:
+                self.extra_env["TF_CPP_MIN_LOG_LEVEL"] = str(cpp)
+            if vmodule is not None:
+                self.extra_env["TF_CPP_VMODULE"] = vmodule
+            assert self._lifecycle is not None
+            self._lifecycle.refresh_env()
+            self.restart()
+            said.append("restarted all tasks so the C++ log settings take effect")
+        targets = self._runtimes("all")
+        self._require_loop().run(
+            _gather(*(rt.agent.set_log_level(level) for rt in targets if rt.agent)), 30)
+        said.insert(0, f"log level {level} on {len(targets)} task(s)")
+        return "; ".join(said)
+
+    def interrupt(self, on: Any = None, grace_s: float = 2.0) -> list[str]:
+        """Interrupt the targeted tasks: SIGINT first; a task with a thread still inside a
+        TensorFlow op ``grace_s`` later (SIGINT cannot reach it there, docs/design.md) gets its
+        collectives aborted. Returns the tasks whose collectives were aborted."""
+        targets = self._runtimes(on, allow_dead=True)
+        return self._require_loop().run(self._inspector().interrupt(targets, grace_s),
+                                        grace_s + 20)
+
+    # ------------------------------------------------------------------ running cells
+    def run(self, code: str, on: Any = None, timeout: float | None = None, *,
+            on_event: Callable[[Event], None] | None = None,
+            stall_timeout: float | None = None) -> RunResult:
+        """Run ``code`` on the targeted tasks at once and return when all have ended.
+
+        ``on_event`` is called in the caller's thread with every event while the cell runs (the
+        magic uses it to show output live). Pressing interrupt interrupts the tasks. A task with
+        no progress for ``stall_timeout`` (default: the cluster's) ends the run as stalled.
+        """
+        targets = self._runtimes(self.default_targets() if on is None else on)
+        if timeout is not None and timeout <= 0:
+            raise ValueError("timeout must be positive")
+        assert self.rundir is not None and self.hub is not None
+        self._cell += 1
+        cell = self._cell
+        self.hub.new_cell()
+        self.rundir.write_cell(cell, code, [rt.name for rt in targets])
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        listener = events.put
+        self.hub.add_listener(listener)
+        loop = self._require_loop()
+        control = RunControl()
+        fut = loop.submit(run_cell(targets, code, cell, timeout, control,
+                                   inspector=self._inspector(),
+                                   stall_timeout=stall_timeout or self.stall_timeout))
+        fut.add_done_callback(lambda _: events.put(RUN_DONE))
+        self._active_runs[control] = fut
+        try:
+            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, "interrupt"),
+                  alive=lambda: self._loop is not None)
+        finally:
+            self.hub.remove_listener(listener)
+            self._active_runs.pop(control, None)
+        return RunResult(cell=cell, tasks=fut.result(timeout=10))
+
+    # ------------------------------------------------------------------ views
+    def status(self) -> pd.DataFrame:
+        """One row per task with the SPEC 2.4 columns (docs/reference.md), plus ``flags``."""
+        return status_frame(self.tasks.values(), self.live, self.stragglers)
+
+    def logs(self, on: Any = None, grep: str | None = None,
+             tail: int | None = None) -> pd.DataFrame:
+        """The merged log of all tasks from the run directory: time, task, stream, level, text."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not been started")
+        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
+        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail)
+
+    def env(self) -> pd.DataFrame:
+        """What each task reported about its environment, side by side, differences marked."""
+        return env_frame(self.tasks.values())
+
+    def alerts(self) -> list[str]:
+        """What the cluster warned about, newest last (the dashboard's alerts area)."""
+        return list(self.hub.alerts) if self.hub is not None else []
+
+    @property
+    def stragglers(self) -> dict[str, Straggler]:
+        """The current cell's stragglers by task name, with their lateness."""
+        return self.hub.stragglers if self.hub is not None else {}
+
+    def dashboard(self, start: bool = True) -> Any:
+        """The live dashboard, an ipywidgets box (SPEC 2.2): display it, or leave it as a
+        cell's last expression. A new one retires the previous one's refresh timer."""
+        from tfdist_nb.display.dashboard import Dashboard
+
+        if self._dashboard is not None:
+            self._dashboard.stop()
+        self._dashboard = Dashboard(self)
+        return self._dashboard.start() if start else self._dashboard
+
+    def default_targets(self) -> str:
+        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
+        if self.spec.ps:
+            return "chief:0" if self.spec.chief else ",".join(
+                str(t) for t in self.spec.tasks if t.role == "worker")
+        return "all"
+
+    def keras_summary(self) -> str:
+        """Which TensorFlow and Keras the tasks run, with the MWMS ``fit`` caveat for Keras 3."""
+        flavours = sorted({str(rt.info.get("keras_flavour")) for rt in self.tasks.values()})
+        tf = sorted({str(rt.info.get("tensorflow")) for rt in self.tasks.values()})
+        text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
+        if "keras 3" in flavours and self.spec.workers + self.spec.chief > 1:
+            text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
+        return text
+
+    @property
+    def run_dir(self) -> Path | None:
+        return self.rundir.path if self.rundir else None
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<Cluster {self.id} {self.spec} {state} launcher={self.launcher.name}>"
+
+    def _repr_html_(self) -> str:
+        return f"<p><b>{self!r}</b></p>" + self.status().to_html(index=False, na_rep="")
+
+    # ------------------------------------------------------------------ internals
+    def _runtimes(self, on: Any, allow_dead: bool = False) -> list[TaskRuntime]:
+        if not self.running:
+            raise ClusterNotRunningError("the cluster is not running; start() it first")
+        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
+        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
+        if dead and not allow_dead:
+            raise ClusterNotRunningError(
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
+                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
+                "cluster.restart()")
+        return targets
+
+    def _require_loop(self) -> LoopThread:
+        if self._loop is None:
+            raise ClusterNotRunningError("the cluster is not running")
+        return self._loop
+
+    def _inspector(self) -> Inspector:
+        assert self.hub is not None
+        return Inspector(self.hub, self.tasks)
+
+    def _task_states(self) -> dict[str, tuple[str, str]]:
+        return {rt.name: (rt.task.role, rt.state.value) for rt in list(self.tasks.values())}
+
+    def _note(self, task: str, text: str, level: str = "INFO") -> None:
+        if self.hub is not None:
+            self.hub.note(task, text, level)
+
+
+async def _gather(*coros: Any) -> list[Any]:
+    """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
+    return list(await asyncio.gather(*coros))

@@ -1,0 +1,106 @@
+"""The cluster's event hub: every event of every task passes here, on the loop thread.
+
+Disk first (the run directory keeps everything), then the live store, then the listeners (a
+running cell's relay). The detectors that read the stream live here too: straggler lateness from
+step records, strategy start-up waits from TensorFlow's log, and the tasks' own notes; what they
+find becomes a note (kept with the events) and, at WARNING or above, an alert.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from tfdist_nb.diagnostics.startup import StartupWaitDetector
+from tfdist_nb.diagnostics.straggler import Straggler, find_stragglers
+from tfdist_nb.diagnostics.straggler import evidence as straggler_evidence
+from tfdist_nb.events import Event, OutputLine, TaskNote, TelemetrySample
+from tfdist_nb.store.rundir import RunDirectory
+from tfdist_nb.store.tails import LiveStore
+
+STRAGGLER_ROWS = 60
+ALERTS_KEPT = 50
+Listener = Callable[[list[Event]], None]
+
+
+class EventHub:
+    """Fans events out to disk, the live store, listeners and detectors.
+
+    ``task_states`` says each task's role and state by name (the detectors name tasks that are
+    not running a cell, and judge stragglers among workers and the chief only).
+    """
+
+    def __init__(self, rundir: RunDirectory, live: LiveStore,
+                 task_states: Callable[[], dict[str, tuple[str, str]]]) -> None:
+        self.rundir = rundir
+        self.live = live
+        self._task_states = task_states
+        self.alerts: deque[str] = deque(maxlen=ALERTS_KEPT)
+        self.stragglers: dict[str, Straggler] = {}
+        self._startup_waits = StartupWaitDetector()
+        self._listeners: tuple[Listener, ...] = ()
+        self._lock = threading.Lock()
+        self._cell_started = 0.0
+
+    def new_cell(self) -> None:
+        """Stragglers are judged afresh in each cell, on its own steps, with a new alert."""
+        self.stragglers, self._cell_started = {}, time.time()
+
+    def add_listener(self, fn: Listener) -> None:
+        with self._lock:
+            self._listeners = (*self._listeners, fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        with self._lock:
+            self._listeners = tuple(f for f in self._listeners if f is not fn)
+
+    def sink(self, events: list[Event]) -> None:
+        self.rundir.write_events(events)
+        self.live.add_many(events)
+        for fn in self._listeners:
+            fn(events)
+        for event in events:
+            if isinstance(event, OutputLine) and event.stream == "stderr":
+                self._check_startup_wait(event)
+            elif isinstance(event, TelemetrySample):
+                for note in event.data.get("notes") or ():
+                    self.note(event.task, note.get("text", ""), note.get("level", "INFO"))
+                if event.data.get("steps"):
+                    self._check_stragglers()
+
+    def note(self, task: str, text: str, level: str = "INFO") -> None:
+        """A finding or a controller message about ``task``, kept with its events."""
+        if level in ("WARNING", "ERROR", "CRITICAL"):
+            self.alerts.append(f"{task}: {text}")
+        self.sink([TaskNote(time.time(), task, text, level)])
+
+    def _check_stragglers(self) -> None:
+        roles = self._task_states()
+        steps = {name: [r for r in list(self.live.view(name).steps)[-STRAGGLER_ROWS:]
+                        if r[1] >= self._cell_started]
+                 for name, (role, _) in roles.items() if role in ("worker", "chief")}
+        found = {s.task: s for s in find_stragglers(steps)}
+        since = self._cell_started
+        for task, finding in found.items():
+            if task in self.stragglers:
+                continue
+            view = self.live.view(task)
+            others = [f for name in steps if name != task
+                      if (f := self.live.view(name).local_fetch_ms(since=since)) is not None]
+            why = straggler_evidence(view.latest, view.input_wait_ms(),
+                                     view.local_fetch_ms(since=since), others)
+            self.note(task, f"{finding}; {why}", "WARNING")
+        self.stragglers = found
+
+    def _check_startup_wait(self, line: OutputLine) -> None:
+        wait = self._startup_waits.feed(line.task, line.text)
+        if wait is None:
+            return
+        states = self._task_states()
+        named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
+                 for n in wait.stragglers]
+        self.note(wait.task, f"creating the strategy waits for {wait.missing}/{wait.total} "
+                  f"task(s) to join: {', '.join(named)}", "WARNING")
+

@@ -1,0 +1,102 @@
+"""What the runner may learn about a busy task, and the stacks/abort calls it makes.
+
+Progress comes from the live store; stacks and collective aborts go through each task's
+inspection subshell (they answer while the main thread is blocked inside a TensorFlow op), every
+call bounded in time. Satisfies :class:`tfdist_nb.cluster.runner.Inspector`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.state import TaskState
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.diagnostics.stall import Progress
+from tfdist_nb.errors import AgentError
+from tfdist_nb.topology import TaskId
+
+HEARTBEAT_GAP_S = 5.0
+
+
+class Inspector:
+    def __init__(self, hub: EventHub, tasks: Mapping[TaskId, TaskRuntime]) -> None:
+        self.hub = hub
+        self.tasks = tasks
+        self._gapped: set[str] = set()
+
+    def progress(self, rt: TaskRuntime) -> Progress:
+        v = self.hub.live.view(rt.name)
+        return Progress(v.step_count, v.lines_total, v.latest.get("cpu_percent"), v.last_sample)
+
+    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None:
+        """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
+        which TensorFlow does while it holds the GIL (creating a strategy that waits for its
+        peers, for one); name the tasks that are not running the cell with it."""
+        v = self.hub.live.view(rt.name)
+        if v.last_sample is None or time.time() - v.last_sample < HEARTBEAT_GAP_S:
+            self._gapped.discard(rt.name)
+            return
+        if rt.name in self._gapped:
+            return
+        self._gapped.add(rt.name)
+        names = {b.name for b in busy}
+        others = [f"{t.name} ({t.state.value})" for t in self.tasks.values()
+                  if t.name not in names and t.task.role in ("worker", "chief")]
+        text = (f"no heartbeat for {time.time() - v.last_sample:.0f}s: its Python threads are "
+                "blocked (TensorFlow holds the GIL, as when creating a strategy that waits for "
+                "its peers to join)")
+        if others:
+            text += f"; not running this cell: {', '.join(others)}: run it on every task"
+        self.hub.note(rt.name, text, "WARNING")
+
+    def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]:
+        v = self.hub.live.view(rt.name)
+        return (v.latest or None), [line.text for line in list(v.lines)[-8:]]
+
+    async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None:
+        if rt.agent is None or rt.state is TaskState.DEAD:
+            return None
+        try:
+            return await rt.agent.stacks()
+        except (asyncio.TimeoutError, AgentError):
+            return None
+
+    async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None:
+        if rt.agent is None or rt.state is TaskState.DEAD:
+            return
+        with contextlib.suppress(asyncio.TimeoutError, AgentError):
+            await rt.agent.abort_collectives(reason)
+            self.hub.note(rt.name, f"aborted its collectives ({reason}); restart the tasks "
+                          "before the next collective", "WARNING")
+
+    async def interrupt(self, targets: list[TaskRuntime], grace_s: float) -> list[str]:
+        """SIGINT; a task with a thread still inside a TensorFlow op ``grace_s`` later (SIGINT
+        cannot reach it there) gets its collectives aborted. Returns those tasks' names."""
+        await asyncio.gather(*(rt.handle.interrupt() for rt in targets if rt.handle))
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(
+                rt.state in (TaskState.BUSY, TaskState.STALLED) for rt in targets):
+            await asyncio.sleep(0.1)
+        aborted = []
+        for rt in targets:
+            found = await self.stacks(rt)
+            # the main thread, or a thread a strategy runs its all-reduce on, still inside TF
+            if found and (found.get("main", {}).get("kind") == "tensorflow"
+                          or found.get("in_tf")):
+                await self.abort_collectives(rt, "interrupted by the user")
+                aborted.append(rt.name)
+        return aborted
+
+
+def format_stacks(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "(no answer: the task is dead or did not answer in time)"
+    main = found.get("main", {})
+    parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
+    parts += [f"--- {name} ---\n{stack}" for name, stack in found.get("threads", {}).items()]
+    return "\n".join(parts)

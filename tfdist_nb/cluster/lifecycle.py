@@ -1,0 +1,259 @@
+"""Starting, restarting and stopping a cluster's tasks, every step bounded.
+
+Start-up of one task: the launcher starts its process, the kernel channels come up, the worker
+agent answers the handshake (after importing ``preload``), iopub is seen to work, and an
+inspection subshell is made. A task that fails on the way (its process exits, its log shows a
+socket it could not bind, a step fails) is noticed within a poll interval, started once more on
+fresh endpoints, and otherwise reported with the tail of its process log. ``start_timeout``
+bounds the whole start of the cluster, retries included (docs/design.md, Start-up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tfdist_nb.cluster.agent_client import AgentClient
+from tfdist_nb.cluster.environment import worker_env
+from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.state import TaskEvent
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.errors import AgentError, ClusterStartError
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
+from tfdist_nb.store.rundir import RunDirectory
+from tfdist_nb.topology import ClusterSpec, TaskId
+from tfdist_nb.transport.channel import KernelChannel
+
+PORT_ATTEMPTS = 3
+STOP_GRACE_S = 1.0
+POLL_S = 0.2
+SUBSHELL_TIMEOUT_S = 10.0
+LOG_TAIL_LINES = 20
+#: What a kernel writes to its process log when it cannot bind a channel (it may not exit).
+_FATAL_IN_LOG = re.compile(r"ZMQError|Address already in use")
+T = TypeVar("T")
+
+
+@dataclass
+class Setup:
+    """What every task of the cluster is started with."""
+
+    spec: ClusterSpec
+    launcher: Launcher
+    python: str
+    preload: tuple[str, ...]
+    extra_env: dict[str, str] = field(default_factory=dict)
+    start_timeout: float = 120.0
+
+
+class StartFailed(Exception):
+    """One task's start failed; ``retry``: worth one more try (the deadline is not past)."""
+
+    def __init__(self, message: str, retry: bool = True) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+class Lifecycle:
+    """Starts and stops the task runtimes in ``tasks`` (the cluster's own dict, kept current)."""
+
+    def __init__(self, setup: Setup, rundir: RunDirectory, hub: EventHub,
+                 tasks: dict[TaskId, TaskRuntime]) -> None:
+        self.setup = setup
+        self.rundir = rundir
+        self.hub = hub
+        self.tasks = tasks
+
+    # ------------------------------------------------------------------ whole cluster
+    async def start_all(self) -> None:
+        deadline = time.monotonic() + self.setup.start_timeout
+        tasks = self.setup.spec.tasks
+        avoid: dict[TaskId, str] = {}
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            addresses = await asyncio.to_thread(self.setup.launcher.tf_addresses, tasks, avoid)
+            self.tasks.clear()
+            self.tasks.update({t: self.runtime(t, addresses) for t in tasks})
+            await self.launch(list(self.tasks.values()), deadline)
+            clashes = {rt.task: rt.address for rt in self.tasks.values()
+                       if rt.info.get("port_free") is False}
+            if not clashes:
+                if self.setup.spec.ps:
+                    await self.serve_parameter_servers(list(self.tasks.values()))
+                return
+            for task, addr in clashes.items():
+                self.hub.note(str(task), f"TF port {addr} was taken before start; choosing "
+                              f"another (attempt {attempt})", "WARNING")
+            await self.stop(list(self.tasks.values()))
+            avoid.update(clashes)
+        raise ClusterStartError(f"TF ports kept being taken: {sorted(map(str, avoid))}")
+
+    async def restart(self, targets: list[TaskRuntime]) -> None:
+        deadline = time.monotonic() + self.setup.start_timeout
+        for rt in targets:
+            rt.transition(TaskEvent.RESTART)
+            self.hub.note(rt.name, "restarting with the same TF_CONFIG")
+        await self.stop(targets)
+        await self.launch(targets, deadline)
+        if self.setup.spec.ps:
+            await self.serve_parameter_servers(targets)
+
+    def runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
+        tf_config = build_tf_config(task, addresses)
+        launcher = self.setup.launcher
+        env = worker_env(task, tf_config, self.setup.extra_env, self.setup.python,
+                         base=launcher.base_environment(), local=not launcher.remote)
+        self.rundir.write_json(task.slug, "tf_config.json", json.loads(tf_config))
+        self.rundir.write_json(task.slug, "env.json", env)
+        return TaskRuntime(task=task, address=addresses[task], tf_config=tf_config, env=env)
+
+    def refresh_env(self) -> None:
+        """Rebuild every task's environment after ``extra_env`` changed (applies at restart)."""
+        for rt in self.tasks.values():
+            rt.env = worker_env(rt.task, rt.tf_config, self.setup.extra_env, self.setup.python,
+                                base=self.setup.launcher.base_environment(),
+                                local=not self.setup.launcher.remote)
+            self.rundir.write_json(rt.task.slug, "env.json", rt.env)
+
+    async def launch(self, runtimes: list[TaskRuntime], deadline: float) -> None:
+        """Start ``runtimes`` in parallel; on any failure stop them all and raise one error."""
+        outcomes = await asyncio.gather(*(self._launch_or_retry(rt, deadline)
+                                          for rt in runtimes), return_exceptions=True)
+        failed = [(rt, exc) for rt, exc in zip(runtimes, outcomes, strict=True)
+                  if isinstance(exc, BaseException)]
+        if not failed:
+            return
+        await self.stop(runtimes)
+        rt, exc = failed[0]
+        others = f" ({len(failed) - 1} other task(s) failed too)" if len(failed) > 1 else ""
+        tail = "\n".join(rt.kernel_log_tail(LOG_TAIL_LINES))
+        raise ClusterStartError(
+            f"{rt.name} failed to start: {exc}{others}"
+            + (f"\n--- last lines of {rt.name}'s process log ---\n{tail}" if tail else ""))
+
+    async def serve_parameter_servers(self, runtimes: list[TaskRuntime]) -> None:
+        """With ps tasks, ps and workers run their tf.distribute.Server from the start."""
+        serving = [rt for rt in runtimes if rt.task.role in ("ps", "worker") and rt.agent]
+        targets = await asyncio.gather(*(rt.agent.start_tf_server() for rt in serving
+                                         if rt.agent))
+        for rt, target in zip(serving, targets, strict=True):
+            self.hub.note(rt.name, f"serving ParameterServerStrategy at {target}")
+
+    async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
+        """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""
+        async def one(rt: TaskRuntime) -> StopReport | None:
+            if rt.handle is None:
+                return None
+            if rt.channel is not None:
+                await rt.channel.close()
+            report = await rt.handle.stop(STOP_GRACE_S)
+            rt.handle, rt.channel, rt.agent = None, None, None
+            return report
+
+        reports = await asyncio.gather(*(one(rt) for rt in runtimes), return_exceptions=True)
+        return [r for r in reports if isinstance(r, StopReport)]
+
+    # ------------------------------------------------------------------ one task
+    async def _launch_or_retry(self, rt: TaskRuntime, deadline: float) -> None:
+        try:
+            await self._launch_one(rt, deadline)
+        except StartFailed as exc:
+            if not exc.retry or time.monotonic() >= deadline:
+                raise
+            self.hub.note(rt.name, f"failed to start ({exc}); starting it once more on fresh "
+                          "endpoints", "WARNING")
+            await self.stop([rt])
+            await self._launch_one(rt, deadline)
+
+    async def _launch_one(self, rt: TaskRuntime, deadline: float) -> None:
+        launcher = self.setup.launcher
+        tdir = self.rundir.task_dir(rt.task.slug)
+        rt.log_path = tdir / "kernel.log"
+        try:
+            rt.handle = await asyncio.wait_for(launcher.start(TaskLaunch(
+                task=rt.task, env=rt.env, python=self.setup.python, log_path=rt.log_path,
+                connection_file=tdir / "kernel-connection.json")),
+                max(deadline - time.monotonic(), 0.1))
+        except asyncio.TimeoutError:
+            raise StartFailed(self._late(), retry=False) from None
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
+        channel = KernelChannel(rt.name, rt.handle.client, self.hub.sink)
+        rt.channel = channel
+        await self._unless_it_dies(
+            rt, channel.start(timeout=max(deadline - time.monotonic(), 0.1)), deadline)
+        agent = AgentClient(rt.name, channel)
+        if not launcher.env_at_launch:
+            await self._unless_it_dies(rt, agent.set_environment(rt.env), deadline)
+        rt.info = await self._unless_it_dies(rt, agent.describe(list(self.setup.preload)),
+                                             deadline)
+        # the handshake's own busy/idle status travels on iopub: it must have arrived
+        await self._unless_it_dies(rt, channel.iopub_alive.wait(), deadline,
+                                   silent_iopub_after=5.0)
+        agent.subshell = await self._unless_it_dies(
+            rt, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S), deadline)
+        rt.agent = agent
+        rt.transition(TaskEvent.READY)
+        self.hub.note(rt.name, f"ready: pid {rt.pid}, {rt.info.get('keras_flavour')}, TF "
+                      f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
+        for what, error in (rt.info.get("instrumentation_errors") or {}).items():
+            self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
+                          "WARNING")
+
+    async def _unless_it_dies(self, rt: TaskRuntime, step: Awaitable[T], deadline: float,
+                              silent_iopub_after: float | None = None) -> T:
+        """Await a start-up step, but fail within POLL_S when the process exits or its log
+        says a channel could not bind, and at the deadline."""
+        assert rt.handle is not None
+        work = asyncio.ensure_future(step)
+        started = time.monotonic()
+        log_size = -1
+        try:
+            while not work.done():
+                await asyncio.wait([work], timeout=POLL_S)
+                if work.done():
+                    break
+                if (code := await rt.handle.poll()) is not None:
+                    raise StartFailed(f"the process {rt.handle.describe_exit(code)} while "
+                                      "starting")
+                log_size, fatal = _fatal_log_line(rt, log_size)
+                if fatal:
+                    raise StartFailed(f"its kernel could not set up a channel: {fatal}")
+                if (silent_iopub_after is not None
+                        and time.monotonic() - started > silent_iopub_after):
+                    raise StartFailed("its iopub channel sent nothing: output and telemetry "
+                                      "would be lost")
+                if time.monotonic() > deadline:
+                    raise StartFailed(self._late(), retry=False)
+            try:
+                return work.result()
+            except (AgentError, RuntimeError, OSError) as exc:
+                raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            if not work.done():
+                work.cancel()
+
+    def _late(self) -> str:
+        return (f"not ready within start_timeout={self.setup.start_timeout:.0f}s (the whole "
+                "start, retries included)")
+
+
+def _fatal_log_line(rt: TaskRuntime, seen_size: int) -> tuple[int, str | None]:
+    """A line of the task's process log saying that a channel could not bind, if it grew."""
+    path = rt.log_path
+    try:
+        size = path.stat().st_size if path is not None else 0
+    except OSError:
+        return seen_size, None
+    if size == seen_size:
+        return size, None
+    hit = next((line for line in reversed(rt.kernel_log_tail(40)) if _FATAL_IN_LOG.search(line)),
+               None)
+    return size, hit
+
+

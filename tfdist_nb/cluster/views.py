@@ -1,0 +1,61 @@
+"""The DataFrame views of a cluster: ``status()`` (SPEC 2.4 columns, docs/reference.md) and
+``env()``. Pure functions of the task runtimes and the live store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable
+
+import pandas as pd
+
+from tfdist_nb.cluster.state import TaskState
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.store.tails import LiveStore
+
+STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input_wait_ms",
+                  "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
+                  "net_tx_mb_s", "last_output_s_ago", "flags"]
+_NUMERIC = STATUS_COLUMNS[5:-1]
+_SAMPLED = ("cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
+            "net_tx_mb_s")
+ENV_KEYS = ["host", "python", "executable", "tensorflow", "keras", "tf_keras", "keras_flavour",
+            "numpy", "os"]
+
+
+def task_flags(rt: TaskRuntime, stragglers: Collection[str]) -> str:
+    """Short markers of what is wrong with a task, comma separated."""
+    flags = []
+    if rt.name in stragglers:
+        flags.append("straggler")
+    if rt.info.get("instrumentation_errors"):
+        flags.append("no-instrumentation")
+    return ",".join(flags)
+
+
+def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
+                 stragglers: Collection[str]) -> pd.DataFrame:
+    """One row per task from its own telemetry; no GPU (or no reading yet) is NaN, never 0."""
+    rows = []
+    now = time.time()
+    for rt in tasks:
+        v = live.view(rt.name)
+        alive = rt.state not in (TaskState.DEAD, TaskState.STOPPED)
+        latest = v.latest if alive else {}
+        last_output = v.last_output
+        rows.append({
+            "task": rt.name, "host": rt.host, "pid": rt.pid, "state": rt.state.value,
+            "step": v.step_count, "step_time_ms": v.step_time_ms(),
+            "input_wait_ms": v.input_wait_ms(),
+            **{k: latest.get(k) for k in _SAMPLED},
+            "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
+            "flags": task_flags(rt, stragglers),
+        })
+    return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({c: "float64" for c in _NUMERIC})
+
+
+def env_frame(tasks: Iterable[TaskRuntime]) -> pd.DataFrame:
+    """What each task reported about its environment, side by side, differences marked."""
+    data = {rt.name: [rt.info.get(k) for k in ENV_KEYS] for rt in tasks}
+    df = pd.DataFrame(data, index=ENV_KEYS)
+    df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
+    return df

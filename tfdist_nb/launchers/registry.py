@@ -1,0 +1,64 @@
+"""Launchers by short name: the built-in ones are imported only when asked for, and other
+packages add theirs through the ``tfdist_nb.launchers`` entry-point group (name -> class)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from tfdist_nb.errors import SpecError
+from tfdist_nb.launchers.base import Launcher
+
+BUILTIN = {
+    "local": "tfdist_nb.launchers.local:LocalLauncher",
+    "ssh": "tfdist_nb.launchers.ssh:SSHLauncher",
+    "attach": "tfdist_nb.launchers.attach:AttachLauncher",
+}
+_added: dict[str, type[Launcher]] = {}
+
+
+def register(name: str, cls: type[Launcher]) -> None:
+    """Make ``cls`` available as ``launcher=name`` in this process."""
+    _added[name] = cls
+
+
+def _plugins() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group="tfdist_nb.launchers")}
+
+
+def available() -> list[str]:
+    return sorted({*BUILTIN, *_plugins(), *_added})
+
+
+def launcher_class(name: str) -> type[Launcher]:
+    if name in _added:
+        return _added[name]
+    target = BUILTIN.get(name) or _plugins().get(name)
+    if target is None:
+        raise SpecError(f"unknown launcher {name!r}; available: {', '.join(available())}")
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def get_launcher(name: str, **options: Any) -> Launcher:
+    """A launcher by short name (``local``, ``ssh``, ``attach``) made with ``options``."""
+    cls = launcher_class(name)
+    try:
+        return cls(**options)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"launcher {name!r}: {exc}") from None
+
+
+def make_launcher(name: str, hosts: list[str] | None, python: str | None,
+                  options: Mapping[str, Any] | None) -> Launcher:
+    """The named launcher with what it needs of the cluster's arguments."""
+    opts = dict(options or {})
+    if name == "ssh":
+        if not hosts:
+            raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
+        opts.setdefault("hosts", hosts)
+        opts.setdefault("python", python or sys.executable)  # the notebook's, found there
+    return get_launcher(name, **opts)
