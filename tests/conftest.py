@@ -18,14 +18,34 @@ CELLS = Path(__file__).parent / "cells"
 _SESSION_ROOT: list[str] = []  # this session's pytest base temp: every test's run dirs are below
 
 
+#: Command-line words of every worker process tfdist_nb starts: a local (or remote) kernel, the
+#: SSH launcher's remote lifeline, and an attached worker (``python -m tfdist_nb.worker``).
+WORKER_MARKERS = ("tfdist_nb.worker.kernel", "tfdist_nb.worker.remote", "tfdist_nb.worker")
+
+
+def _netns_id(pid: int) -> tuple[int, int] | None:
+    with contextlib.suppress(OSError):
+        st = os.stat(f"/proc/{pid}/ns/net")
+        return st.st_dev, st.st_ino
+    return None
+
+
 def worker_kernels() -> set[int]:
-    """PIDs of the tfdist_nb worker kernels this test session started (their connection files
-    live under its base temp dir), so another test run on the machine does not count."""
+    """PIDs of the tfdist_nb worker processes this test session started, so another test run on
+    the machine does not count: local kernels and attached workers name a path under the
+    session's base temp dir; SSH tasks (lifeline and kernel) run in a network namespace of one
+    of this session's fake hosts (tests/remote_hosts.py)."""
+    from tests.remote_hosts import namespace_ids
+
     root = _SESSION_ROOT[0] if _SESSION_ROOT else ""
+    hosts = namespace_ids()
     found = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if "tfdist_nb.worker.kernel" in cmd and any(root in part for part in cmd):
+        if not any(marker in cmd for marker in WORKER_MARKERS):
+            continue
+        if any(root in part for part in cmd) or (
+                hosts and _netns_id(proc.info["pid"]) in hosts):
             found.add(proc.info["pid"])
     return found
 
@@ -56,21 +76,31 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("tfdist_runs")
     os.environ["TFDIST_RUNS_DIR"] = str(root)
     yield root
-    from tfdist_nb.cluster import cluster
-
-    for c in list(cluster._live):
+    for c in _live_clusters():
         c.stop()
     left = worker_kernels()
     _reap(left)
     assert not left, f"worker kernels left at the end of the session: {sorted(left)}"
 
 
-def _owned_by_live_clusters() -> set[int]:
-    """Workers of clusters still running (a module-scoped cluster's restarted tasks, say)."""
-    from tfdist_nb.cluster import cluster
+def _live_clusters() -> list[Any]:
+    """Clusters of this process that have not stopped (the one place that asks the core)."""
+    from tfdist_nb.cluster.registry import live_clusters
 
-    return {rt.pid for c in list(cluster._live) if c.running for rt in c.tasks.values()
-            if rt.pid}
+    return list(live_clusters())
+
+
+def _owned_by_live_clusters() -> set[int]:
+    """Workers of clusters still running (a module-scoped cluster's restarted tasks, say), with
+    the remote lifeline that an SSH task's kernel runs under."""
+    owned = {rt.pid for c in _live_clusters() if c.running for rt in c.tasks.values()
+             if rt.pid}
+    for pid in list(owned):
+        with contextlib.suppress(psutil.Error, AttributeError):
+            parent = psutil.Process(pid).parent()
+            if "tfdist_nb.worker.remote" in parent.cmdline():  # type: ignore[union-attr]
+                owned.add(parent.pid)  # type: ignore[union-attr]
+    return owned
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,12 @@ with its own address on a bridge that only this set of hosts uses, and runs Debi
 ``sys.executable`` works "remotely" too.
 
 Nothing is routed, NATed or forwarded past the bridge (no default route inside, iptables is not
-touched). Needs root, iproute2, openssh-client and openssh-server; ``available()`` says why not.
+touched). Needs root, iproute2, openssh-client and openssh-server; ``available()`` says why not,
+and ``require_available()`` turns that into a skip, or a failure under CI.
+
+The hosts' aliases live in their own ``workdir/ssh_config`` (given to ssh with ``-F``, or to the
+launcher with ``ssh_config=`` / ``$TFDIST_SSH_CONFIG``), with its own known_hosts: nothing here
+reads or writes the user's ``~/.ssh``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+import pytest
 
 SSHD = Path("/usr/sbin/sshd")
 PORT = 2222
@@ -90,6 +96,38 @@ def available() -> str | None:
     return None
 
 
+def in_ci() -> bool:
+    """True under a CI service (``CI=true``, as GitHub Actions, GitLab and most others set)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def require_available() -> None:
+    """Skip the calling test when fake hosts cannot be made here, saying why; under CI fail
+    instead, so a runner that lost its privileges does not pass by skipping every remote test."""
+    reason = available()
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI: SSH test hosts cannot be made here: {reason}")
+    pytest.skip(f"SSH test hosts cannot be made here: {reason}")
+
+
+_LIVE: list[TestHosts] = []  # sets made and not yet removed, for the leak check
+
+
+def namespace_ids() -> set[tuple[int, int]]:
+    """(device, inode) of the network namespace of every fake host still up in this process:
+    a process whose ``/proc/PID/ns/net`` has one of them runs "on" one of this run's hosts."""
+    ids = set()
+    for hosts in list(_LIVE):
+        for netns in hosts.namespaces.values():
+            if netns not in hosts._deleted:
+                with contextlib.suppress(OSError):
+                    st = os.stat(f"/run/netns/{netns}")
+                    ids.add((st.st_dev, st.st_ino))
+    return ids
+
+
 @dataclass(eq=False)
 class TestHosts:
     """A set of fake hosts made by ``make_hosts``; ``remove()`` tears it down (idempotent).
@@ -119,7 +157,7 @@ class TestHosts:
 
     def ssh_argv(self, alias: str, command: str, *options: str) -> list[str]:
         """The ssh command line for ``alias`` (for Popen); ``options`` go before the alias."""
-        return ["ssh", "-F", str(self.ssh_config), *options, alias, command]
+        return ["ssh", "-F", str(self.ssh_config), *options, "--", alias, command]
 
     def ssh(self, alias: str, command: str, timeout: float = 20,
             options: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -200,6 +238,8 @@ class TestHosts:
                 errors.append(f"could not delete bridge {self.bridge}")
         with contextlib.suppress(Exception):
             atexit.unregister(self.remove)
+        if self.removed and self in _LIVE:
+            _LIVE.remove(self)
         if errors:
             raise HostsError("; ".join(errors))
 
@@ -454,6 +494,7 @@ def make_hosts(n: int, workdir: Path, home: Path | None = None) -> TestHosts:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
     hosts = TestHosts(aliases=[], addresses={}, namespaces={}, ssh_config=workdir / "ssh_config",
                       bridge="", subnet="", workdir=workdir, home=home)
+    _LIVE.append(hosts)
     try:
         _PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
         key = workdir / "id_ed25519"

@@ -1,7 +1,8 @@
 """The fake SSH hosts of tests/remote_hosts.py act like remote machines and leave nothing behind.
 
 Why: SSH launcher tests trust these hosts; if one of these fails, a launcher failure means
-nothing. Skipped where namespaces cannot be made (not root, no sshd); see ``available()``.
+nothing. Skipped where namespaces cannot be made (not root, no sshd; see ``available()``), and
+failed instead under CI (``CI=true``), where a skip would hide a runner that lost its rights.
 """
 
 from __future__ import annotations
@@ -21,21 +22,15 @@ import pytest
 
 from tests import remote_hosts
 from tests.conftest import wait_for
-from tests.remote_hosts import DOWN_ALIAS, TestHosts, available, make_hosts
+from tests.remote_hosts import DOWN_ALIAS, TestHosts, make_hosts
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _skip_unless_available() -> None:
-    reason = available()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Two hosts shared by the module: making them costs about 0.2 s, each ssh about 0.3 s."""
-    _skip_unless_available()
+    remote_hosts.require_available()
     made = make_hosts(2, tmp_path_factory.mktemp("remote_hosts"))
     try:
         yield made
@@ -78,6 +73,38 @@ def _assert_gone(made: TestHosts) -> None:
     assert not set(made.namespaces.values()) & _netns_names()
     assert not ({made.bridge, *made.veths} - {""}) & _links()
     assert not _processes_mentioning(str(made.workdir))
+
+
+def test_without_namespaces_ci_fails_and_elsewhere_skips_saying_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real way to lose root here, so ``available()`` is what is replaced."""
+    monkeypatch.setattr(remote_hosts, "available", lambda: "fake hosts need root")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI: SSH test hosts cannot be made here: "
+                                                    "fake hosts need root"):
+        remote_hosts.require_available()
+    for outside in ("", "false", "0"):
+        monkeypatch.setenv("CI", outside)
+        with pytest.raises(pytest.skip.Exception, match="fake hosts need root"):
+            remote_hosts.require_available()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        remote_hosts.require_available()
+
+
+def test_hosts_are_listed_for_the_leak_check_until_removed(hosts: TestHosts) -> None:
+    ids = remote_hosts.namespace_ids()
+    for netns in hosts.namespaces.values():
+        st = os.stat(f"/run/netns/{netns}")
+        assert (st.st_dev, st.st_ino) in ids
+    # a process started "on" a host has that namespace, the test process has not
+    probe = subprocess.run(["ip", "netns", "exec", hosts.namespaces[hosts.aliases[0]],
+                            "stat", "-L", "-c", "%d %i", "/proc/self/ns/net"],
+                           capture_output=True, text=True, check=True, timeout=10)
+    dev, ino = map(int, probe.stdout.split())
+    assert (dev, ino) in ids
+    here = os.stat("/proc/self/ns/net")
+    assert (here.st_dev, here.st_ino) not in ids
 
 
 def test_commands_run_on_the_namespace_address(hosts: TestHosts) -> None:
@@ -159,7 +186,7 @@ def test_remote_process_shows_in_pids_and_outlives_a_dropped_connection(
 
 
 def test_remove_leaves_nothing_and_can_run_twice(tmp_path: Path) -> None:
-    _skip_unless_available()
+    remote_hosts.require_available()
     made = make_hosts(1, tmp_path / "work", home=tmp_path / "home")
     try:
         alias = made.aliases[0]
@@ -171,6 +198,7 @@ def test_remove_leaves_nothing_and_can_run_twice(tmp_path: Path) -> None:
     finally:
         made.remove()
     assert made.removed
+    assert made not in remote_hosts._LIVE
     _assert_gone(made)
     made.remove()
     _assert_gone(made)
@@ -179,7 +207,7 @@ def test_remove_leaves_nothing_and_can_run_twice(tmp_path: Path) -> None:
 
 def test_a_failed_make_hosts_removes_what_it_made(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    _skip_unless_available()
+    remote_hosts.require_available()
     seen: list[TestHosts] = []
     start_sshd = remote_hosts._start_sshd
 

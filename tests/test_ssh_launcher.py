@@ -1,15 +1,17 @@
 """The SSH launcher against real sshd on two hosts made here (network namespaces on a bridge).
 
-The hosts' aliases reach OpenSSH the way a user's do: an ``Include`` at the top of
-``~/.ssh/config`` (removed again at the end) points at the hosts' config, which sets HostName,
-User, Port 2222, IdentityFile and, for ``tfdhost2-via-jump``, ProxyJump. Nothing here passes
-``ssh_config=``: the launcher runs the system ``ssh``, which reads it.
+The hosts' aliases come from their own ssh config in a temp dir (HostName, User, Port 2222,
+IdentityFile, its own known_hosts and, for ``tfdhost2-via-jump``, ProxyJump), handed to the
+launcher the supported ways: ``launcher_options={"ssh_config": ...}`` or ``$TFDIST_SSH_CONFIG``
+(the magic's notebook kernel inherits it). The user's ``~/.ssh`` is never read or written.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import stat
 import sys
 import threading
@@ -29,32 +31,31 @@ from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
-MARK = "# tfdist_nb test hosts (removed by tests/test_ssh_launcher.py)"
+USER_SSH = Path.home() / ".ssh"
+
+
+def _user_ssh_state() -> dict[str, bytes | None]:
+    """What the tests must leave alone: the user's ssh config and known hosts, byte for byte."""
+    return {name: (USER_SSH / name).read_bytes() if (USER_SSH / name).exists() else None
+            for name in ("config", "known_hosts")}
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[remote_hosts.TestHosts]:
-    why = remote_hosts.available()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"SSH test hosts cannot be made here: {why}")
-        pytest.skip(f"SSH test hosts cannot be made here: {why}")
+    remote_hosts.require_available()
+    before = _user_ssh_state()
     made = remote_hosts.make_hosts(2, tmp_path_factory.mktemp("hosts"))
-    user_config = Path.home() / ".ssh" / "config"
-    existed = user_config.exists()
-    before = user_config.read_text() if existed else ""
-    user_config.parent.mkdir(mode=0o700, exist_ok=True)
-    user_config.write_text(f"{MARK}\nInclude {made.ssh_config}\n\n{before}")
-    user_config.chmod(0o600)
     try:
         yield made
     finally:
-        text = user_config.read_text().replace(f"{MARK}\nInclude {made.ssh_config}\n\n", "")
-        if existed:
-            user_config.write_text(text)
-        else:
-            user_config.unlink()
         made.remove()
+    assert _user_ssh_state() == before, "the SSH tests changed the user's ~/.ssh"
+
+
+@pytest.fixture
+def ssh_env(hosts: remote_hosts.TestHosts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hosts' config through ``$TFDIST_SSH_CONFIG``, as a user would export it."""
+    monkeypatch.setenv("TFDIST_SSH_CONFIG", str(hosts.ssh_config))
 
 
 def no_task_left(hosts: remote_hosts.TestHosts, *aliases: str) -> None:
@@ -69,7 +70,8 @@ def listening_tcp_ports(pid: int) -> set[int]:
 
 def test_mwms_training_across_two_ssh_hosts(hosts: remote_hosts.TestHosts) -> None:
     h1, h2 = "tfdhost1", "tfdhost2-via-jump"
-    with Cluster(workers=2, launcher="ssh", hosts=[h1, h2]) as c:
+    with Cluster(workers=2, launcher="ssh", hosts=[h1, h2],
+                 launcher_options={"ssh_config": hosts.ssh_config}) as c:
         table = c.status()
         assert list(table["host"]) == [h1, h2]
         addresses = {str(t): rt.address for t, rt in c.tasks.items()}
@@ -118,7 +120,7 @@ def test_mwms_training_across_two_ssh_hosts(hosts: remote_hosts.TestHosts) -> No
     assert not list(Path("/tmp").glob(f"tfdist-{c.launcher._token}-*"))  # type: ignore[attr-defined]
 
 
-def test_unreachable_host_fails_naming_it(hosts: remote_hosts.TestHosts) -> None:
+def test_unreachable_host_fails_naming_it(hosts: remote_hosts.TestHosts, ssh_env: None) -> None:
     started = time.monotonic()
     c = Cluster(workers=2, launcher="ssh", hosts=["tfdhost1", remote_hosts.DOWN_ALIAS],
                 preload=())
@@ -130,7 +132,7 @@ def test_unreachable_host_fails_naming_it(hosts: remote_hosts.TestHosts) -> None
 
 
 def test_a_failed_start_on_one_host_stops_the_others(
-        hosts: remote_hosts.TestHosts, tmp_path: Path) -> None:
+        hosts: remote_hosts.TestHosts, ssh_env: None, tmp_path: Path) -> None:
     """The worker interpreter exists on both hosts, but starting a kernel fails on tfdhost2."""
     wrapper = tmp_path / "python"
     wrapper.write_text(
@@ -149,7 +151,8 @@ def test_a_failed_start_on_one_host_stops_the_others(
     no_task_left(hosts, "tfdhost1", "tfdhost2")
 
 
-def test_missing_interpreter_on_the_host_is_named(hosts: remote_hosts.TestHosts) -> None:
+def test_missing_interpreter_on_the_host_is_named(hosts: remote_hosts.TestHosts,
+                                                  ssh_env: None) -> None:
     c = Cluster(workers=1, launcher="ssh", hosts=["tfdhost1"], python="/opt/nowhere/python3")
     with pytest.raises(ClusterStartError, match=r"'/opt/nowhere/python3' not found on host "
                                                 r"'tfdhost1'"):
@@ -167,7 +170,7 @@ def sleeping_cell(c: Cluster, marker: str) -> tuple[threading.Thread, dict[str, 
 
 
 def test_a_lost_ssh_connection_is_reported_and_restart_recovers(
-        hosts: remote_hosts.TestHosts) -> None:
+        hosts: remote_hosts.TestHosts, ssh_env: None) -> None:
     with Cluster(workers=1, launcher="ssh", hosts=["tfdhost1"], preload=()) as c:
         runner, box = sleeping_cell(c, "sleeping")
         dropped_at = time.monotonic()
@@ -188,7 +191,7 @@ def test_a_lost_ssh_connection_is_reported_and_restart_recovers(
     no_task_left(hosts, "tfdhost1")
 
 
-def test_interrupt_and_crash_of_a_remote_task(hosts: remote_hosts.TestHosts) -> None:
+def test_interrupt_and_crash_of_a_remote_task(hosts: remote_hosts.TestHosts, ssh_env: None) -> None:
     with Cluster(workers=1, launcher="ssh", hosts=["tfdhost2"], preload=()) as c:
         runner, box = sleeping_cell(c, "waiting")
         c.interrupt()
@@ -202,7 +205,8 @@ def test_interrupt_and_crash_of_a_remote_task(hosts: remote_hosts.TestHosts) -> 
     no_task_left(hosts, "tfdhost2")
 
 
-def test_magic_with_hosts_in_a_notebook(hosts: remote_hosts.TestHosts, tmp_path: Path) -> None:
+def test_magic_with_hosts_in_a_notebook(hosts: remote_hosts.TestHosts, ssh_env: None,
+                                        tmp_path: Path) -> None:
     nb = run_notebook([
         "%load_ext tfdist_nb",
         "%%tfcluster 2 workers --hosts tfdhost1,tfdhost2 --no-dashboard\n"
@@ -216,3 +220,28 @@ def test_magic_with_hosts_in_a_notebook(hosts: remote_hosts.TestHosts, tmp_path:
     table = cell_text(nb.cells[2])
     assert "tfdhost1" in table and "tfdhost2" in table
     no_task_left(hosts, "tfdhost1", "tfdhost2")
+
+
+def test_every_ssh_call_ends_its_options_before_the_host(
+        hosts: remote_hosts.TestHosts, ssh_env: None, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--`` before the destination in the probe and in each task's connection, and the
+    config from ``$TFDIST_SSH_CONFIG`` as ``-F``: seen by an ``ssh`` on PATH that logs its argv
+    and then runs the real one."""
+    real, log, bindir = shutil.which("ssh"), tmp_path / "argv.jsonl", tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"with open({str(log)!r}, 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        f"os.execv({real!r}, [{real!r}, *sys.argv[1:]])\n")
+    (bindir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    with Cluster(workers=1, launcher="ssh", hosts=["tfdhost1"], preload=()) as c:
+        assert c.run("print('ok')").tasks["worker:0"].stdout.strip() == "ok"
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any("probe" in " ".join(a) for a in calls) and any("serve" in " ".join(a)
+                                                               for a in calls), calls
+    for argv in calls:
+        assert argv[argv.index("--") + 1] == "tfdhost1", argv
+        assert argv[argv.index("-F") + 1] == str(hosts.ssh_config), argv
+    no_task_left(hosts, "tfdhost1")

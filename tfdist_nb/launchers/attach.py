@@ -6,6 +6,11 @@ TF_CONFIG through the worker agent before any cell runs. Liveness comes from the
 when a task runs on this host and from the kernel heartbeat otherwise. ``stop()`` asks each
 kernel to shut down (its scheduler job then ends); an attached task cannot be restarted from
 here, because only its scheduler can start it again.
+
+What the directory says is trusted only as far as docs/security.md allows: the directory and its
+files must be this user's and writable by nobody else, and a pid is signalled only while it is
+still the worker that wrote the sidecar (same boot, same start time, its ``--task`` on its
+command line); a pid that now belongs to another process is never killed.
 """
 
 from __future__ import annotations
@@ -14,36 +19,102 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from tfdist_nb.cluster.spec import TaskId
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch, register
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.topology import TaskId
 
 SIDECAR_SUFFIX = ".tfdist.json"  # as written by tfdist_nb.worker.__main__
 GONE = 255
 HEARTBEAT_GRACE_S = 3.0
 
 
-def _zombie_or_gone(pid: int) -> bool:
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+_CREATE_TIME_SLACK_S = 0.05  # psutil derives it from clock ticks; both sides compute it alike
+
+
+def _boot_id() -> str | None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    with contextlib.suppress(OSError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rpartition(")")[2].split()[0] == "Z"
-    return False
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def check_connection_dir(path: Path) -> None:
+    """ValueError unless ``path`` (once it exists) is a directory of this user that nobody
+    else can write: anyone who can write there could plant a connection file that sends this
+    controller's cells, TF_CONFIG and environment to a kernel of theirs."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return  # the workers make it (0700) as they start
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"connection_dir {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"connection_dir {path} belongs to {_owner(st.st_uid)}, not to you "
+                         f"({_owner(os.geteuid())}); attach only to a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ValueError(f"connection_dir {path} is writable by group or others (mode "
+                         f"{stat.S_IMODE(st.st_mode):04o}), so its files cannot be trusted; "
+                         "start the workers with a directory only you can write "
+                         "(python -m tfdist_nb.worker makes a new one 0700)")
+
+
+def _private_file(path: Path) -> str | None:
+    """Why ``path`` is not a file this user wrote for itself alone (None: it is)."""
+    try:
+        st = path.lstat()
+    except OSError as exc:
+        return f"cannot read {path.name}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path.name} is not a regular file"
+    if st.st_uid != os.geteuid():
+        return f"{path.name} belongs to {_owner(st.st_uid)}"
+    if st.st_mode & 0o077:
+        return f"{path.name} is open to group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def worker_process(pid: Any, create_time: Any, task: str) -> tuple[bool, str]:
+    """Whether ``pid`` is still the worker of ``task`` that recorded ``create_time``, and if
+    not, why: pids are reused, so a sidecar's pid alone never justifies a signal."""
+    if not isinstance(pid, int) or pid <= 0 or not isinstance(create_time, (int, float)):
+        return False, "its sidecar has no pid and start time"
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False, f"pid {pid} has exited"
+        if abs(proc.create_time() - create_time) > _CREATE_TIME_SLACK_S:
+            return False, f"pid {pid} is now another process (started at another time)"
+        cmd = proc.cmdline()
+    except psutil.NoSuchProcess:
+        return False, f"pid {pid} has exited"
+    except psutil.AccessDenied:
+        return False, f"pid {pid} belongs to another user"
+    if "tfdist_nb.worker" not in cmd or not any(a in (task, f"--task={task}") for a in cmd):
+        return False, f"pid {pid} runs {shlex.join(cmd)[:160]!r}, not the worker of {task}"
+    return True, ""
 
 
 @dataclass
@@ -51,11 +122,16 @@ class AttachedTaskHandle(TaskHandle):
     connection_file: Path = field(default=None, repr=False)  # type: ignore[assignment]
     sidecar: Path = field(default=None, repr=False)  # type: ignore[assignment]
     here: bool = True
+    create_time: float | None = None
     _silent_since: float | None = None
 
+    def _ours(self) -> bool:
+        """The sidecar's process still runs and is still this task's worker."""
+        return worker_process(self.pid, self.create_time, str(self.task))[0]
+
     async def poll(self) -> int | None:
-        if self.here and self.pid:
-            return GONE if _zombie_or_gone(self.pid) else None
+        if self.here:
+            return None if self._ours() else GONE
         hb = getattr(self.client, "hb_channel", None)
         if hb is None or not hb.is_alive():
             return None
@@ -70,10 +146,16 @@ class AttachedTaskHandle(TaskHandle):
             return "is gone (an attached process: its exit status went to its scheduler)"
         return f"stopped answering its heartbeat on {self.host} for {HEARTBEAT_GRACE_S:.0f}s"
 
+    def _signal(self, sig: int) -> bool:
+        """Send ``sig`` to the worker process, only if it is still the worker (pid reuse)."""
+        if not (self.here and self.pid and self._ours()):
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.pid, sig)
+        return True
+
     async def interrupt(self) -> None:
-        if self.here and self.pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(self.pid, signal.SIGINT)
+        if self._signal(signal.SIGINT):
             return
         with contextlib.suppress(Exception):
             self.client.control_channel.send(self.client.session.msg("interrupt_request", {}))
@@ -94,22 +176,21 @@ class AttachedTaskHandle(TaskHandle):
                 await self._wait_gone(grace_s)
             finally:
                 control.stop_channels()
-            if self.here and self.pid and not _zombie_or_gone(self.pid):
+            if self._signal(signal.SIGKILL):
                 path = "kill"
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(self.pid, signal.SIGKILL)
                 await self._wait_gone(5.0)
-        if not self.here or (self.pid and _zombie_or_gone(self.pid)):
+        gone = self.here and not self._ours()
+        if not self.here or gone:
             for f in (self.sidecar, self.connection_file):
                 with contextlib.suppress(OSError):
                     f.unlink()
-        code = GONE if (self.here and self.pid and _zombie_or_gone(self.pid)) else None
-        return StopReport(str(self.task), path, code, time.monotonic() - start)
+        return StopReport(str(self.task), path, GONE if gone else None,
+                          time.monotonic() - start)
 
     async def _wait_gone(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.here and self.pid and _zombie_or_gone(self.pid):
+            if self.here and not self._ours():
                 return
             if not self.here and not self.sidecar.exists():
                 return
@@ -130,23 +211,44 @@ class AttachLauncher(Launcher):
             raise ValueError("the attach launcher needs launcher_options={'connection_dir': "
                              "DIR}, the directory the workers were started with "
                              "(python -m tfdist_nb.worker --task worker:0 --connection-dir DIR)")
-        self.dir = Path(connection_dir)
+        self.dir = Path(connection_dir).expanduser()
+        check_connection_dir(self.dir)
         self.wait_timeout = wait_timeout
         self.found: dict[TaskId, dict[str, Any]] = {}
+        self.ignored: dict[TaskId, str] = {}  # why a sidecar there was not taken
 
     def base_environment(self) -> dict[str, str]:
         return {}
 
     def _read(self, task: TaskId) -> dict[str, Any] | None:
+        """The sidecar of ``task`` if it is trustworthy and its worker alive, else None (the
+        reason goes to ``ignored``, for the message if the wait runs out)."""
         path = self.dir / f"{task.slug}{SIDECAR_SUFFIX}"
+        if not path.exists() and not path.is_symlink():
+            return None
+        if (why := _private_file(path)) is not None:
+            self.ignored[task] = why
+            return None
         try:
             info = json.loads(path.read_text())
-        except (OSError, ValueError):
+            conn = Path(info["connection_file"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # being replaced, or not ours to read: look again
+        if conn.parent.resolve() != self.dir.resolve():
+            self.ignored[task] = f"{path.name} names a connection file outside {self.dir}"
+            return None
+        if (why := _private_file(conn)) is not None:
+            self.ignored[task] = why
             return None
         info["sidecar"] = str(path)
-        here = info.get("hostname") == socket.gethostname()
-        if here and _zombie_or_gone(int(info.get("pid", 0)) or -1):
-            return None  # left behind by a worker that died
+        info["here"] = here = (info.get("hostname") == socket.gethostname()
+                               and info.get("boot_id", _boot_id()) == _boot_id())
+        if here:
+            alive, why = worker_process(info.get("pid"), info.get("create_time"), str(task))
+            if not alive:  # left behind by a worker that died, its pid perhaps reused
+                self.ignored[task] = f"{path.name}: {why}"
+                return None
+        self.ignored.pop(task, None)
         return info
 
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -159,6 +261,10 @@ class AttachLauncher(Launcher):
         deadline = time.monotonic() + self.wait_timeout
         missing = list(tasks)
         while True:
+            try:
+                check_connection_dir(self.dir)
+            except ValueError as exc:
+                raise ClusterStartError(str(exc)) from None
             for task in list(missing):
                 if (info := self._read(task)) is not None:
                     self.found[task] = info
@@ -167,10 +273,13 @@ class AttachLauncher(Launcher):
                 break
             if time.monotonic() > deadline:
                 names = ", ".join(map(str, missing))
+                ignored = "; ".join(f"{t}: {self.ignored[t]}" for t in missing
+                                    if t in self.ignored)
                 raise ClusterStartError(
                     f"no attached worker for {names} in {self.dir} after "
                     f"{self.wait_timeout:.0f}s; start each with: python -m tfdist_nb.worker "
-                    f"--task {missing[0]} --connection-dir {self.dir}")
+                    f"--task {missing[0]} --connection-dir {self.dir}"
+                    + (f" (ignored: {ignored})" if ignored else ""))
             time.sleep(0.1)
         return {t: self.found[t]["tf_address"] for t in tasks}
 
@@ -180,11 +289,8 @@ class AttachLauncher(Launcher):
             raise ClusterStartError(f"{launch.task}: its attached worker is gone")
         client = AsyncKernelClient()
         client.load_connection_file(info["connection_file"])
-        here = info.get("hostname") == socket.gethostname()
         return AttachedTaskHandle(task=launch.task, host=info.get("hostname", "?"),
                                   pid=info.get("pid"), client=client,
                                   connection_file=Path(info["connection_file"]),
-                                  sidecar=Path(info["sidecar"]), here=here)
-
-
-register("attach", AttachLauncher)
+                                  sidecar=Path(info["sidecar"]), here=info["here"],
+                                  create_time=info.get("create_time"))

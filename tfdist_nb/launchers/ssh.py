@@ -1,7 +1,8 @@
 """Tasks on other hosts, reached with the system ``ssh`` so ``~/.ssh/config`` rules as usual.
 
 Aliases, User, Port, IdentityFile, ProxyJump, agents and ControlMaster all work because OpenSSH
-itself reads them. Per task there is exactly one SSH connection, which
+itself reads them; ``ssh_config=`` / ``$TFDIST_SSH_CONFIG`` give it another file (``ssh -F``).
+Per task there is exactly one SSH connection, which
 
 - runs ``python -m tfdist_nb.worker.remote serve`` on the host (the kernel's lifeline),
 - carries the kernel's five ZeroMQ channels as stream-local forwards: the kernel listens on
@@ -38,9 +39,9 @@ from typing import Any
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from tfdist_nb.cluster.spec import TaskId
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch, register
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -50,10 +51,48 @@ logger = logging.getLogger(__name__)
 FORWARDED_PREFIXES = ("TF_", "TFDIST_", "CUDA_", "NCCL_", "KERAS_", "XLA_", "OMP_",
                       "PYTHONHASHSEED", "PYTHONUNBUFFERED")
 SSH_LOST = 255  # what ssh exits with when the connection fails or is lost
+#: The controller's own ssh config file (``ssh -F``), when the launcher option is not given.
+SSH_CONFIG_ENV = "TFDIST_SSH_CONFIG"
+_NOT_FORWARDED = frozenset({SSH_CONFIG_ENV})  # a path on this machine, meaningless on a host
+
+
+def check_destination(host: str) -> str:
+    """``host`` if ssh can only read it as a destination, else ValueError saying why.
+
+    ``ssh`` parses a leading ``-`` as an option even where a host is expected
+    (``-oProxyCommand=...`` runs a command here), so such hosts are refused outright; every
+    call also puts ``--`` before the destination (docs/security.md, "SSH launcher").
+    """
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"ssh host must be a non-empty string, got {host!r}")
+    if host.startswith("-") or host.rpartition("@")[2].startswith("-"):
+        raise ValueError(f"ssh host {host!r} starts with '-', which ssh would read as an "
+                         "option; give a host name, alias or user@host")
+    if any(c.isspace() or not c.isprintable() for c in host):
+        raise ValueError(f"ssh host {host!r} has spaces or control characters; give a host "
+                         "name, alias or user@host")
+    return host
+
+
+def resolve_ssh_config(option: str | os.PathLike[str] | None) -> str | None:
+    """The ssh config file to pass as ``-F``: the launcher option, else ``$TFDIST_SSH_CONFIG``,
+    else None (ssh reads ``~/.ssh/config`` as usual). A named file must exist."""
+    chosen = option if option not in (None, "") else os.environ.get(SSH_CONFIG_ENV) or None
+    if chosen is None:
+        return None
+    where = "ssh_config" if option not in (None, "") else f"${SSH_CONFIG_ENV}"
+    path = Path(chosen).expanduser()
+    if not path.is_file():
+        raise ValueError(f"{where} names {str(chosen)!r}, which is not a file "
+                         "(an OpenSSH client config, passed as ssh -F)")
+    return str(path.resolve())
 
 
 def ssh_base(config: str | None, connect_timeout: float, options: Sequence[str] = ()) -> list[str]:
-    """The ssh command line every call starts with: never prompts, gives up on dead peers."""
+    """The ssh command line every call starts with: never prompts, gives up on dead peers.
+
+    Callers append ``--`` and then the destination, so a destination is never an option.
+    """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}",
            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
     if config:
@@ -76,8 +115,9 @@ def probe_host(destination: str, n_ports: int, python: str, base: list[str],
     remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "probe", "--ports",
                          str(n_ports), "--avoid", ",".join(map(str, avoid))])
     try:
-        done = subprocess.run([*base, destination, remote], capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run([*base, "--", check_destination(destination), remote],
+                              capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise ClusterStartError(f"host {destination!r} did not answer over SSH within "
                                 f"{timeout:.0f}s") from None
@@ -192,12 +232,14 @@ class SSHLauncher(Launcher):
                  ready_timeout: float = 120.0) -> None:
         if not hosts:
             raise ValueError("the ssh launcher needs hosts=[...] (ssh destinations)")
+        if isinstance(hosts, str):
+            raise ValueError(f"hosts must be a list of ssh destinations, got the string {hosts!r}")
+        self.hosts = [check_destination(h) for h in hosts]
         if shutil.which("ssh") is None:
             raise ValueError("the ssh launcher needs OpenSSH's ssh client on PATH")
-        self.hosts = list(hosts)
         self.python = python
-        self.base = ssh_base(str(ssh_config) if ssh_config else None, connect_timeout,
-                             ssh_options)
+        self.ssh_config = resolve_ssh_config(ssh_config)
+        self.base = ssh_base(self.ssh_config, connect_timeout, ssh_options)
         self.connect_timeout = connect_timeout
         self.ready_timeout = ready_timeout
         self.placement: dict[TaskId, str] = {}
@@ -206,7 +248,8 @@ class SSHLauncher(Launcher):
         self._token = secrets.token_hex(6)
 
     def base_environment(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+        return {k: v for k, v in os.environ.items()
+                if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
 
     def tf_addresses(self, tasks: Sequence[TaskId],
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
@@ -252,7 +295,8 @@ class SSHLauncher(Launcher):
         remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "serve", "--dir",
                              remote_dir])
         cmd = [*self.base, "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
-               "-o", "StreamLocalBindMask=0177", *forwards, host, remote]
+               "-o", "StreamLocalBindMask=0177", *forwards, "--", check_destination(host),
+               remote]
         key = secrets.token_hex(32)
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
@@ -292,6 +336,3 @@ class SSHLauncher(Launcher):
         if self._sockdir is not None:
             shutil.rmtree(self._sockdir, ignore_errors=True)
             self._sockdir = None
-
-
-register("ssh", SSHLauncher)

@@ -13,9 +13,11 @@ Each batch is flushed as it is written, so a crash of the controller loses nothi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -41,14 +43,54 @@ def new_cluster_id() -> str:
 
 
 def _owner_only_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """A directory inside the run directory (ours by construction): made or kept ``0700``."""
+    path.mkdir(exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
+    return path
+
+
+def _make_missing_dirs(path: Path) -> None:
+    """Create the missing components of ``path`` ``0700``; existing ones keep their mode.
+
+    A base such as ``.``, ``$HOME`` or ``/tmp`` belongs to the user or the system, not to
+    tfdist_nb: chmodding it would lock others out of a shared directory or drop /tmp's sticky
+    bit (docs/security.md, "Run directories").
+    """
+    missing = []
+    for part in (path, *path.parents):
+        if part.exists():
+            break
+        missing.append(part)
+    for part in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another cluster made it a moment ago
+            part.mkdir(mode=0o700)
+            os.chmod(part, 0o700)  # whatever the umask
+    if not path.is_dir():
+        raise NotADirectoryError(f"run directory root {path} is not a directory")
+
+
+def _cluster_dir(path: Path) -> Path:
+    """The cluster's own directory: new and ``0700``, or (a restart) one that is ours already.
+
+    An existing entry that is a symlink or belongs to someone else is refused: in a shared base
+    such as /tmp another user could have made it first.
+    """
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise PermissionError(f"{path} exists and is not a directory of this user; "
+                                  "refusing to write a run there") from None
     os.chmod(path, 0o700)
     return path
 
 
 def open_private(path: Path, mode: str = "a") -> Any:
-    """Open a file created readable by the owner only, whatever the umask."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+    """Open a file created readable by the owner only, whatever the umask (never through a
+    symlink: the run holds code, output and environments, docs/security.md)."""
+    flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+             | (os.O_APPEND if mode == "a" else os.O_TRUNC))
     fd = os.open(path, flags, 0o600)
     os.fchmod(fd, 0o600)
     return os.fdopen(fd, mode, encoding="utf-8")
@@ -60,8 +102,8 @@ class RunDirectory:
     def __init__(self, root: str | os.PathLike[str] | None, cluster_id: str) -> None:
         self.cluster_id = cluster_id
         base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT)
-        _owner_only_dir(base)
-        self.path = _owner_only_dir(base / cluster_id)
+        _make_missing_dirs(base)
+        self.path = _cluster_dir(base / cluster_id)
         self._lock = threading.Lock()
         self._events = open_private(self.path / "events.jsonl")
         self._cells = open_private(self.path / "cells.jsonl")
