@@ -174,6 +174,7 @@ class Lifecycle:
         launcher = self.setup.launcher
         tdir = self.rundir.task_dir(rt.task.slug)
         rt.log_path = tdir / "kernel.log"
+        rt.log_offset = _log_size(rt)
         try:
             rt.handle = await asyncio.wait_for(launcher.start(TaskLaunch(
                 task=rt.task, env=rt.env, python=self.setup.python, log_path=rt.log_path,
@@ -212,7 +213,7 @@ class Lifecycle:
         assert rt.handle is not None
         work = asyncio.ensure_future(step)
         started = time.monotonic()
-        log_size = -1
+        log_size = _log_size(rt)
         try:
             while not work.done():
                 await asyncio.wait([work], timeout=POLL_S)
@@ -221,9 +222,10 @@ class Lifecycle:
                 if (code := await rt.handle.poll()) is not None:
                     raise StartFailed(f"the process {rt.handle.describe_exit(code)} while "
                                       "starting")
-                log_size, fatal = _fatal_log_line(rt, log_size)
-                if fatal:
-                    raise StartFailed(f"its kernel could not set up a channel: {fatal}")
+                if (size := _log_size(rt)) != log_size:
+                    log_size = size
+                    if fatal := _fatal_log_line(rt, rt.log_offset):
+                        raise StartFailed(f"its kernel could not set up a channel: {fatal}")
                 if (silent_iopub_after is not None
                         and time.monotonic() - started > silent_iopub_after):
                     raise StartFailed("its iopub channel sent nothing: output and telemetry "
@@ -233,6 +235,8 @@ class Lifecycle:
             try:
                 return work.result()
             except (AgentError, RuntimeError, OSError) as exc:
+                if time.monotonic() >= deadline - POLL_S:  # it ran out of the time it was given
+                    raise StartFailed(self._late(), retry=False) from exc
                 raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
         finally:
             if not work.done():
@@ -243,17 +247,23 @@ class Lifecycle:
                 "start, retries included)")
 
 
-def _fatal_log_line(rt: TaskRuntime, seen_size: int) -> tuple[int, str | None]:
-    """A line of the task's process log saying that a channel could not bind, if it grew."""
-    path = rt.log_path
+def _fatal_log_line(rt: TaskRuntime, offset: int) -> str | None:
+    """A line written to the task's process log after ``offset`` saying that a channel could
+    not bind (the log is appended to by every attempt; earlier ones do not count)."""
+    if rt.log_path is None:
+        return None
     try:
-        size = path.stat().st_size if path is not None else 0
+        with open(rt.log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read(1 << 20).decode("utf-8", "replace")
     except OSError:
-        return seen_size, None
-    if size == seen_size:
-        return size, None
-    hit = next((line for line in reversed(rt.kernel_log_tail(40)) if _FATAL_IN_LOG.search(line)),
-               None)
-    return size, hit
+        return None
+    return next((line.strip() for line in reversed(text.splitlines())
+                 if _FATAL_IN_LOG.search(line)), None)
 
 
+def _log_size(rt: TaskRuntime) -> int:
+    try:
+        return rt.log_path.stat().st_size if rt.log_path is not None else 0
+    except OSError:
+        return 0

@@ -27,6 +27,7 @@ class TaskRuntime:
     state: TaskState = TaskState.STARTING
     info: dict[str, Any] = field(default_factory=dict)
     log_path: Path | None = None
+    log_offset: int = 0  # where this attempt's lines begin in the process log
     agent: AgentClient | None = None
 
     @property

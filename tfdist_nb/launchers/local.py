@@ -146,7 +146,9 @@ class LocalLauncher(Launcher):
         ports.release(self._ports)
         self._ports = []
 
-    async def start(self, launch: TaskLaunch) -> TaskHandle:
+    def kernel_manager(self, launch: TaskLaunch) -> tuple[AsyncKernelManager, Path | None]:
+        """The task's kernel manager, its endpoints chosen, and the scratch directory it owns
+        (None unless the run directory's path is too long for a socket)."""
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=_OneSpec(worker_kernel_spec(launch.python)),
@@ -157,6 +159,10 @@ class LocalLauncher(Launcher):
         if self.transport == "ipc":
             km.transport = "ipc"
             km.ip, scratch = _socket_prefix(launch.connection_file.parent)
+        return km, scratch
+
+    async def start(self, launch: TaskLaunch) -> TaskHandle:
+        km, scratch = self.kernel_manager(launch)
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             await km.start_kernel(env=launch.env, stdout=fd, stderr=fd,
