@@ -14,7 +14,7 @@ __all__ = ["Cluster", "RunResult", "TaskResult", "current", "load_ipython_extens
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.facade import Cluster, current
-    from tfdist_nb.cluster.results import RunResult, TaskResult
+    from tfdist_nb.results import RunResult, TaskResult
 
 
 def __getattr__(name: str) -> Any:
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(facade, name)
     if name in ("RunResult", "TaskResult"):
-        from tfdist_nb.cluster import results
+        from tfdist_nb import results
 
         return getattr(results, name)
     raise AttributeError(f"module 'tfdist_nb' has no attribute {name!r}")

@@ -28,7 +28,7 @@ from tfdist_nb.cluster.inspector import Inspector, format_stacks
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.relay import RUN_DONE, relay
-from tfdist_nb.cluster.results import RunResult
+from tfdist_nb.results import RunResult
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime

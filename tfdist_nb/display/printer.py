@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from tfdist_nb.cluster.results import RunResult, TaskResult
+from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
 
 _COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]

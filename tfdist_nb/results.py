@@ -6,9 +6,6 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-STATUSES = ("ok", "error", "crashed", "stalled", "timeout", "interrupted")
-
-
 @dataclass(frozen=True)
 class RemoteError:
     """A task's exception as the kernel reported it; ``traceback`` keeps the cell's line numbers."""
