@@ -6,6 +6,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass(frozen=True)
 class RemoteError:
     """A task's exception as the kernel reported it; ``traceback`` keeps the cell's line numbers."""

@@ -28,7 +28,6 @@ from tfdist_nb.cluster.inspector import Inspector, format_stacks
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.relay import RUN_DONE, relay
-from tfdist_nb.results import RunResult
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -38,6 +37,7 @@ from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecErro
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import make_launcher
+from tfdist_nb.results import RunResult
 from tfdist_nb.store.logs import logs_frame
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.tails import LiveStore

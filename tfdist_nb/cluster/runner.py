@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tfdist_nb.results import RemoteError, TaskResult
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
+from tfdist_nb.results import RemoteError, TaskResult
 from tfdist_nb.transport.channel import Execution
 
 POLL_S = 0.2

@@ -9,8 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
+from tfdist_nb.results import RunResult, TaskResult
 
 _COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]
 RESET = "\x1b[0m"
