@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 
-from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
+from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom, out_of_memory_error
 
 KILL = -signal.SIGKILL
 
@@ -35,3 +35,43 @@ def test_report_has_the_evidence() -> None:
     assert text.splitlines()[0] == "worker:1 killed by SIGKILL."
     assert "RSS 650 MB, CPU 97%" in text
     assert "step 20" in text and "Fatal Python error" in text
+
+
+def test_an_oom_kill_counted_after_the_last_sample_is_the_strongest_evidence() -> None:
+    last = {"rss_mb": 120.0, "host_mem_total_mb": 24000.0, "host_mem_available_mb": 20000.0,
+            "mem_limit_mb": 4096.0, "mem_limit_source": "cgroup", "mem_limit_used_mb": 900.0,
+            "oom_kills": 2}
+    # a sudden allocation between samples: only the count read after the death tells
+    assert likely_oom(KILL, last) is None
+    assert likely_oom(KILL, last, {"oom_kills": 2}) is None  # nothing counted since
+    assert likely_oom(KILL, last, {"oom_kills": 3}) == (
+        "the OOM killer killed 1 process(es) of its memory cgroup after its last sample; its "
+        "cgroup memory limit is 4096 MB, 900 MB in use at its last sample")
+    assert likely_oom(-signal.SIGSEGV, last, {"oom_kills": 3}) is None
+
+
+def test_a_cgroup_near_its_limit_counts_an_address_space_limit_does_not() -> None:
+    near = {"rss_mb": 500.0, "host_mem_total_mb": 24000.0, "host_mem_available_mb": 20000.0,
+            "mem_limit_mb": 1000.0, "mem_limit_used_mb": 950.0}
+    assert likely_oom(KILL, {**near, "mem_limit_source": "cgroup"}) == (
+        "its memory cgroup used 950 MB of its 1000 MB limit at its last sample")
+    # RLIMIT_AS fails allocations (MemoryError); it never sends a SIGKILL
+    assert likely_oom(KILL, {**near, "mem_limit_source": "rlimit"}) is None
+
+
+def test_memory_errors_are_said_with_the_limit_they_hit() -> None:
+    sample = {"mem_limit_mb": 2048.0, "mem_limit_source": "rlimit", "mem_limit_used_mb": 2040.0}
+    assert out_of_memory_error("MemoryError", "", sample) == (
+        "ran out of memory (MemoryError) against its address-space limit (RLIMIT_AS) of 2048 MB "
+        "(2040 MB of address space in use after the error)")
+    oom = "OOM when allocating tensor with shape[1000,1000] on /job:worker/device:CPU:0"
+    assert out_of_memory_error("ResourceExhaustedError", oom, {
+        "host_mem_total_mb": 24000.0, "host_mem_available_mb": 300.0}) == (
+        "ran out of memory (ResourceExhaustedError) with no memory limit of its own; the host "
+        "has 300 MB of 24000 MB free")
+    gpu_oom = "OOM when allocating tensor on /job:worker/replica:0/task:0/device:GPU:0"
+    assert out_of_memory_error("ResourceExhaustedError", gpu_oom, {"gpus": [
+        {"index": 0, "mem_used_mb": 140000.0, "mem_total_mb": 143771.0}]}) == (
+        "ran out of GPU memory (ResourceExhaustedError); GPU 0: 140000 of 143771 MB in use")
+    assert out_of_memory_error("ValueError", "OOM", sample) is None
+    assert out_of_memory_error("ResourceExhaustedError", "too many open files", sample) is None

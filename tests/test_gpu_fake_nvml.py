@@ -1,4 +1,5 @@
-"""The GPU path against a fake NVML module (a stand-in: no GPU exists on this machine)."""
+"""The GPU path against a fake NVML module (a stand-in at the module boundary: CI machines have
+no GPU), and the real NVML module against what this machine really has."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.fake_nvml import FakeNvml
+from tests.gpu_here import visible_nvml_gpus
 from tfdist_nb.events import TelemetrySample
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.worker.gpu import GpuSampler, decode_throttle
@@ -41,10 +43,17 @@ def test_no_nvml_reads_as_no_gpu() -> None:
     assert sampler.reason.startswith("no GPU (NVMLError")
 
 
-def test_real_nvml_here_degrades_to_no_gpu() -> None:
-    """This machine has nvidia-ml-py but no driver: the real module must say "no GPU"."""
+def test_real_nvml_reads_what_this_machine_has() -> None:
+    """The real NVML module, on whatever this machine is: one reading per GPU NVML reports (and
+    CUDA_VISIBLE_DEVICES allows), or "no GPU" without a driver or device, never zeros."""
+    visible = visible_nvml_gpus()
     sampler = GpuSampler()
-    assert sampler.sample() is None and sampler.reason.startswith("no GPU")
+    if not visible:
+        assert sampler.sample() is None and sampler.reason.startswith("no GPU")
+        return
+    gpus = sampler.sample()
+    assert gpus is not None and [g["index"] for g in gpus] == visible
+    assert all(g["name"] and g["mem_total_mb"] > 0 for g in gpus)
 
 
 def test_gpu_readings_reach_the_status_columns() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,23 @@ def test_a_tf_port_taken_before_start_is_replaced(monkeypatch: pytest.MonkeyPatc
 
 
 def test_another_worker_interpreter(tmp_path: Path) -> None:
+    """Workers on another interpreter: a venv of its own (its own ``sys.prefix``) that sees the
+    packages of the interpreter running this suite through a .pth file in its site-packages.
+    (``--system-site-packages`` would show it the *base* interpreter's packages, which lack
+    ipykernel when the suite itself runs in a venv.)"""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
                    check=True, timeout=120)
     python = venv / "bin" / "python"
+    site_dir = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, timeout=60, capture_output=True, text=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    (Path(site_dir) / "suite-packages.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
     with Cluster(workers=1, python=str(python), preload=()) as c:
-        info = c.tasks[TaskId("worker", 0)].info
-        assert Path(info["executable"]) == python
+        (task,) = c.tasks.values()
+        assert Path(task.info["executable"]) == python
         result = c.run("import sys; print(sys.prefix)")
         assert result.tasks["worker:0"].stdout.strip() == str(venv)
 

@@ -1,8 +1,10 @@
 """What a dead task died of, from its exit status and its last telemetry (pure).
 
-SIGKILL is what the kernel's OOM killer (and a cgroup memory limit) sends, so a SIGKILL with the
-task's memory high or the host's nearly exhausted in its last sample reads as "likely out of
-memory"; a plain SIGKILL without that evidence is said as it is.
+SIGKILL is what the kernel's OOM killer (and a cgroup memory limit) sends, so a SIGKILL with an OOM
+kill counted in the task's memory cgroup, its cgroup near its limit, or its memory high or the
+host's nearly exhausted in its last sample reads as "likely out of memory"; a plain SIGKILL without
+that evidence is said as it is. An address-space limit (RLIMIT_AS) fails allocations instead
+(MemoryError), which :func:`out_of_memory_error` explains.
 """
 
 from __future__ import annotations
@@ -23,14 +25,43 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def likely_oom(code: int, last: dict[str, Any] | None) -> str | None:
-    """The memory evidence when a SIGKILL looks like the OOM killer, else None."""
+LIMIT_NAMES = {
+    "cgroup": "cgroup memory limit",
+    "rlimit": "address-space limit (RLIMIT_AS)",
+    "injected": "own limit",
+}
+
+
+def likely_oom(code: int, last: dict[str, Any] | None,
+               after: dict[str, Any] | None = None) -> str | None:
+    """The memory evidence when a SIGKILL looks like the OOM killer, else None.
+
+    ``last``: the task's last telemetry sample. ``after``: its memory cgroup read after the
+    death (``{"oom_kills": N}``, e.g. from ``mem_cgroup`` on its host, or a later sample of a
+    task in the same cgroup); an OOM kill count that rose since the last sample is the
+    strongest evidence there is (docs/design.md, "Telemetry on the kernel's own iopub").
+    """
     if code != -signal.SIGKILL or not last:
         return None
     rss, total = last.get("rss_mb"), last.get("host_mem_total_mb")
     free, limit = last.get("host_mem_available_mb"), last.get("mem_limit_mb")
-    if rss is not None and limit and rss >= 0.8 * limit:
+    source = last.get("mem_limit_source") or "injected"  # older samples: only injected limits
+    used = last.get("mem_limit_used_mb", rss)
+    before, later = last.get("oom_kills"), (after or {}).get("oom_kills")
+    if before is not None and later is not None and later > before:
+        evidence = (f"the OOM killer killed {later - before} process(es) of its memory cgroup "
+                    "after its last sample")
+        if source == "cgroup" and limit:
+            evidence += f"; its cgroup memory limit is {limit:.0f} MB"
+            if used is not None:
+                evidence += f", {used:.0f} MB in use at its last sample"
+        return evidence
+    if source == "injected" and rss is not None and limit and rss >= 0.8 * limit:
         return f"its last RSS was {rss:.0f} MB against its own limit of {limit:.0f} MB"
+    if source == "cgroup" and used is not None and limit and used >= 0.8 * limit:
+        return (f"its memory cgroup used {used:.0f} MB of its {limit:.0f} MB limit at its last "
+                "sample")
+    # RLIMIT_AS makes allocations fail (MemoryError), it never SIGKILLs: only host evidence
     if rss is None or not total:
         return None
     evidence = f"its last RSS was {rss:.0f} MB of {total:.0f} MB on the host"
@@ -42,11 +73,46 @@ def likely_oom(code: int, last: dict[str, Any] | None) -> str | None:
     return None
 
 
+def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) -> str | None:
+    """What a task that ran out of memory without dying (Python's MemoryError, TensorFlow's OOM
+    ``ResourceExhaustedError``) ran into, from a resource reading taken right after; else None.
+
+    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL.
+    """
+    if not (ename == "MemoryError" or (ename == "ResourceExhaustedError" and "OOM" in evalue)):
+        return None
+    sample = sample or {}
+    if "device:GPU" in evalue:
+        return f"ran out of GPU memory ({ename}); {_gpu_memory(sample.get('gpus'))}"
+    limit, used = sample.get("mem_limit_mb"), sample.get("mem_limit_used_mb")
+    source = sample.get("mem_limit_source")
+    if limit and source:
+        what = "address space" if source == "rlimit" else "memory"
+        text = (f"ran out of memory ({ename}) against its {LIMIT_NAMES.get(source, source)} of "
+                f"{limit:.0f} MB")
+        if used is not None:
+            text += f" ({used:.0f} MB of {what} in use after the error)"
+        return text
+    total, free = sample.get("host_mem_total_mb"), sample.get("host_mem_available_mb")
+    host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
+            else "")
+    return f"ran out of memory ({ename}) with no memory limit of its own{host}"
+
+
+def _gpu_memory(gpus: list[dict[str, Any]] | None) -> str:
+    if not gpus:
+        return "no GPU reading"
+    return ", ".join(f"GPU {g.get('index')}: {g.get('mem_used_mb') or 0:.0f} of "
+                     f"{g.get('mem_total_mb') or 0:.0f} MB in use" for g in gpus)
+
+
 def crash_report(task: str, code: int, last: dict[str, Any] | None, last_lines: list[str],
-                 log_tail: list[str], what: str | None = None) -> str:
-    """``what``: how it ended, when the launcher knows better than the code (a lost SSH link)."""
+                 log_tail: list[str], what: str | None = None,
+                 after: dict[str, Any] | None = None) -> str:
+    """``what``: how it ended, when the launcher knows better than the code (a lost SSH link);
+    ``after``: its memory cgroup read after the death (see :func:`likely_oom`)."""
     what = what or describe_exit(code)
-    oom = likely_oom(code, last)
+    oom = likely_oom(code, last, after)
     parts = [f"{task} {what}" + (f": likely out of memory ({oom})." if oom else ".")]
     if last:
         gpu = last.get("gpu_mem_mb")

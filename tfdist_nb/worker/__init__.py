@@ -43,6 +43,9 @@ _fetch_done: float | None = None  # wall time at which the last local fetch retu
 _syncs: list[float] = []  # when this step's eager collectives were entered (see _collectives)
 MAX_SYNCS = 16
 _telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
+# what could not be instrumented on this task, "part" -> "ExcType: message" (agent.describe and
+# every telemetry sample carry it, so the controller can flag the task)
+instrumentation_errors: dict[str, str] = {}
 
 
 def steps_done() -> int:
@@ -60,6 +63,19 @@ def _note(text: str, level: str = "INFO") -> None:
     """Tell the controller something this task found (it becomes an alert for WARNING)."""
     if _telemetry is not None:
         _telemetry.note(text, level)
+
+
+def _instrumentation_failed(part: str, stops: str, exc: BaseException) -> None:
+    """A patch of TensorFlow or Keras could not be installed (a private name moved in another
+    release): said once per task and part, as a WARNING note (an alert in the controller), since
+    the detection that needs it silently stops otherwise (docs/design.md, "Findings from inside
+    the task")."""
+    if part in instrumentation_errors:
+        return
+    error = f"{type(exc).__name__}: {exc}"
+    instrumentation_errors[part] = error
+    _note(f"tfdist_nb could not instrument {part} on this task ({error}); not available on this "
+          f"task: {stops} (training itself is unaffected)", "WARNING")
 
 
 def _local_fetch(seconds: float) -> None:

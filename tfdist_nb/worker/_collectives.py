@@ -20,10 +20,18 @@ from tfdist_nb.worker.hooks import after_import
 CROSS_DEVICE_UTILS = "tensorflow.python.distribute.cross_device_utils"
 
 
+PART = "collectives"
+STOPS = "straggler detection from collective entry times in eager custom loops"
+
+
 def patch_cross_device_utils(module: ModuleType) -> bool:
+    """Stamp each eager all-reduce launch; False if already done. Raises AttributeError when
+    ``CollectiveReplicaLauncher.all_reduce`` is gone (another TensorFlow release)."""
     launcher = getattr(module, "CollectiveReplicaLauncher", None)
     method = getattr(launcher, "all_reduce", None)
-    if method is None or getattr(method, "_tfdist_stamped", False):
+    if method is None:
+        raise AttributeError(f"{module.__name__}.CollectiveReplicaLauncher.all_reduce not found")
+    if getattr(method, "_tfdist_stamped", False):
         return False
     from tensorflow.python.eager import context
 
@@ -41,4 +49,7 @@ def patch_cross_device_utils(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    after_import((CROSS_DEVICE_UTILS,), patch_cross_device_utils)
+    from tfdist_nb import worker
+
+    after_import((CROSS_DEVICE_UTILS,), patch_cross_device_utils,
+                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))

@@ -61,11 +61,18 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
     return StepTimer(**kwargs)
 
 
+PART = "keras"
+STOPS = "step counting, step times and progress of model.fit (and straggler detection in fit)"
+
+
 def patch_fit(keras: ModuleType) -> bool:
-    """Make ``keras.Model.fit`` add a StepTimer unless the caller passed one."""
+    """Make ``keras.Model.fit`` add a StepTimer unless the caller passed one; False if it
+    already does. Raises AttributeError if this Keras has no ``Model.fit`` to patch."""
     model = getattr(keras, "Model", None)
     fit = getattr(model, "fit", None)
-    if fit is None or getattr(fit, "_tfdist_patched", False):
+    if fit is None:
+        raise AttributeError(f"{keras.__name__}.Model.fit not found")
+    if getattr(fit, "_tfdist_patched", False):
         return False
 
     @functools.wraps(fit)
@@ -84,4 +91,7 @@ def patch_fit(keras: ModuleType) -> bool:
 
 def install() -> None:
     """Patch Keras now if it is loaded, and whenever it is imported later."""
-    after_import(KERAS_PACKAGES, patch_fit)
+    from tfdist_nb import worker
+
+    after_import(KERAS_PACKAGES, patch_fit,
+                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))

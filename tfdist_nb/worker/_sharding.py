@@ -60,15 +60,30 @@ def _checked(method: Any) -> Any:
     return distribute_and_check
 
 
+PART = "sharding"
+STOPS = "the check for a dataset distributed without sharding"
+
+
 def patch_distribute_lib(module: ModuleType) -> bool:
+    """Check every dataset a strategy distributes. Raises AttributeError when no strategy class
+    of ``distribute_lib`` defines ``experimental_distribute_dataset`` any more."""
+    defined = False
     for cls_name in ("StrategyBase", "Strategy"):
         cls = getattr(module, cls_name, None)
-        method = getattr(cls, "experimental_distribute_dataset", None) if cls else None
-        if method is not None and not getattr(method, "_tfdist_shard_check", False) \
-                and "experimental_distribute_dataset" in vars(cls):
+        if cls is None or "experimental_distribute_dataset" not in vars(cls):
+            continue
+        defined = True
+        method = cls.experimental_distribute_dataset
+        if not getattr(method, "_tfdist_shard_check", False):
             cls.experimental_distribute_dataset = _checked(method)
+    if not defined:
+        raise AttributeError(f"{module.__name__}.StrategyBase.experimental_distribute_dataset "
+                             "not found")
     return True
 
 
 def install() -> None:
-    after_import((DISTRIBUTE_LIB,), patch_distribute_lib)
+    from tfdist_nb import worker
+
+    after_import((DISTRIBUTE_LIB,), patch_distribute_lib,
+                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))

@@ -39,19 +39,32 @@ def _timed(method: Any, executing_eagerly: Any) -> Any:
     return timed_fetch
 
 
+PART = "tfdata"
+STOPS = ("timing this task's own tf.data fetch apart from the all-reduce (input-bound "
+         "stragglers of distributed datasets)")
+
+
 def patch_input_lib(module: ModuleType) -> bool:
-    """Time the per-worker iterators' fetches in ``input_lib``; False if its shape changed."""
+    """Time the per-worker iterators' fetches in ``input_lib``. Raises AttributeError when
+    ``input_lib`` no longer has the class or methods (another TensorFlow release)."""
     base = getattr(module, "_SingleWorkerDatasetIteratorBase", None)
     if base is None:
-        return False
+        raise AttributeError(f"{module.__name__}._SingleWorkerDatasetIteratorBase not found")
     from tensorflow.python.eager import context
 
-    for name in _METHODS:
-        method = getattr(base, name, None)
-        if method is not None and not getattr(method, "_tfdist_timed", False):
+    found = [name for name in _METHODS if getattr(base, name, None) is not None]
+    if not found:
+        raise AttributeError(f"{module.__name__}._SingleWorkerDatasetIteratorBase has none of "
+                             f"{', '.join(_METHODS)}")
+    for name in found:
+        method = getattr(base, name)
+        if not getattr(method, "_tfdist_timed", False):
             setattr(base, name, _timed(method, context.executing_eagerly))
     return True
 
 
 def install() -> None:
-    after_import((INPUT_LIB,), patch_input_lib)
+    from tfdist_nb import worker
+
+    after_import((INPUT_LIB,), patch_input_lib,
+                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))

@@ -14,6 +14,7 @@ import platform
 import socket
 import sys
 import sysconfig
+from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb import worker
@@ -78,6 +79,9 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         "port": port,
         "port_free": port_free(port) if port else None,
         "imported": imported,
+        # parts of the TensorFlow/Keras instrumentation that could not be installed so far
+        # (importing ``preload`` runs the hooks); later ones come in telemetry samples too
+        "instrumentation_errors": dict(worker.instrumentation_errors),
     }
 
 
@@ -89,10 +93,6 @@ def start(kernel: Any) -> None:
 
     _tag_log_records()
     _flush_output_sooner()
-    _keras.install()
-    _tfdata.install()
-    _sharding.install()
-    _collectives.install()
 
     def send(content: dict[str, Any]) -> None:
         kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,
@@ -100,11 +100,35 @@ def start(kernel: Any) -> None:
 
     interval = float(os.environ.get("TFDIST_TELEMETRY_INTERVAL", "1.0"))
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
-    worker._telemetry = telemetry
+    worker._telemetry = telemetry  # before the instrumentation, so its failures can be said
+    for module in (_keras, _tfdata, _sharding, _collectives):
+        try:
+            module.install()
+        except Exception as exc:  # say it (once) instead of losing the detection silently
+            worker._instrumentation_failed(module.PART, module.STOPS, exc)
     telemetry.start()
     # The steps of a cell go out at its end, on iopub before its idle status, so when the
     # controller sees a cell finish it already has that cell's exact step count.
     kernel.shell.events.register("post_execute", telemetry.flush_steps)
+    kernel.shell.events.register("post_run_cell", _note_out_of_memory)
+
+
+def _note_out_of_memory(result: Any) -> None:
+    """A cell that ran out of memory without dying (MemoryError, TensorFlow's OOM
+    ResourceExhaustedError: what an RLIMIT_AS limit gives) is said as such, with the limit it
+    hit, as a WARNING note (docs/design.md, "Findings from inside the task")."""
+    from tfdist_nb.diagnostics.crash import out_of_memory_error
+
+    exc = getattr(result, "error_in_exec", None)
+    if exc is None or worker._telemetry is None:
+        return
+    try:
+        text = out_of_memory_error(type(exc).__name__, str(exc), worker._telemetry.resources())
+    except Exception:  # a diagnosis must never break the kernel
+        return
+    if text:
+        worker._note(text, "WARNING")
+        worker._telemetry.flush_steps()  # out before the cell's idle status: shown in the cell
 
 
 def _flush_output_sooner() -> None:
@@ -182,8 +206,8 @@ def _where(frame: Any) -> dict[str, Any]:
     while f is not None:
         frames.append(f)
         f = f.f_back
-    files = [fr.f_code.co_filename for fr in frames]
-    if not any(fn.startswith("/tmp/ipykernel_") or "<ipython-input" in fn for fn in files):
+    is_cell = _cell_file_test()
+    if not any(is_cell(fr.f_code.co_filename) for fr in frames):
         return {"kind": "idle", "at": _at(frames[0])}
     def in_stdlib(fn: str) -> bool:
         return (fn.startswith(stdlib) and "-packages" not in fn) or fn.startswith("<frozen")
@@ -191,6 +215,40 @@ def _where(frame: Any) -> dict[str, Any]:
     inner = next((fr for fr in frames if not in_stdlib(fr.f_code.co_filename)), frames[0])
     kind = "tensorflow" if any(p in inner.f_code.co_filename for p in _TF_PARTS) else "python"
     return {"kind": kind, "at": _at(inner)}
+
+
+def _cell_file_test() -> Callable[[str], bool]:
+    """A predicate: is a code file name one of this kernel's cells?
+
+    ipykernel names cell files ``<tempfile.gettempdir()>/ipykernel_<pid>/<hash>.py`` (or
+    ``$IPYKERNEL_CELL_NAME``), so with ``TMPDIR`` set (usual on SLURM nodes) they are not under
+    ``/tmp``; the names come from ipykernel's own ``compiler`` module, and IPython's compiler
+    also knows every cell it compiled (docs/design.md, "An inspection subshell per task").
+    """
+    prefixes: list[str] = []
+    try:
+        from ipykernel import compiler
+
+        prefixes.append(compiler.get_tmp_directory() + os.sep)
+    except Exception:  # another kernel (or an older ipykernel): the same rule by hand
+        import tempfile
+
+        prefixes.append(os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}") + os.sep)
+    named = os.environ.get("IPYKERNEL_CELL_NAME")
+    compiled: Any = {}
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        compiled = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    except Exception:  # no IPython: the file-name rules alone
+        compiled = {}
+
+    def is_cell(filename: str) -> bool:
+        return (filename.startswith(tuple(prefixes)) or filename == named
+                or "<ipython-input" in filename or filename in compiled)
+
+    return is_cell
 
 
 def _inside_tf(frame: Any) -> bool:

@@ -1,7 +1,9 @@
 """Post-import hooks: run a function right after a module is imported, whichever cell does it.
 
 The worker patches Keras (``model.fit`` step timing) and tf.distribute's input iterators (local
-fetch timing) this way, so importing ``tfdist_nb.worker`` imports neither.
+fetch timing) this way, so importing ``tfdist_nb.worker`` imports neither. A hook that fails (a
+private TensorFlow name moved in another release) never breaks the user's import; it is handed
+to ``on_error``, which tells the user once (docs/design.md, "Findings from inside the task").
 """
 
 from __future__ import annotations
@@ -14,13 +16,26 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+OnError = Callable[[BaseException], None]
+
+
+def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnError | None) -> None:
+    try:
+        hook(module)
+    except Exception as exc:  # never break the user's import; say it instead
+        if on_error is not None:
+            with contextlib.suppress(Exception):  # reporting must not break the import either
+                on_error(exc)
+
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``hook(module)`` right after one of ``names`` has been imported."""
 
-    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], Any]) -> None:
+    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], Any],
+                 on_error: OnError | None) -> None:
         self.names = names
         self.hook = hook
+        self.on_error = on_error
         self._busy: set[str] = set()
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
@@ -33,30 +48,34 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             self._busy.discard(name)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _HookedLoader(spec.loader, self.hook)
+        spec.loader = _HookedLoader(spec.loader, self.hook, self.on_error)
         return spec
 
 
 class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, hook: Callable[[ModuleType], Any]) -> None:
+    def __init__(self, loader: Any, hook: Callable[[ModuleType], Any],
+                 on_error: OnError | None) -> None:
         self._loader = loader
         self._hook = hook
+        self._on_error = on_error
 
     def create_module(self, spec: Any) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
         self._loader.exec_module(module)
-        with contextlib.suppress(Exception):  # never break the user's import
-            self._hook(module)
+        _run(self._hook, module, self._on_error)
 
 
-def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], Any]) -> None:
-    """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once)."""
+def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], Any],
+                 on_error: OnError | None = None) -> None:
+    """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once).
+
+    ``hook`` raises when it cannot do its job; the exception goes to ``on_error``.
+    """
     for name in names:
         if name in sys.modules:
-            with contextlib.suppress(Exception):
-                hook(sys.modules[name])
+            _run(hook, sys.modules[name], on_error)
     if not any(isinstance(f, _AfterImport) and f.names == names and f.hook is hook
                for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(names, hook))
+        sys.meta_path.insert(0, _AfterImport(names, hook, on_error))

@@ -12,10 +12,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 MSG_TYPE = "tfdist_telemetry"
 MAX_STEPS_PER_MESSAGE = 2000
+# Near its memory limit a task is sampled this often, so its last sample before an OOM kill
+# shows how close it was (docs/design.md, "Telemetry on the kernel's own iopub").
+NEAR_LIMIT_FRACTION = 0.75
+NEAR_LIMIT_INTERVAL_S = 0.1
+V1_UNLIMITED = 2**60  # cgroup v1 says "no limit" with a number near 2**63
 
 
 class Telemetry:
@@ -33,6 +39,8 @@ class Telemetry:
         self._thread = threading.Thread(target=self._main, name="tfdist-telemetry", daemon=True)
         self._proc: Any = None
         self._net: tuple[float, int, int] | None = None
+        self._cgroup: CgroupMemory | None = None
+        self._net_scope = "host"
         self.step_count = 0
         self.total_steps: int | None = None
         self.seq = 0
@@ -42,6 +50,8 @@ class Telemetry:
 
         self._proc = psutil.Process(os.getpid())
         self._proc.cpu_percent(interval=None)
+        self._cgroup = CgroupMemory.find()
+        self._net_scope = net_scope()
         self._thread.start()
 
     def stop(self) -> None:
@@ -70,11 +80,32 @@ class Telemetry:
         self.total_steps = total
 
     def _main(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        """A sample every ``interval_s``; with a memory limit the thread also looks at the
+        usage every 0.1 s (one small read) and samples at that pace near the limit."""
+        due = time.monotonic() + self.interval_s
+        while not self._stop.wait(max(0.0, min(due - time.monotonic(), self._tick_s()))):
             try:
-                self.flush()
+                if time.monotonic() >= due or self._near_limit():
+                    self.flush()
+                    due = time.monotonic() + self.interval_s
             except Exception:  # the telemetry thread must never die of one bad reading
-                time.sleep(self.interval_s)
+                self._stop.wait(self.interval_s)
+                due = time.monotonic() + self.interval_s
+
+    def _tick_s(self) -> float:
+        limited = self._last_resources.get("mem_limit_mb")
+        return min(self.interval_s, NEAR_LIMIT_INTERVAL_S) if limited else self.interval_s
+
+    def _near_limit(self) -> bool:
+        memory = self._memory()
+        limit, used = memory["mem_limit_mb"], memory["mem_limit_used_mb"]
+        return bool(limit and used is not None and used >= NEAR_LIMIT_FRACTION * limit)
+
+    def resources(self) -> dict[str, Any]:
+        """A fresh resource reading (kept as the last one), e.g. right after a cell failed."""
+        with self._flush_lock:
+            self._last_resources = self._resources()
+            return dict(self._last_resources)
 
     def flush_steps(self) -> None:
         """At the end of a cell: send the steps not yet sent, with the last resource reading.
@@ -100,9 +131,11 @@ class Telemetry:
                     count, more = self.step_count, bool(self._steps)
                     notes, self._notes = self._notes, []
                 self.seq += 1
+                errors = _instrumentation_errors()
                 self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
                             **resources, "step": count, "total_steps": self.total_steps,
-                            "steps": steps, **({"notes": notes} if notes else {})})
+                            "steps": steps, **({"notes": notes} if notes else {}),
+                            **({"instrumentation_errors": errors} if errors else {})})
                 if not more:
                     return
 
@@ -127,19 +160,180 @@ class Telemetry:
                 "host_cpu_percent": psutil.cpu_percent(interval=None),
                 "load1": os.getloadavg()[0], "cpus": os.cpu_count(),
                 "host_mem_total_mb": mem.total / 2**20,
-                "mem_limit_mb": _mem_limit_mb(),
+                **self._memory(rss),
                 "host_mem_available_mb": mem.available / 2**20,
-                "net_rx_mb_s": rx, "net_tx_mb_s": tx, "gpus": gpus,
-                "gpu_reason": getattr(self._gpu, "reason", None)}
+                # /proc/net/dev counts the task's network namespace: its own, or the host's
+                "net_rx_mb_s": rx, "net_tx_mb_s": tx, "net_scope": self._net_scope,
+                "gpus": gpus, "gpu_reason": getattr(self._gpu, "reason", None)}
+
+    def _memory(self, rss_mb: float | None = None) -> dict[str, Any]:
+        """The memory limit on this task and what it counts against it.
+
+        ``mem_limit_source``: "injected" (``%tfdist_inject oom``, against RSS), else the smaller
+        of "cgroup" (its memory cgroup or an ancestor's, against that cgroup's usage) and
+        "rlimit" (RLIMIT_AS, against the address space); ``oom_kills``: the OOM kills counted in
+        its memory cgroup; ``mem_cgroup``: that cgroup's directory on this host.
+        """
+        from tfdist_nb.worker import inject
+
+        cg = self._cgroup.read() if self._cgroup is not None else {}
+        out: dict[str, Any] = {"mem_limit_mb": None, "mem_limit_source": None,
+                               "mem_limit_used_mb": None, "oom_kills": cg.get("oom_kills"),
+                               "mem_cgroup": cg.get("path")}
+        if inject.mem_limit_mb is not None:
+            rss = rss_mb if rss_mb is not None else self._proc.memory_info().rss / 2**20
+            return {**out, "mem_limit_mb": inject.mem_limit_mb, "mem_limit_source": "injected",
+                    "mem_limit_used_mb": rss}
+        limits = []
+        if cg.get("limit_mb") is not None:
+            limits.append((cg["limit_mb"], "cgroup", lambda: cg.get("used_mb")))
+        rlimit = _rlimit_as_mb()
+        if rlimit is not None:
+            limits.append((rlimit, "rlimit", lambda: self._proc.memory_info().vms / 2**20))
+        if limits:
+            limit, source, used = min(limits, key=lambda x: x[0])
+            out.update(mem_limit_mb=limit, mem_limit_source=source, mem_limit_used_mb=used())
+        return out
 
 
-def _mem_limit_mb() -> float | None:
-    """A memory limit on this task alone: an injected one, or RLIMIT_AS when set."""
-    from tfdist_nb.worker import inject
+def _instrumentation_errors() -> dict[str, str]:
+    from tfdist_nb import worker
 
-    if inject.mem_limit_mb is not None:
-        return inject.mem_limit_mb
+    return dict(worker.instrumentation_errors)
+
+
+def _rlimit_as_mb() -> float | None:
     import resource
 
     soft = resource.getrlimit(resource.RLIMIT_AS)[0]
     return None if soft == resource.RLIM_INFINITY else soft / 2**20
+
+
+def net_scope(proc: str = "/proc") -> str:
+    """What the network columns measure: ``"task-netns"`` when this task has a network
+    namespace of its own (not its parent's, not init's: /proc/net/dev then counts this task
+    alone), else ``"host"`` (a namespace shared with other processes: the host's or a
+    container's)."""
+    try:
+        mine = os.readlink(f"{proc}/self/ns/net")
+    except OSError:
+        return "host"
+    compared = False
+    for pid in (1, os.getppid()):
+        try:
+            theirs = os.readlink(f"{proc}/{pid}/ns/net")
+        except OSError:  # init's is often unreadable in a sandbox
+            continue
+        compared = True
+        if theirs == mine:
+            return "host"
+    return "task-netns" if compared else "host"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _read_key(path: Path, key: str) -> int | None:
+    """``key N`` lines (memory.events, memory.oom_control)."""
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def read_oom_kills(cgroup_dir: str) -> int | None:
+    """The OOM kills counted in a memory cgroup (v2 ``memory.events``, v1
+    ``memory.oom_control``), e.g. read by the controller after a task died (``mem_cgroup``)."""
+    d = Path(cgroup_dir)
+    found = _read_key(d / "memory.events", "oom_kill")
+    return found if found is not None else _read_key(d / "memory.oom_control", "oom_kill")
+
+
+class CgroupMemory:
+    """This process's memory cgroup (v2 or v1), found once and read on every sample.
+
+    The limit in force is the smallest of the cgroup's and its ancestors' (a SLURM job sets it
+    on the job's cgroup, the task runs in a step's below it).
+    """
+
+    def __init__(self, version: int, directory: Path, top: Path) -> None:
+        self.version = version
+        self.directory = directory
+        self.top = top
+
+    @classmethod
+    def find(cls, proc_self: str = "/proc/self") -> CgroupMemory | None:
+        try:
+            groups = Path(proc_self, "cgroup").read_text().splitlines()
+            mounts = Path(proc_self, "mountinfo").read_text().splitlines()
+        except OSError:
+            return None
+        v2_path = v1_path = None
+        for line in groups:
+            hid, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            if hid == "0" and controllers == "":
+                v2_path = path
+            elif "memory" in controllers.split(","):
+                v1_path = path
+        for line in mounts:
+            left, _, right = line.partition(" - ")
+            fields, super_fields = left.split(), right.split()
+            if len(fields) < 5 or len(super_fields) < 3:
+                continue
+            root, mountpoint, fstype = fields[3], fields[4], super_fields[0]
+            if fstype == "cgroup2" and v2_path is not None:
+                d = _below(mountpoint, root, v2_path)
+                if d is not None and (d / "memory.max").exists():
+                    return cls(2, d, Path(mountpoint))
+            elif (fstype == "cgroup" and v1_path is not None
+                  and "memory" in super_fields[2].split(",")):
+                d = _below(mountpoint, root, v1_path)
+                if d is not None and (d / "memory.limit_in_bytes").exists():
+                    return cls(1, d, Path(mountpoint))
+        return None
+
+    def read(self) -> dict[str, Any]:
+        """``{"path", "limit_mb", "used_mb", "oom_kills"}``; ``used_mb`` is the usage of the
+        cgroup whose limit is in force (this one's when none is set)."""
+        limit_file, usage_file = (("memory.max", "memory.current") if self.version == 2 else
+                                  ("memory.limit_in_bytes", "memory.usage_in_bytes"))
+        limit: int | None = None
+        limiting = self.directory
+        d = self.directory
+        while True:
+            value = _read_int(d / limit_file)
+            if value is not None and value < V1_UNLIMITED and (limit is None or value < limit):
+                limit, limiting = value, d
+            if d == self.top or self.top not in d.parents:
+                break
+            if self.version == 1 and _read_int(d.parent / "memory.use_hierarchy") == 0:
+                break  # v1 without hierarchy: the parent's limit does not cover this cgroup
+            d = d.parent
+        used = _read_int(limiting / usage_file)
+        return {"path": str(self.directory),
+                "limit_mb": None if limit is None else limit / 2**20,
+                "used_mb": None if used is None else used / 2**20,
+                "oom_kills": read_oom_kills(str(self.directory))}
+
+
+def _below(mountpoint: str, root: str, path: str) -> Path | None:
+    """Where cgroup ``path`` (from /proc/self/cgroup) is under a mount of hierarchy ``root``."""
+    if root != "/" and path != root and not path.startswith(root.rstrip("/") + "/"):
+        return None
+    rel = path[len(root):] if root != "/" else path
+    return Path(mountpoint, rel.lstrip("/"))
