@@ -108,7 +108,7 @@ def test_status_has_every_spec_column(cluster2: Any) -> None:
     assert STATUS_COLUMNS[:14] == ["task", "host", "pid", "state", "step", "step_time_ms",
                                    "input_wait_ms", "cpu_percent", "rss_mb", "gpu_util_percent",
                                    "gpu_mem_mb", "net_rx_mb_s", "net_tx_mb_s",
-                                   "last_output_s_ago"]  # SPEC 2.4, in its order
+                                   "last_output_s_ago"]  # docs/reference.md, in its order
     assert set(df["flags"]) == {""}
     assert list(df["task"]) == ["worker:0", "worker:1"]
     assert set(df["state"]) == {"idle"}

@@ -28,7 +28,7 @@ def test_public_names_of_the_spec() -> None:
     for method in ("start", "run", "status", "logs", "stacks", "env", "check", "interrupt",
                    "restart", "stop", "dashboard", "__enter__", "__exit__"):
         if method == "check":
-            continue  # SPEC 2.2 check() (CheckReport) is not built yet: see the open issues
+            continue  # check() (CheckReport) is not built yet: see the open issues
         assert callable(getattr(Cluster, method)), method
 
 

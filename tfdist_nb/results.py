@@ -1,4 +1,5 @@
-"""What ``Cluster.run`` returns (SPEC 2.2): one TaskResult per targeted task, and their sum."""
+"""What ``Cluster.run`` returns (docs/reference.md, Python API): one TaskResult per targeted
+task, and their sum."""
 
 from __future__ import annotations
 

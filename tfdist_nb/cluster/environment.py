@@ -2,7 +2,7 @@
 
 TF_CONFIG and the user's ``env=`` are set here, at launch, so they are in place before anything in
 the task imports TensorFlow. Variables that would make a worker behave differently from a user's
-run are dropped: ``PYTEST_CURRENT_TEST`` turns ipykernel's fd capture off (SPEC 6).
+run are dropped: ``PYTEST_CURRENT_TEST`` turns ipykernel's fd capture off (docs/design.md, Facts).
 """
 
 from __future__ import annotations

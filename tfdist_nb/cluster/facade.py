@@ -177,8 +177,8 @@ class Cluster:
 
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:
-        """Python stacks of every thread of each task (SPEC 2.2), also while its main thread is
-        blocked inside a TensorFlow op: they are taken in the task's inspection subshell."""
+        """Python stacks of every thread of each task, also while its main thread is blocked
+        inside a TensorFlow op: they are taken in the task's inspection subshell."""
         targets = self._runtimes(on, allow_dead=True)
         inspector = self._inspector()
         found = self._require_loop().run(_gather(*(inspector.stacks(rt) for rt in targets)),
@@ -284,7 +284,7 @@ class Cluster:
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
-        """One row per task with the SPEC 2.4 columns (docs/reference.md), plus ``flags``."""
+        """One row per task: the columns of docs/reference.md (Status columns)."""
         return status_frame(self.tasks.values(), self.live, self.stragglers)
 
     def logs(self, on: Any = None, grep: str | None = None,
@@ -309,8 +309,8 @@ class Cluster:
         return self.hub.stragglers if self.hub is not None else {}
 
     def dashboard(self, start: bool = True) -> Any:
-        """The live dashboard, an ipywidgets box (SPEC 2.2): display it, or leave it as a
-        cell's last expression. A new one retires the previous one's refresh timer."""
+        """The live dashboard, an ipywidgets box: display it, or leave it as a cell's last
+        expression. A new one retires the previous one's refresh timer."""
         from tfdist_nb.display.dashboard import Dashboard
 
         if self._dashboard is not None:

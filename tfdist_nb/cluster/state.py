@@ -1,4 +1,5 @@
-"""The task state machine of SPEC 2.4, pure: events in, the next state out.
+"""The task state machine (states: docs/reference.md, Status columns), pure: events in, the
+next state out.
 
 Both the controller and the tests drive it without processes; an impossible transition is a bug in
 the caller and raises.

@@ -1,4 +1,4 @@
-"""The DataFrame views of a cluster: ``status()`` (SPEC 2.4 columns, docs/reference.md) and
+"""The DataFrame views of a cluster: ``status()`` (columns of docs/reference.md) and
 ``env()``. Pure functions of the task runtimes and the live store."""
 
 from __future__ import annotations

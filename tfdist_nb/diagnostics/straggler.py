@@ -2,10 +2,10 @@
 
 Under synchronous training every task's step takes as long as the slowest one's, and a
 distributed iterator even synchronises the input fetch, so neither step time nor input wait tells
-the straggler apart (SPEC 6). What does is *arrival*: the wall time at which each task enters
-the step's collectives (stamped by the worker for eager collectives, else when its own input
-fetch returned or it began the step). The straggler arrives last, step after step; its lateness
-is the time everyone else spends waiting for it.
+the straggler apart (docs/design.md, Facts). What does is *arrival*: the wall time at which each
+task enters the step's collectives (stamped by the worker for eager collectives, else when its
+own input fetch returned or it began the step). The straggler arrives last, step after step; its
+lateness is the time everyone else spends waiting for it.
 """
 
 from __future__ import annotations

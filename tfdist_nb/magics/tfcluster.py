@@ -1,5 +1,6 @@
-"""The IPython magics of SPEC 2.1. Each parses its line, raises UsageError for the user's mistakes
-(with an example), and hands off to the :class:`~tfdist_nb.cluster.facade.Cluster` API.
+"""The IPython magics (docs/reference.md, Magics). Each parses its line, raises UsageError for
+the user's mistakes (with an example), and hands off to the
+:class:`~tfdist_nb.cluster.facade.Cluster` API.
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ class TfdistMagics(Magics):
     @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
     @line_magic
     def tfdist_status(self, line: str) -> Any:
-        """The live dashboard of every task; ``--table``: a DataFrame with the SPEC 2.4 columns.
+        """The live dashboard of every task; ``--table``: a DataFrame (docs/reference.md).
 
         The dashboard has a panel per task (state, steps, resources, a filterable log tail) and
         charts of step time, CPU, RSS and GPU per task; it refreshes a few times a second.

@@ -1,4 +1,5 @@
-"""The merged log as a pandas DataFrame, built from the run directory (SPEC 2.2 ``logs()``)."""
+"""The merged log as a pandas DataFrame, built from the run directory (``Cluster.logs()``,
+docs/reference.md)."""
 
 from __future__ import annotations
 
