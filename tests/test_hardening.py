@@ -347,11 +347,18 @@ def test_a_sidecar_pid_of_an_unrelated_process_is_never_signalled(
 
 
 def test_attached_files_open_to_others_are_not_trusted(tmp_path: Path) -> None:
-    directory = tmp_path / "connect"
-    sidecar = _forged_sidecar(directory, os.getpid(), psutil.Process().create_time())
-    sidecar.chmod(0o644)
-    c = Cluster(workers=1, launcher="attach", preload=(),
-                launcher_options={"connection_dir": directory, "wait_timeout": 1})
-    with pytest.raises(ClusterStartError, match=r"worker-0.tfdist.json is open to group or "
-                                                r"others \(mode 0644\)"):
-        c.start()
+    bystander = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    try:
+        directory = tmp_path / "connect"
+        sidecar = _forged_sidecar(directory, bystander.pid,
+                                  psutil.Process(bystander.pid).create_time())
+        sidecar.chmod(0o644)
+        c = Cluster(workers=1, launcher="attach", preload=(),
+                    launcher_options={"connection_dir": directory, "wait_timeout": 1})
+        with pytest.raises(ClusterStartError, match=r"worker-0.tfdist.json is open to group or "
+                                                    r"others \(mode 0644\)"):
+            c.start()
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait(10)
