@@ -38,7 +38,7 @@ from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
-from tfdist_nb.store.logs import logs_frame
+from tfdist_nb.store.logs import logs_frame, parse_levels
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
@@ -287,13 +287,21 @@ class Cluster:
         """One row per task: the columns of docs/reference.md (Status columns)."""
         return status_frame(self.tasks.values(), self.live, self.stragglers)
 
-    def logs(self, on: Any = None, grep: str | None = None,
-             tail: int | None = None) -> pd.DataFrame:
-        """The merged log of all tasks from the run directory: time, task, stream, level, text."""
+    def logs(self, on: Any = None, grep: str | None = None, tail: int | None = None,
+             level: str | None = None) -> pd.DataFrame:
+        """The merged log of all tasks from the run directory: time, task, stream, level, text.
+
+        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``).
+        """
         if self.rundir is None:
             raise ClusterNotRunningError("the cluster has not been started")
         names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
-        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail)
+        try:
+            levels = parse_levels(level)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
+                          levels=levels)
 
     def env(self) -> pd.DataFrame:
         """What each task reported about its environment, side by side, differences marked."""

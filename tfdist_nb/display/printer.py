@@ -1,7 +1,9 @@
 """Live, attributed output of a running cell, and the per-task failure report after it.
 
 Every line is prefixed with its task (coloured per task) and written to the notebook's own stdout
-or stderr, so it streams into the cell output as it arrives.
+or stderr, so it streams into the cell output as it arrives. TensorFlow's own INFO records (one
+per step and collective, device listings) are held back unless ``verbose``: they stay in the run
+directory, the dashboard and ``%tfdist_logs``, and the cell ends with a line counting them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any, TextIO
 
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
 from tfdist_nb.results import RunResult, TaskResult
+from tfdist_nb.store.logs import level_of, tensorflow_info
 
 _COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]
 RESET = "\x1b[0m"
@@ -31,7 +34,8 @@ class LivePrinter:
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
                  colour: bool = True, display: Any = None,
-                 max_lines_per_task: int | None = None, run_dir: Any = None) -> None:
+                 max_lines_per_task: int | None = None, run_dir: Any = None,
+                 verbose: bool = False) -> None:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.colour = colour
@@ -39,10 +43,15 @@ class LivePrinter:
         self.max_lines = max_lines_per_task
         self.run_dir = run_dir
         self.per_task: dict[str, int] = {}
+        self.verbose = verbose
+        self.held_back = 0
+        # (task, stream) -> time of the message whose INFO record was held back: the lines
+        # that came in the same message without a prefix are that record's continuation
+        self._holding: dict[tuple[str, str], float] = {}
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, OutputLine):
-            if event.stream in ("stdout", "stderr"):
+            if event.stream in ("stdout", "stderr") and not self._hold(event):
                 self._line(event)
         elif isinstance(event, RichOutput) and event.msg_type != "update_display_data":
             self.stdout.write(f"{label(event.task, self.colour)} output:\n")
@@ -50,6 +59,27 @@ class LivePrinter:
             self._show_rich(event)
         elif isinstance(event, TaskNote) and event.level in ("WARNING", "ERROR"):
             self.stderr.write(f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
+
+    def _hold(self, event: OutputLine) -> bool:
+        """Whether to keep this line out of the cell (a TensorFlow INFO record, or the rest of
+        one); counted in ``held_back``."""
+        if self.verbose:
+            return False
+        key = (event.task, event.stream)
+        if tensorflow_info(event.stream, event.text):
+            self._holding[key] = event.time
+        elif self._holding.get(key) != event.time or level_of(event.stream, event.text):
+            self._holding.pop(key, None)
+            return False
+        self.held_back += 1
+        return True
+
+    def held_back_note(self) -> str | None:
+        """The cell's last line when INFO records were held back."""
+        if not self.held_back:
+            return None
+        return (f"tfdist_nb: {self.held_back} TensorFlow INFO log line(s) not shown: "
+                "%tfdist_logs --level INFO lists them (or run the cell with --verbose)")
 
     def _line(self, event: OutputLine) -> None:
         """Print one line; past ``max_lines_per_task`` say once where the rest is."""

@@ -38,6 +38,7 @@ class ClusterRequest:
     hosts: list[str] | None = None
     connection_dir: str | None = None
     dashboard: bool = True
+    verbose: bool = False
 
 
 def build_request(args: argparse.Namespace) -> ClusterRequest:
@@ -72,7 +73,8 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
     return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
                           stall_timeout=args.stall_timeout, restart=args.restart, python=python,
                           launcher=launcher, hosts=hosts, connection_dir=args.connection_dir,
-                          dashboard=not args.no_dashboard)
+                          dashboard=not args.no_dashboard,
+                          verbose=bool(getattr(args, "verbose", False)))
 
 
 @dataclass(frozen=True)

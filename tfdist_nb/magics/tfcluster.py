@@ -69,6 +69,9 @@ class TfdistMagics(Magics):
                    "themselves")
     @argument("--no-dashboard", action="store_true",
               help="show plain attributed output instead of the live dashboard")
+    @argument("--verbose", action="store_true",
+              help="also show TensorFlow's INFO log lines live (by default they go to the run "
+                   "directory, the dashboard and %%tfdist_logs, and the cell counts them)")
     @line_cell_magic
     def tfcluster(self, line: str, cell: str | None = None) -> Any:
         """Start (or reuse, or resize) a multi-worker TensorFlow cluster and run the cell on it.
@@ -148,7 +151,8 @@ class TfdistMagics(Magics):
         from tfdist_nb.display.printer import LivePrinter, failure_report
 
         printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
-                              else PLAIN_LINES, run_dir=cluster.run_dir)
+                              else PLAIN_LINES, run_dir=cluster.run_dir,
+                              verbose=request.verbose)
         dashboard = self._show_dashboard(cluster) if request.dashboard else None
         # The magic line goes along as a comment (IPython drops leading blank lines), so worker
         # tracebacks carry the line numbers the user sees in the notebook cell.
@@ -164,6 +168,8 @@ class TfdistMagics(Magics):
         if printer.hidden():
             print(f"tfdist_nb: {printer.hidden()} more lines are on disk in "
                   f"{cluster.run_dir}/events.jsonl (%tfdist_logs)")
+        if note := printer.held_back_note():
+            print(note)
         sys.stdout.flush()
         if not result.ok:
             sys.stderr.write(failure_report(result))
@@ -199,14 +205,24 @@ class TfdistMagics(Magics):
     @_on_option
     @argument("--grep", metavar="RE", help="only lines matching this regular expression")
     @argument("--tail", type=int, metavar="N", help="only the last N lines")
+    @argument("--level", metavar="LEVELS",
+              help="only lines of these levels, comma separated: DEBUG, INFO, WARNING, ERROR, "
+                   "CRITICAL, FATAL (e.g. --level INFO: TensorFlow's INFO records)")
     @argument("--save", metavar="PATH", help="also write the lines as JSON Lines to PATH")
     @line_magic
     def tfdist_logs(self, line: str) -> Any:
-        """The merged log of every task (from the run directory), as a DataFrame."""
+        """The merged log of every task (from the run directory), as a DataFrame.
+
+        Every line the tasks wrote is there, also TensorFlow's INFO records that the cell did not
+        show. Examples::
+
+            %tfdist_logs --on 1 --grep loss --tail 50
+            %tfdist_logs --level WARNING,ERROR
+        """
         args = _parse(self.tfdist_logs, line, "example: %tfdist_logs --on 1 --grep loss --tail 50")
         cluster = _require()
         try:
-            df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail)
+            df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail, level=args.level)
         except (SpecError, ValueError) as exc:
             raise _usage(exc, "example: %tfdist_logs --on 1 --grep 'loss|step'") from None
         if args.save:

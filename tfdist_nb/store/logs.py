@@ -15,6 +15,9 @@ COLUMNS = ["time", "task", "stream", "level", "text", "cell"]
 _CPP = re.compile(r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d|\S+ \S+: ([IWEF]) tensorflow/)")
 _PY = re.compile(r"^(?:\S*:)?\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b[: ]")
 _CPP_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "FATAL"}
+# TensorFlow's Python logger in a kernel: "INFO:tensorflow:..." (logging's basic format)
+_TF_PY_INFO = re.compile(r"^(?:INFO|DEBUG):tensorflow:")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "FATAL")
 
 
 def level_of(stream: str, text: str) -> str | None:
@@ -28,8 +31,34 @@ def level_of(stream: str, text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def tensorflow_info(stream: str, text: str) -> bool:
+    """Whether a line is one of TensorFlow's own INFO (or DEBUG) log records: its C++ runtime's
+    (``I0000 00:00:... file.cc:12] ...``) or its Python logger's (``INFO:tensorflow:...``).
+    These are held back from the cell by default (docs/reference.md, Output in the cell)."""
+    if stream not in ("stdout", "stderr"):
+        return False
+    m = _CPP.match(text)
+    if m:
+        return (m.group(1) or text[0]) == "I"
+    return _TF_PY_INFO.match(text) is not None
+
+
+def parse_levels(text: str | None) -> set[str] | None:
+    """``"WARNING,ERROR"`` -> ``{"WARNING", "ERROR"}``; ValueError naming an unknown level."""
+    if text is None:
+        return None
+    levels = {part.strip().upper() for part in text.split(",") if part.strip()}
+    unknown = levels - set(LEVELS)
+    if unknown or not levels:
+        raise ValueError(f"unknown log level {', '.join(sorted(unknown)) or text!r}; use "
+                         f"{', '.join(LEVELS)} (comma separated)")
+    return levels
+
+
 def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
-               grep: str | None = None, tail: int | None = None) -> pd.DataFrame:
+               grep: str | None = None, tail: int | None = None,
+               levels: set[str] | None = None) -> pd.DataFrame:
+    """One row per output line or note; ``levels``: only lines carrying one of these levels."""
     pattern = re.compile(grep) if grep else None
     rows = []
     for rec in records:
@@ -43,6 +72,8 @@ def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
             continue
         stream = rec.get("stream", "controller")
         level = rec.get("level") if kind == "note" else level_of(stream, text)
+        if levels is not None and level not in levels:
+            continue
         rows.append((rec["time"], rec["task"], stream, level, text, rec.get("cell")))
     if tail is not None:
         rows = rows[-tail:]
