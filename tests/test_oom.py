@@ -24,7 +24,7 @@ from tests.conftest import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.diagnostics.crash import likely_oom
 from tfdist_nb.events import TaskNote
-from tfdist_nb.worker.telemetry import read_oom_kills
+from tfdist_nb.worker.telemetry import out_of_memory_error, read_oom_kills
 
 pytestmark = pytest.mark.cluster
 
@@ -211,3 +211,22 @@ def test_the_telemetry_of_this_process_reads_its_real_memory_cgroup() -> None:
     values = reading.read()
     assert values["oom_kills"] is not None and values["oom_kills"] >= 0
     assert values["used_mb"] is not None and values["used_mb"] > 0
+
+
+def test_memory_errors_are_said_with_the_limit_they_hit() -> None:
+    """The wording, on readings of each kind (pure)."""
+    sample = {"mem_limit_mb": 2048.0, "mem_limit_source": "rlimit", "mem_limit_used_mb": 2040.0}
+    assert out_of_memory_error("MemoryError", "", sample) == (
+        "ran out of memory (MemoryError) against its address-space limit (RLIMIT_AS) of 2048 MB "
+        "(2040 MB of address space in use after the error)")
+    oom = "OOM when allocating tensor with shape[1000,1000] on /job:worker/device:CPU:0"
+    assert out_of_memory_error("ResourceExhaustedError", oom, {
+        "host_mem_total_mb": 24000.0, "host_mem_available_mb": 300.0}) == (
+        "ran out of memory (ResourceExhaustedError) with no memory limit of its own; the host "
+        "has 300 MB of 24000 MB free")
+    gpu_oom = "OOM when allocating tensor on /job:worker/replica:0/task:0/device:GPU:0"
+    assert out_of_memory_error("ResourceExhaustedError", gpu_oom, {"gpus": [
+        {"index": 0, "mem_used_mb": 140000.0, "mem_total_mb": 143771.0}]}) == (
+        "ran out of GPU memory (ResourceExhaustedError); GPU 0: 140000 of 143771 MB in use")
+    assert out_of_memory_error("ValueError", "OOM", sample) is None
+    assert out_of_memory_error("ResourceExhaustedError", "too many open files", sample) is None

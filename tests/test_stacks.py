@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.events import OutputLine
 
@@ -46,16 +47,22 @@ def test_a_cell_in_a_busy_python_loop_reads_as_python(tmp_path: Path, tmpdir: st
         runner = threading.Thread(target=lambda: results.append(
             c.run(BUSY_LOOP, timeout=150, on_event=seen)))
         runner.start()
+        stacks: list[str] = []
+
+        def in_the_loop() -> bool:
+            # (right after "busy in" the main thread may still be in print's flush)
+            stacks.append(c.stacks()["worker:0"])
+            return stacks[-1].startswith(f"main thread: python at {cell_file[0]}:")
+
         try:
             assert busy.wait(60), "the cell never started"
-            stack = c.stacks()["worker:0"]
+            # where the user's loop is, in the file the kernel compiled the cell to (below
+            # TMPDIR when it is set), whatever ipykernel names it; never "idle"
+            wait_for(in_the_loop, 20, f"the main thread read as python at {cell_file[0]}")
         finally:
             c.interrupt()
             runner.join(60)
         assert not runner.is_alive()
-        # where the user's loop is, in the file the kernel compiled the cell to (below TMPDIR
-        # when it is set), whatever ipykernel names it
-        first = stack.splitlines()[0]
-        assert first.startswith(f"main thread: python at {cell_file[0]}:"), stack
-        assert first.endswith(" in <module>")
+        assert stacks[-1].splitlines()[0].endswith(" in <module>")
+        assert not any(s.startswith("main thread: idle") for s in stacks), stacks
         assert results[0].tasks["worker:0"].error.ename == "KeyboardInterrupt"

@@ -4,7 +4,7 @@ SIGKILL is what the kernel's OOM killer (and a cgroup memory limit) sends, so a 
 kill counted in the task's memory cgroup, its cgroup near its limit, or its memory high or the
 host's nearly exhausted in its last sample reads as "likely out of memory"; a plain SIGKILL without
 that evidence is said as it is. An address-space limit (RLIMIT_AS) fails allocations instead
-(MemoryError), which :func:`out_of_memory_error` explains.
+(MemoryError), which the task itself explains (``worker.telemetry.out_of_memory_error``).
 """
 
 from __future__ import annotations
@@ -23,13 +23,6 @@ def describe_exit(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
-
-
-LIMIT_NAMES = {
-    "cgroup": "cgroup memory limit",
-    "rlimit": "address-space limit (RLIMIT_AS)",
-    "injected": "own limit",
-}
 
 
 def likely_oom(code: int, last: dict[str, Any] | None,
@@ -71,39 +64,6 @@ def likely_oom(code: int, last: dict[str, Any] | None,
                                             and free <= OOM_HOST_FREE_FRACTION * total):
         return evidence
     return None
-
-
-def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) -> str | None:
-    """What a task that ran out of memory without dying (Python's MemoryError, TensorFlow's OOM
-    ``ResourceExhaustedError``) ran into, from a resource reading taken right after; else None.
-
-    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL.
-    """
-    if not (ename == "MemoryError" or (ename == "ResourceExhaustedError" and "OOM" in evalue)):
-        return None
-    sample = sample or {}
-    if "device:GPU" in evalue:
-        return f"ran out of GPU memory ({ename}); {_gpu_memory(sample.get('gpus'))}"
-    limit, used = sample.get("mem_limit_mb"), sample.get("mem_limit_used_mb")
-    source = sample.get("mem_limit_source")
-    if limit and source:
-        what = "address space" if source == "rlimit" else "memory"
-        text = (f"ran out of memory ({ename}) against its {LIMIT_NAMES.get(source, source)} of "
-                f"{limit:.0f} MB")
-        if used is not None:
-            text += f" ({used:.0f} MB of {what} in use after the error)"
-        return text
-    total, free = sample.get("host_mem_total_mb"), sample.get("host_mem_available_mb")
-    host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
-            else "")
-    return f"ran out of memory ({ename}) with no memory limit of its own{host}"
-
-
-def _gpu_memory(gpus: list[dict[str, Any]] | None) -> str:
-    if not gpus:
-        return "no GPU reading"
-    return ", ".join(f"GPU {g.get('index')}: {g.get('mem_used_mb') or 0:.0f} of "
-                     f"{g.get('mem_total_mb') or 0:.0f} MB in use" for g in gpus)
 
 
 def crash_report(task: str, code: int, last: dict[str, Any] | None, last_lines: list[str],

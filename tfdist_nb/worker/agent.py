@@ -117,7 +117,7 @@ def _note_out_of_memory(result: Any) -> None:
     """A cell that ran out of memory without dying (MemoryError, TensorFlow's OOM
     ResourceExhaustedError: what an RLIMIT_AS limit gives) is said as such, with the limit it
     hit, as a WARNING note (docs/design.md, "Findings from inside the task")."""
-    from tfdist_nb.diagnostics.crash import out_of_memory_error
+    from tfdist_nb.worker.telemetry import out_of_memory_error
 
     exc = getattr(result, "error_in_exec", None)
     if exc is None or worker._telemetry is None:

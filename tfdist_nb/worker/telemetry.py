@@ -196,6 +196,46 @@ class Telemetry:
         return out
 
 
+LIMIT_NAMES = {
+    "cgroup": "cgroup memory limit",
+    "rlimit": "address-space limit (RLIMIT_AS)",
+    "injected": "own limit",
+}
+
+
+def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) -> str | None:
+    """What a task that ran out of memory without dying (Python's MemoryError, TensorFlow's OOM
+    ``ResourceExhaustedError``) ran into, from a resource reading taken right after; else None.
+
+    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL.
+    """
+    if not (ename == "MemoryError" or (ename == "ResourceExhaustedError" and "OOM" in evalue)):
+        return None
+    sample = sample or {}
+    if "device:GPU" in evalue:
+        return f"ran out of GPU memory ({ename}); {_gpu_memory(sample.get('gpus'))}"
+    limit, used = sample.get("mem_limit_mb"), sample.get("mem_limit_used_mb")
+    source = sample.get("mem_limit_source")
+    if limit and source:
+        what = "address space" if source == "rlimit" else "memory"
+        text = (f"ran out of memory ({ename}) against its {LIMIT_NAMES.get(source, source)} of "
+                f"{limit:.0f} MB")
+        if used is not None:
+            text += f" ({used:.0f} MB of {what} in use after the error)"
+        return text
+    total, free = sample.get("host_mem_total_mb"), sample.get("host_mem_available_mb")
+    host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
+            else "")
+    return f"ran out of memory ({ename}) with no memory limit of its own{host}"
+
+
+def _gpu_memory(gpus: list[dict[str, Any]] | None) -> str:
+    if not gpus:
+        return "no GPU reading"
+    return ", ".join(f"GPU {g.get('index')}: {g.get('mem_used_mb') or 0:.0f} of "
+                     f"{g.get('mem_total_mb') or 0:.0f} MB in use" for g in gpus)
+
+
 def _instrumentation_errors() -> dict[str, str]:
     from tfdist_nb import worker
 
