@@ -287,6 +287,19 @@ def test_the_worker_tightens_its_own_dir_and_writes_through_no_planted_path(
     assert victim.read_text() == "untouched"
 
 
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen[bytes]]:
+    """An unrelated process of this user (``sleep 300``, exec'd already), ended afterwards."""
+    proc = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: psutil.Process(proc.pid).cmdline() == ["sleep", "300"], 10,
+                 "the bystander to exec sleep")
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def _forged_sidecar(directory: Path, pid: int, create_time: float) -> Path:
     """A sidecar and connection file for worker:0 as a worker would write them, but naming
     ``pid`` (a worker that died and whose pid now belongs to someone else, say)."""
@@ -304,61 +317,53 @@ def _forged_sidecar(directory: Path, pid: int, create_time: float) -> Path:
 
 @pytest.mark.parametrize("shift", [0.0, -100.0], ids=["its-start-time", "another-start-time"])
 def test_a_sidecar_pid_of_an_unrelated_process_is_never_signalled(
-        tmp_path: Path, shift: float) -> None:
-    bystander = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
-    try:
-        started = psutil.Process(bystander.pid).create_time()
-        directory = tmp_path / "connect"
-        sidecar = _forged_sidecar(directory, bystander.pid, started + shift)
-        ours, why = worker_process(bystander.pid, started + shift, "worker:0")
-        assert not ours
-        assert ("runs 'sleep 300', not the worker of worker:0" if shift == 0
-                else "is now another process") in why
-        c = Cluster(workers=1, launcher="attach", preload=(),
-                    launcher_options={"connection_dir": directory, "wait_timeout": 1})
-        with pytest.raises(ClusterStartError, match=rf"no attached worker for worker:0 .*"
-                                                    rf"ignored: worker:0: .*pid {bystander.pid}"):
-            c.start()
-        assert bystander.poll() is None
+        tmp_path: Path, shift: float, bystander: subprocess.Popen[bytes]) -> None:
+    started = psutil.Process(bystander.pid).create_time()
+    directory = tmp_path / "connect"
+    sidecar = _forged_sidecar(directory, bystander.pid, started + shift)
+    ours, why = worker_process(bystander.pid, started + shift, "worker:0")
+    assert not ours
+    assert ("runs 'sleep 300', not the worker of worker:0" if shift == 0
+            else "is now another process") in why
+    c = Cluster(workers=1, launcher="attach", preload=(),
+                launcher_options={"connection_dir": directory, "wait_timeout": 1})
+    with pytest.raises(ClusterStartError, match=rf"no attached worker for worker:0 .*"
+                                                rf"ignored: worker:0: .*pid {bystander.pid}"):
+        c.start()
+    assert bystander.poll() is None
 
-        # Past the attach check too (the pid reused after the worker was attached): stop and
-        # interrupt leave it alone.
-        from jupyter_client.asynchronous import AsyncKernelClient
+    # Past the attach check too (the pid reused after the worker was attached): stop and
+    # interrupt leave it alone.
+    from jupyter_client.asynchronous import AsyncKernelClient
 
-        from tfdist_nb.topology import TaskId
+    from tfdist_nb.topology import TaskId
 
-        client = AsyncKernelClient()
-        client.load_connection_file(str(directory / "worker-0.json"))
-        handle = AttachedTaskHandle(task=TaskId("worker", 0), host=socket.gethostname(),
-                                    pid=bystander.pid, client=client,
-                                    connection_file=directory / "worker-0.json",
-                                    sidecar=sidecar, here=True, create_time=started + shift)
-        async def interrupt_then_stop() -> Any:
-            await handle.interrupt()
-            return await handle.stop(0.5)
+    client = AsyncKernelClient()
+    client.load_connection_file(str(directory / "worker-0.json"))
+    handle = AttachedTaskHandle(task=TaskId("worker", 0), host=socket.gethostname(),
+                                pid=bystander.pid, client=client,
+                                connection_file=directory / "worker-0.json",
+                                sidecar=sidecar, here=True, create_time=started + shift)
 
-        report = asyncio.run(interrupt_then_stop())
-        assert report.path == "already-dead"
-        assert bystander.poll() is None, "an unrelated process was signalled"
-        assert psutil.Process(bystander.pid).status() != psutil.STATUS_STOPPED
-    finally:
-        bystander.kill()
-        bystander.wait(10)
+    async def interrupt_then_stop() -> Any:
+        await handle.interrupt()
+        return await handle.stop(0.5)
+
+    report = asyncio.run(interrupt_then_stop())
+    assert report.path == "already-dead"
+    assert bystander.poll() is None, "an unrelated process was signalled"
+    assert psutil.Process(bystander.pid).status() != psutil.STATUS_STOPPED
 
 
-def test_attached_files_open_to_others_are_not_trusted(tmp_path: Path) -> None:
-    bystander = subprocess.Popen(["sleep", "300"], stdin=subprocess.DEVNULL)
-    try:
-        directory = tmp_path / "connect"
-        sidecar = _forged_sidecar(directory, bystander.pid,
-                                  psutil.Process(bystander.pid).create_time())
-        sidecar.chmod(0o644)
-        c = Cluster(workers=1, launcher="attach", preload=(),
-                    launcher_options={"connection_dir": directory, "wait_timeout": 1})
-        with pytest.raises(ClusterStartError, match=r"worker-0.tfdist.json is open to group or "
-                                                    r"others \(mode 0644\)"):
-            c.start()
-        assert bystander.poll() is None
-    finally:
-        bystander.kill()
-        bystander.wait(10)
+def test_attached_files_open_to_others_are_not_trusted(
+        tmp_path: Path, bystander: subprocess.Popen[bytes]) -> None:
+    directory = tmp_path / "connect"
+    sidecar = _forged_sidecar(directory, bystander.pid,
+                              psutil.Process(bystander.pid).create_time())
+    sidecar.chmod(0o644)
+    c = Cluster(workers=1, launcher="attach", preload=(),
+                launcher_options={"connection_dir": directory, "wait_timeout": 1})
+    with pytest.raises(ClusterStartError, match=r"worker-0.tfdist.json is open to group or "
+                                                r"others \(mode 0644\)"):
+        c.start()
+    assert bystander.poll() is None
