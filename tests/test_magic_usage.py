@@ -82,3 +82,15 @@ def test_help_is_complete(ip: Any) -> None:
     for option in ("--on", "--env", "--timeout", "--stall-timeout", "--restart", "--python",
                    "--hosts", "--launcher", "resized: 2 workers -> 1 worker", "Examples"):
         assert option in doc
+
+
+def test_a_refused_host_is_a_usage_error_and_keeps_the_running_cluster(ip: Any) -> None:
+    """A line whose launcher refuses its arguments fails before the running cluster stops."""
+    ip.run_cell_magic("tfcluster", "1 worker", "x = 1")
+    running = current()
+    assert running is not None
+    with pytest.raises(UsageError, match="starts with '-'") as info:
+        ip.run_cell_magic("tfcluster", "1 worker --hosts=-oProxyCommand=true", "x = 1")
+    assert "%%tfcluster" in str(info.value)  # the usage example
+    assert current() is running and running.running
+    ip.run_line_magic("tfdist_stop", "")

@@ -125,22 +125,24 @@ class TfdistMagics(Magics):
             return active
         launcher, hosts = request.launcher, request.hosts
         options = {"connection_dir": request.connection_dir} if request.connection_dir else None
+        env, python = request.env, request.python
         if active is not None:  # a resize keeps what the line does not change
-            env = request.env or active.extra_env
-            python = request.python or active.python
+            env, python = env or active.extra_env, python or active.python
             if launcher is None:
                 launcher, hosts = active.launcher.name, hosts or active.hosts
                 options = options or active.launcher_options
-            active.stop()
-        else:
-            env, python = request.env, request.python
-        launcher = launcher or "local"
         spec = decided.spec
-        cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
-                          evaluator=bool(spec.evaluator), launcher=launcher, hosts=hosts,
-                          env=env, python=python, stall_timeout=request.stall_timeout or 60.0,
-                          launcher_options=options)
-        where = f"on {', '.join(hosts)}" if hosts else launcher
+        try:  # made (and so checked) before the running cluster is stopped for it
+            cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
+                              evaluator=bool(spec.evaluator), launcher=launcher or "local",
+                              hosts=hosts, env=env, python=python,
+                              stall_timeout=request.stall_timeout or 60.0,
+                              launcher_options=options)
+        except SpecError as exc:
+            raise _usage(exc) from None
+        if active is not None:
+            active.stop()
+        where = f"on {', '.join(hosts)}" if hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
         cluster.start()
         print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "

@@ -1,4 +1,4 @@
-"""The run directory of SPEC 3: everything a cluster saw, as JSON Lines, owner-only.
+"""The run directory (docs/reference.md): everything a cluster saw, as JSON Lines, owner-only.
 
 ``./tfdist_runs/<cluster-id>/``::
 
