@@ -1,4 +1,5 @@
-"""What user code inside a worker kernel can import (SPEC 2.3): ``import tfdist_nb.worker as tw``.
+"""What user code inside a worker kernel can import (docs/reference.md, Worker side):
+``import tfdist_nb.worker as tw``.
 
 Runs inside worker kernels only; it imports nothing of the controller and not TensorFlow itself
 (Keras is imported lazily by :class:`StepTimer`), so loading it costs nothing before the user's

@@ -1,8 +1,8 @@
 """The worker-side agent: what a worker kernel reports about itself to the controller.
 
 Called by the controller through a silent execute request right after the kernel is up. It must
-not create any TensorFlow op (the strategy has to come first in the process, SPEC 6); importing
-TensorFlow is fine and is done here so the user's first cell does not pay for it.
+not create any TensorFlow op (the strategy has to come first in the process: docs/design.md,
+Facts); importing TensorFlow is fine and is done here so the user's first cell does not pay for it.
 """
 
 from __future__ import annotations
@@ -274,8 +274,8 @@ def _at(frame: Any) -> str:
 
 
 def abort_collectives(reason: str) -> str:
-    """Release a main thread blocked in a collective (SPEC 6: about 0.3 s). Collectives on this
-    cluster then fail until the tasks are restarted."""
+    """Release a main thread blocked in a collective (docs/design.md, Facts: about 0.3 s).
+    Collectives on this cluster then fail until the tasks are restarted."""
     if "tensorflow" not in sys.modules:
         return "no tensorflow"
     from tensorflow.python.eager import context
