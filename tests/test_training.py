@@ -39,12 +39,16 @@ def test_mwms_custom_loop_then_keras3_fit_is_explained() -> None:
         c.restart()  # a second strategy needs fresh kernels
         assert set(c.status()["state"]) == {"idle"}
         keras3 = c.run(cell("tf_keras_fit"), timeout=120)
-        assert not keras3.ok
+        # Keras 3's fit fails under MWMS today (docs/design.md, Facts); whether or not a later
+        # Keras fixes it, the user sees either a working fit or our explanation, never only the
+        # raw traceback.
         for r in keras3.tasks.values():
-            assert r.status == "error"
-            assert "PerReplica" in r.error.evalue
-            assert r.explanation == KERAS3_MWMS
-            assert "TF_USE_LEGACY_KERAS=1" in r.explanation
+            if r.status == "ok":
+                assert "Epoch 2/2" in r.stdout
+            else:
+                assert r.status == "error"
+                assert r.explanation == KERAS3_MWMS
+                assert "TF_USE_LEGACY_KERAS=1" in r.explanation
 
 
 def test_tf_keras_fit_under_mwms() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,8 +21,10 @@ from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.results import RemoteError, TaskResult
 from tfdist_nb.transport.channel import Execution
+from tfdist_nb.worker.telemetry import read_oom_kills
 
 POLL_S = 0.2
+_THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
 IDLE_AFTER_REPLY_S = 2.0
 STALL_SLACK_S = 2.0
 
@@ -146,13 +149,23 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int,
     rt.transition(TaskEvent.EXITED)
     last, lines = inspector.last_words(rt) if inspector else (None, [])
     what = rt.handle.describe_exit(code) if rt.handle else describe_exit(code)
-    oom = likely_oom(code, last)
+    after = _memory_after_death(rt, last)
+    oom = likely_oom(code, last, after)
     error = RemoteError("TaskCrashed", f"{rt.name} {what}" + (" (likely out of memory)"
                                                               if oom else ""), [])
     result = _result(rt, ex, "crashed", error)
     result.explanation = crash_report(rt.name, code, last, lines, rt.kernel_log_tail(15),
-                                      what=what)
+                                      what=what, after=after)
     return result
+
+
+def _memory_after_death(rt: TaskRuntime, last: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The dead task's memory cgroup read now, when it is on this machine: an OOM kill count
+    that rose since its last sample shows an allocation that outran the sampling."""
+    cgroup = (last or {}).get("mem_cgroup")
+    if not cgroup or rt.handle is None or rt.handle.host not in _THIS_HOST:
+        return None
+    return {"oom_kills": read_oom_kills(cgroup)}
 
 
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
+from typing import Any
 
 import pandas as pd
 
@@ -14,20 +15,22 @@ from tfdist_nb.store.tails import LiveStore
 
 STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input_wait_ms",
                   "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
-                  "net_tx_mb_s", "last_output_s_ago", "flags"]
-_NUMERIC = STATUS_COLUMNS[5:-1]
+                  "net_tx_mb_s", "last_output_s_ago", "flags", "net_scope"]
+_NUMERIC = STATUS_COLUMNS[5:14]
 _SAMPLED = ("cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
             "net_tx_mb_s")
 ENV_KEYS = ["host", "python", "executable", "tensorflow", "keras", "tf_keras", "keras_flavour",
             "numpy", "os"]
 
 
-def task_flags(rt: TaskRuntime, stragglers: Collection[str]) -> str:
-    """Short markers of what is wrong with a task, comma separated."""
+def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str]) -> str:
+    """Short markers of what is wrong with a task, comma separated. ``no-instrumentation``: its
+    step/collective timing hooks could not be installed (at start-up, or when a later cell
+    imported Keras), so straggler and input-wait findings are blind there."""
     flags = []
     if rt.name in stragglers:
         flags.append("straggler")
-    if rt.info.get("instrumentation_errors"):
+    if rt.info.get("instrumentation_errors") or latest.get("instrumentation_errors"):
         flags.append("no-instrumentation")
     return ",".join(flags)
 
@@ -48,7 +51,9 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             "input_wait_ms": v.input_wait_ms(),
             **{k: latest.get(k) for k in _SAMPLED},
             "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
-            "flags": task_flags(rt, stragglers),
+            "flags": task_flags(rt, latest, stragglers),
+            # what net_rx/tx measure: "host" (all interfaces of the host) or "task-netns"
+            "net_scope": latest.get("net_scope"),
         })
     return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({c: "float64" for c in _NUMERIC})
 

@@ -113,13 +113,15 @@ def _stats_html(view: TaskView) -> str:
     def fmt(value: Any, unit: str, digits: int = 0) -> str:
         return "-" if value is None else f"{value:.{digits}f}{unit}"
 
+    # the host's interfaces unless the task has a network namespace of its own
+    net = "net" if latest.get("net_scope") == "task-netns" else "host net"
     gpu = ("no GPU" if not latest.get("gpus") else
            f"GPU {fmt(latest.get('gpu_util_percent'), '%')} "
            f"{fmt(latest.get('gpu_mem_mb'), ' MB')}")
     return ("<small>"
             f"step {fmt(view.step_time_ms(), ' ms', 1)} · input wait "
             f"{fmt(view.input_wait_ms(), ' ms', 1)} · CPU {fmt(latest.get('cpu_percent'), '%')}"
-            f" · RSS {fmt(latest.get('rss_mb'), ' MB')} · {gpu} · net "
+            f" · RSS {fmt(latest.get('rss_mb'), ' MB')} · {gpu} · {net} "
             f"{fmt(latest.get('net_rx_mb_s'), '', 2)}/{fmt(latest.get('net_tx_mb_s'), ' MB/s', 2)}"
             "</small>")
 
