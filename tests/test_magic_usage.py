@@ -94,3 +94,14 @@ def test_a_refused_host_is_a_usage_error_and_keeps_the_running_cluster(ip: Any) 
     assert "%%tfcluster" in str(info.value)  # the usage example
     assert current() is running and running.running
     ip.run_line_magic("tfdist_stop", "")
+
+
+def test_check_magic_without_a_cluster_checks_a_given_tf_config(ip: Any) -> None:
+    ip.user_ns["cfg"] = {"cluster": {"worker": ["localhost:2222", "localhost:2222"]},
+                         "task": {"type": "worker", "index": 0}}
+    report = ip.run_line_magic("tfdist_check", "tfconfig cfg")
+    assert not report.ok and "duplicate address localhost:2222" in report.summary
+    with pytest.raises(UsageError, match="unknown check 'sharing'"):
+        ip.run_line_magic("tfdist_check", "sharing")
+    with pytest.raises(UsageError, match="no cluster is running"):
+        ip.run_line_magic("tfdist_check", "network")

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.cluster import registry
+from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import resolve_python
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
@@ -31,7 +32,10 @@ from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.cluster.views import env_frame, status_frame
+from tfdist_nb.cluster.views import status_frame
+from tfdist_nb.diagnostics.env_check import critical_mismatch
+from tfdist_nb.diagnostics.env_check import env_frame as env_table
+from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.diagnostics.straggler import Straggler
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError, TfdistError
 from tfdist_nb.events import Event
@@ -46,6 +50,7 @@ from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_TIMEOUT_S = 30.0
 INSPECT_CALL_S = 15.0
+CHECK_TIMEOUT_S = 300.0
 
 
 def current() -> Cluster | None:
@@ -123,6 +128,7 @@ class Cluster:
             raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
         self.running = True
         registry.set_current(self)
+        self._warn_mismatch()
         return self
 
     def stop(self) -> list[StopReport]:
@@ -304,8 +310,29 @@ class Cluster:
                           levels=levels)
 
     def env(self) -> pd.DataFrame:
-        """What each task reported about its environment, side by side, differences marked."""
-        return env_frame(self.tasks.values())
+        """Every task's environment read now, side by side: index = property (Python, TF and
+        its CUDA/cuDNN build, Keras, numpy, GPUs and driver, OS, host, every ``$TF_*``,
+        ``$CUDA_*``, ``$NCCL_*``, ``$XLA_*`` variable, then ``pkg:NAME`` for installed packages
+        whose versions differ), a column per task, and a bool ``mismatch`` column."""
+        targets = self._runtimes("all")
+        return self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
+
+    def check(self, kind: str, expr: Any = None, on: Any = None) -> CheckReport:
+        """A preflight or consistency check (docs/reference.md, Checks): ``"tfconfig"`` (with
+        ``expr`` a TF_CONFIG to check instead of the tasks' own: JSON text, dict or file path),
+        ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env)."""
+        targets = self._runtimes(on)
+        return self._require_loop().run(CheckRunner(targets).run(kind, expr), CHECK_TIMEOUT_S)
+
+    def _warn_mismatch(self) -> None:
+        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""
+        infos = {rt.name: {"props": {k: rt.info.get(k) for k in
+                                     ("python", "tensorflow", "keras_flavour")}}
+                 for rt in self.tasks.values()}
+        said = critical_mismatch(env_table(infos)) if len(infos) > 1 else None
+        if said:
+            self._note("cluster", f"environment mismatch: {said} (%tfdist_env shows all)",
+                       "WARNING")
 
     def alerts(self) -> list[str]:
         """What the cluster warned about, newest last (the dashboard's alerts area)."""

@@ -1,5 +1,5 @@
-"""The DataFrame views of a cluster: ``status()`` (columns of docs/reference.md) and
-``env()``. Pure functions of the task runtimes and the live store."""
+"""The status table of a cluster (columns of docs/reference.md): a pure function of the task
+runtimes and the live store."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input
 _NUMERIC = STATUS_COLUMNS[5:14]
 _SAMPLED = ("cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
             "net_tx_mb_s")
-ENV_KEYS = ["host", "python", "executable", "tensorflow", "keras", "tf_keras", "keras_flavour",
-            "numpy", "os"]
 
 
 def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str]) -> str:
@@ -56,11 +54,3 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             "net_scope": latest.get("net_scope"),
         })
     return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({c: "float64" for c in _NUMERIC})
-
-
-def env_frame(tasks: Iterable[TaskRuntime]) -> pd.DataFrame:
-    """What each task reported about its environment, side by side, differences marked."""
-    data = {rt.name: [rt.info.get(k) for k in ENV_KEYS] for rt in tasks}
-    df = pd.DataFrame(data, index=ENV_KEYS)
-    df["mismatch"] = df.nunique(axis=1, dropna=False) > 1
-    return df

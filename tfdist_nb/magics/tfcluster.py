@@ -364,11 +364,77 @@ class TfdistMagics(Magics):
             print(f"tfdist_nb: {task}: {text}")
 
     @magic_arguments()
+    @argument("--all", action="store_true",
+              help="every property, not only the ones that differ between tasks")
     @line_magic
     def tfdist_env(self, line: str) -> Any:
-        """Each task's environment side by side; the ``mismatch`` column marks differences."""
-        _parse(self.tfdist_env, line, "example: %tfdist_env")
-        return _require().env()
+        """Each task's environment, read now, side by side; ``mismatch`` marks differences.
+
+        Python, TensorFlow and the CUDA/cuDNN it was built for, Keras / tf_keras, numpy, NVIDIA
+        driver and GPUs, OS, host, every TF_*, CUDA_*, NCCL_*, XLA_* variable (also one a cell
+        set), and installed packages whose versions differ. Without ``--all`` only the rows
+        that differ are shown (and a line says when none do).
+        """
+        args = _parse(self.tfdist_env, line, "example: %tfdist_env --all")
+        df = _require().env()
+        if args.all:
+            return df
+        differing = df[df["mismatch"]]
+        if differing.empty:
+            print(f"tfdist_nb: the {len(df.columns) - 1} task(s) run the same environment "
+                  "(%tfdist_env --all lists it)")
+        return differing
+
+    @magic_arguments()
+    @argument("kind", help="tfconfig | network | env | all")
+    @argument("expr", nargs="*",
+              help="tfconfig: a TF_CONFIG to check instead of the tasks' own (JSON text, a "
+                   "file path, or a variable of this notebook holding either or a dict)")
+    @_on_option
+    @line_magic
+    def tfdist_check(self, line: str) -> Any:
+        """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
+
+        - ``tfconfig``: every task's TF_CONFIG now: structure, task types, indices, duplicate
+          addresses, more than one chief, ps without workers, its own port in use on its host,
+          host names that do not resolve there, tasks that disagree about the cluster. Works
+          without a cluster for a TF_CONFIG you give (``%tfdist_check tfconfig cfg.json``).
+        - ``network``: every task connects to every other task's TF address (refused, timed
+          out, DNS), a latency matrix, and the all-reduce bandwidth of your strategy (1, 16,
+          64 MB) when a cell made one.
+        - ``env``: differences between the tasks' environments.
+        - ``all``: tfconfig, network and env.
+
+        Examples::
+
+            %tfdist_check all
+            %tfdist_check network
+            %tfdist_check tfconfig '{"cluster": {"worker": ["a:1", "a:1"]}, "task": {...}}'
+        """
+        from tfdist_nb.cluster.checks import KINDS, check_tf_config
+
+        example = "example: %tfdist_check network   (kinds: tfconfig, network, env, all)"
+        args = _parse(self.tfdist_check, line, example)
+        if args.kind not in KINDS:
+            raise _usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", example)
+        expr = " ".join(args.expr) or None
+        if expr is not None and args.kind != "tfconfig":
+            raise _usage(f"the {args.kind} check takes no argument", example)
+        if expr is not None and expr.isidentifier() and expr in self.shell.user_ns:
+            expr = self.shell.user_ns[expr]
+        from tfdist_nb.cluster.facade import current
+
+        cluster = current()
+        if cluster is None:
+            if args.kind == "tfconfig" and expr is not None:
+                return check_tf_config(expr)
+            raise UsageError("no cluster is running; start one with\n  %%tfcluster 2 workers\n"
+                             "(a TF_CONFIG of your own is checked without one: "
+                             "%tfdist_check tfconfig cfg.json)")
+        try:
+            return cluster.check(args.kind, expr, on=args.on)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, example) from None
 
 
 def _require() -> Any:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import agent
+from tfdist_nb.worker import agent, probes
 
 
 class JsonReply:
@@ -53,6 +53,13 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "abort_collectives": agent.abort_collectives,
     "set_log_level": agent.set_log_level,
     "start_tf_server": agent.start_tf_server,
+    # the checks (docs/reference.md, Checks)
+    "tf_config_view": probes.tf_config_view,
+    "open_stand_in": probes.open_stand_in,
+    "close_stand_ins": probes.close_stand_ins,
+    "connect_peers": probes.connect_peers,
+    "allreduce_bandwidth": probes.allreduce_bandwidth,
+    "env_report": probes.env_report,
 }
 
 

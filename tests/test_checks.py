@@ -1,0 +1,126 @@
+"""The preflight checks on real clusters with deliberate bugs, and on TF_CONFIGs with each class
+of error (docs/reference.md, Checks)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tfdist_nb import Cluster, check_tf_config
+from tfdist_nb.diagnostics.env_check import critical_mismatch, env_frame
+
+GOOD = {"cluster": {"worker": ["localhost:2222", "localhost:2223"]},
+        "task": {"type": "worker", "index": 0}}
+
+
+def _with(**changes: Any) -> dict[str, Any]:
+    cfg = json.loads(json.dumps(GOOD))
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            cfg[section][field] = value
+        else:
+            cfg[section] = value
+    return cfg
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ('{"cluster": {"worker": ["a:1"]}, "task": ', "not valid JSON"),
+    ({"task": {"type": "worker", "index": 0}}, "cluster: missing or empty"),
+    (_with(task=None), "task: missing"),
+    (_with(cluster__gpu=["localhost:2230"]), "cluster.gpu: unknown task type"),
+    (_with(task={"type": "worker", "index": 2}), "task.index: 2 is out of range for worker"),
+    (_with(task={"type": "trainer", "index": 0}), "task.type: 'trainer' is not a task type"),
+    (_with(cluster__worker=["localhost:2222", "localhost:2222"]),
+     "cluster.worker[1]: duplicate address localhost:2222 (also cluster.worker[0])"),
+    (_with(cluster__chief=["localhost:2224", "localhost:2225"]), "cluster.chief: 2 chiefs"),
+    ({"cluster": {"ps": ["localhost:2226"]}, "task": {"type": "ps", "index": 0}},
+     "cluster.ps: ps tasks without workers"),
+    (_with(cluster__worker=["localhost:2222", "localhost:99999"]),
+     "cluster.worker[1]: port '99999' is not a port number"),
+    (_with(cluster__worker=["localhost:2222", "no-such-host.invalid:2223"]),
+     "host 'no-such-host.invalid' does not resolve"),
+])
+def test_each_class_of_tf_config_error_is_named(config: Any, needle: str) -> None:
+    report = check_tf_config(config)
+    assert not report.ok
+    assert any(needle in e for e in report.errors), report.errors
+    assert needle in str(report) and "PROBLEM" in report._repr_html_()
+
+
+def test_a_port_in_use_on_this_host_is_named(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        path = tmp_path / "tf_config.json"
+        path.write_text(json.dumps(_with(cluster__worker=["localhost:2222",
+                                                           f"localhost:{port}"])))
+        report = check_tf_config(str(path))  # a file path works too
+    assert [e for e in report.errors if f"localhost:{port} is in use" in e], report.errors
+
+
+def test_a_valid_tf_config_passes() -> None:
+    report = check_tf_config(GOOD)
+    assert report.ok and report.errors == [] and "valid and consistent" in report.summary
+
+
+def test_environment_mismatch_is_said_for_python_and_tensorflow() -> None:
+    df = env_frame({"worker:0": {"props": {"python": "3.11.7", "tensorflow": "2.21.0"}},
+                    "worker:1": {"props": {"python": "3.11.7", "tensorflow": "2.20.0"}}})
+    assert list(df.index[df["mismatch"]]) == ["tensorflow"]
+    assert critical_mismatch(df) == "tensorflow differs: worker:0 2.21.0, worker:1 2.20.0"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_checks_on_a_real_cluster_with_deliberate_bugs() -> None:
+    with Cluster(workers=2) as c:
+        assert c.check("all").ok, c.check("all")
+
+        # an environment variable a cell set on one task shows in the live table
+        c.run("import os; os.environ['TF_DETERMINISTIC_OPS'] = '1'", on="worker:1")
+        env = c.env()
+        assert env.loc["$TF_DETERMINISTIC_OPS", "worker:1"] == "1"
+        assert bool(env.loc["$TF_DETERMINISTIC_OPS", "mismatch"])
+        report = c.check("env")
+        assert not report.ok and "$TF_DETERMINISTIC_OPS" in report.summary
+
+        # worker:1's TF port is taken by a socket that never listens: nobody can reach it
+        port = int(c.tasks[next(t for t in c.tasks if str(t) == "worker:1")].address
+                   .rpartition(":")[2])
+        c.run(f"import socket; _blocker = socket.socket(); _blocker.bind(('0.0.0.0', {port}))",
+              on="worker:1")
+        net = c.check("network")
+        assert not net.ok
+        assert net.failures == [("worker:0", "worker:1", "refused")]
+        assert "worker:0 -> worker:1 (refused)" in net.summary
+        assert net.latency_ms.loc["worker:1", "worker:0"] > 0  # the other way works
+        tfc = c.check("tfconfig")
+        assert f"worker:1: localhost:{port} is in use on" in " ".join(tfc.errors), tfc.errors
+        c.run("_blocker.close()", on="worker:1")
+
+        # with the cluster's own strategy, its all-reduce bandwidth is measured
+        made = c.run("import tensorflow as tf\nstrategy = tf.distribute."
+                     "MultiWorkerMirroredStrategy()")
+        assert made.ok, made.summary()
+        net = c.check("network")
+        assert net.ok, net
+        bw = net.bandwidth
+        assert list(bw["size_mb"]) == [1.0, 16.0, 64.0]
+        assert (bw["algbw_gb_s"] > 0).all()
+        # 2 replicas: bus bandwidth = algorithm bandwidth * 2(n-1)/n = the same
+        assert (bw["busbw_gb_s"] - bw["algbw_gb_s"]).abs().max() < 1e-9
+
+        # a task whose TF_CONFIG was changed disagrees with the others, and says who it is
+        other = json.dumps({"cluster": {"worker": ["localhost:1", "localhost:2"]},
+                            "task": {"type": "worker", "index": 0}})
+        c.run(f"import os; os.environ['TF_CONFIG'] = {other!r}", on="worker:1")
+        tfc = c.check("tfconfig")
+        assert not tfc.ok
+        assert "worker:1: task: TF_CONFIG says this task is worker:0" in tfc.errors
+        assert any(e.startswith("tasks disagree about the cluster") for e in tfc.errors)

@@ -1,0 +1,45 @@
+"""``%tfdist_env`` / ``Cluster.env()``: every task's environment side by side, what differs
+marked (pure: each task's probe read its own environment when asked)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+#: Differences that break a multi-worker job outright; said in a warning at start.
+CRITICAL = ("python", "tensorflow", "keras_flavour")
+#: Properties that differ between tasks by design, never a mismatch.
+_PER_TASK = {"host", "$TF_CONFIG", "$TFDIST_TASK"}
+
+
+def env_frame(reports: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Index: property (then ``pkg:NAME`` for installed packages whose versions differ),
+    a column per task, and a bool ``mismatch`` column. A property one task lacks reads as
+    empty there and counts as a difference."""
+    tasks = list(reports)
+    props: list[str] = []
+    for rep in reports.values():
+        props += [k for k in rep.get("props", {}) if k not in props]
+    rows = {p: [reports[t].get("props", {}).get(p) for t in tasks] for p in props}
+    names = sorted({n for rep in reports.values() for n in rep.get("packages", {})})
+    for name in names:
+        versions = [reports[t].get("packages", {}).get(name) for t in tasks]
+        if len(set(versions)) > 1:
+            rows[f"pkg:{name}"] = versions
+    df = pd.DataFrame.from_dict(rows, orient="index", columns=tasks)
+    df.index.name = "property"
+    differs = df.nunique(axis=1, dropna=False) > 1
+    df["mismatch"] = differs & ~df.index.isin(list(_PER_TASK))
+    return df
+
+
+def critical_mismatch(df: pd.DataFrame) -> str | None:
+    """One sentence when Python, TensorFlow or the Keras flavour differ between tasks."""
+    bad = [p for p in CRITICAL if p in df.index and bool(df.loc[p, "mismatch"])]
+    if not bad:
+        return None
+    tasks = [c for c in df.columns if c != "mismatch"]
+    return "; ".join(f"{p} differs: " + ", ".join(f"{t} {df.loc[p, t]}" for t in tasks)
+                     for p in bad)

@@ -1,0 +1,69 @@
+"""``%tfdist_check network``: who reaches whom on the TensorFlow addresses, how fast, and what
+the cluster's own all-reduce moves (pure: the probes measured it in the tasks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from tfdist_nb.diagnostics.report import CheckReport
+
+
+def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
+            stand_ins: Mapping[str, str],
+            bandwidth: Mapping[str, Any] | None = None) -> CheckReport:
+    """``reach[src][dst]``: ``{"ok", "ms", "error"}``; ``stand_ins[task]``: whether its TF port
+    was served or listened on for the check (or why not); ``bandwidth``: one task's
+    all-reduce measurement."""
+    tasks = sorted({*reach, *stand_ins}, key=_order)
+    latency = pd.DataFrame(index=tasks, columns=tasks, dtype="float64")
+    failures: list[tuple[str, str, str]] = []
+    for src, row in reach.items():
+        for dst, got in row.items():
+            if got.get("ok"):
+                latency.loc[src, dst] = round(float(got["ms"]), 3)
+            else:
+                failures.append((src, dst, str(got.get("error"))))
+    latency.index.name = "from \\ to"
+    details = [f"{src} -> {dst}: {why}" for src, dst, why in failures]
+    for task, state in stand_ins.items():
+        if state not in ("served", "listening"):
+            details.append(f"{task}: its TF port could not be opened for the check: {state}")
+    table = latency
+    fields: dict[str, Any] = {"failures": failures, "latency_ms": latency}
+    if bandwidth and bandwidth.get("rows"):
+        bw = pd.DataFrame(bandwidth["rows"])
+        fields["bandwidth"] = bw
+        details.append("all-reduce through the cluster's strategy (" +
+                       f"{bandwidth.get('replicas')} replicas): " + "; ".join(
+                           f"{r['size_mb']:g} MB in {r['time_ms']:.1f} ms, algbw "
+                           f"{r['algbw_gb_s']:.3f} GB/s, busbw {r['busbw_gb_s']:.3f} GB/s"
+                           for r in bandwidth["rows"]))
+    elif bandwidth and bandwidth.get("skipped"):
+        details.append(f"bandwidth not measured: {bandwidth['skipped']}")
+    if failures:
+        worst = _most_named(failures)
+        summary = (f"{len(failures)} unreachable pair(s): " +
+                   "; ".join(f"{s} -> {d} ({w})" for s, d, w in failures[:3]) +
+                   (" ..." if len(failures) > 3 else "") +
+                   (f"; every path to {worst} fails" if worst else ""))
+    else:
+        worst_ms = latency.max().max()
+        summary = ("every task reaches every other task's TF address"
+                   + (f" (slowest connect {worst_ms:.1f} ms)" if pd.notna(worst_ms) else ""))
+    return CheckReport("network", not failures, summary, table, details=details, fields=fields)
+
+
+def _most_named(failures: list[tuple[str, str, str]]) -> str | None:
+    """The task every failing path leads to, when there is one (its port or host is the
+    likely cause)."""
+    targets = {d for _, d, _ in failures}
+    return next(iter(targets)) if len(targets) == 1 else None
+
+
+def _order(task: str) -> tuple[str, int]:
+    role, _, index = task.partition(":")
+    return ({"chief": "0", "worker": "1", "ps": "2", "evaluator": "3"}.get(role, role),
+            int(index) if index.isdigit() else 0)

@@ -1,0 +1,142 @@
+"""``%tfdist_check tfconfig``: every problem of the TF_CONFIGs the tasks see, each naming the
+task and the field (pure: the facts come from each task's probe).
+
+Structure and roles are checked by :func:`tfdist_nb.cluster.tfconfig.validate_tf_config`'s
+rules (re-stated here without importing the controller); this adds what only the running tasks
+can tell: ports in use on their host, host names that do not resolve there, and tasks that
+disagree about the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.topology import ROLES
+
+
+def load_config(config: str | Mapping[str, Any] | Path) -> tuple[str, list[str]]:
+    """A user-given TF_CONFIG (JSON text, a dict or a file path) as JSON text, and the errors
+    of reading it."""
+    if isinstance(config, Mapping):
+        return json.dumps(config), []
+    text = str(config)
+    if isinstance(config, Path) or (not text.lstrip().startswith("{") and Path(text).is_file()):
+        try:
+            return Path(text).read_text(), []
+        except OSError as exc:
+            return "", [f"TF_CONFIG file {text}: {exc.strerror or exc}"]
+    return text, []
+
+
+def structure_errors(text: str | None, who: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """The parsed config and its structural problems, each starting with ``who``."""
+    if not text:
+        return None, [f"{who}: TF_CONFIG is not set"]
+    try:
+        cfg = json.loads(text)
+    except ValueError as exc:
+        return None, [f"{who}: TF_CONFIG is not valid JSON ({exc})"]
+    if not isinstance(cfg, dict):
+        return None, [f"{who}: TF_CONFIG must be a JSON object with 'cluster' and 'task'"]
+    return cfg, [f"{who}: {e}" for e in _problems(cfg)]
+
+
+def _problems(cfg: dict[str, Any]) -> list[str]:
+    errors: list[str] = []
+    cluster, task = cfg.get("cluster"), cfg.get("task")
+    if not isinstance(cluster, dict) or not cluster:
+        errors.append("cluster: missing or empty (expected {'worker': ['host:port', ...]})")
+        cluster = {}
+    seen: dict[str, str] = {}
+    for role, addrs in cluster.items():
+        if role not in ROLES:
+            errors.append(f"cluster.{role}: unknown task type (expected one of "
+                          f"{', '.join(ROLES)})")
+        if not isinstance(addrs, list) or not addrs:
+            errors.append(f"cluster.{role}: must be a non-empty list of 'host:port'")
+            continue
+        for i, addr in enumerate(addrs):
+            where = f"cluster.{role}[{i}]"
+            host, _, port = str(addr).rpartition(":")
+            if not isinstance(addr, str) or not host:
+                errors.append(f"{where}: {addr!r} is not 'host:port'")
+            elif not port.isdigit() or not 0 < int(port) < 65536:
+                errors.append(f"{where}: port {port!r} is not a port number (1-65535)")
+            if isinstance(addr, str) and addr in seen:
+                errors.append(f"{where}: duplicate address {addr} (also {seen[addr]})")
+            seen[str(addr)] = where
+    if isinstance(cluster.get("chief"), list) and len(cluster["chief"]) > 1:
+        errors.append(f"cluster.chief: {len(cluster['chief'])} chiefs; a cluster has at most one")
+    if cluster.get("ps") and not (cluster.get("worker") or cluster.get("chief")):
+        errors.append("cluster.ps: ps tasks without workers (add 'worker' addresses)")
+    if not isinstance(task, dict):
+        errors.append("task: missing (expected {'type': 'worker', 'index': 0})")
+        return errors
+    ttype, index = task.get("type"), task.get("index")
+    if ttype not in ROLES:
+        errors.append(f"task.type: {ttype!r} is not a task type (expected one of "
+                      f"{', '.join(ROLES)})")
+    elif ttype != "evaluator" and ttype not in cluster:
+        errors.append(f"task.type: {ttype!r} has no entry in cluster")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        errors.append(f"task.index: {index!r} must be a non-negative integer")
+    elif isinstance(cluster.get(ttype), list) and index >= len(cluster[ttype]):
+        errors.append(f"task.index: {index} is out of range for {ttype} "
+                      f"(it has {len(cluster[ttype])})")
+    return errors
+
+
+def analyse(views: Mapping[str, Mapping[str, Any]],
+            expected: Mapping[str, str] | None = None) -> CheckReport:
+    """``views``: per task (or ``"given"``) what its probe saw. ``expected``: the task each
+    controller-side name should be (``worker:1``), to catch a task that sees itself as
+    another."""
+    errors: list[str] = []
+    rows = []
+    clusters: dict[str, str] = {}
+    for who, view in views.items():
+        cfg, problems = structure_errors(view.get("tf_config"), who)
+        errors += problems
+        for host, said in (view.get("resolve") or {}).items():
+            if said != "ok":
+                errors.append(f"{who}: host {host!r} {said} on {view.get('host')}")
+        for addr, state in (view.get("ports") or {}).items():
+            if state == "in use":
+                errors.append(f"{who}: {addr} is in use on {view.get('host')} by another "
+                              "process: TensorFlow's server cannot bind it")
+        if cfg is not None and isinstance(cfg.get("task"), dict):
+            me = f"{cfg['task'].get('type')}:{cfg['task'].get('index')}"
+            if expected and who in expected and expected[who] != me:
+                errors.append(f"{who}: task: TF_CONFIG says this task is {me}")
+            clusters[who] = json.dumps(cfg.get("cluster"), sort_keys=True)
+        rows.append({"task": who, "host": view.get("host"),
+                     "task_in_tf_config": (f"{cfg['task'].get('type')}:{cfg['task'].get('index')}"
+                                           if cfg and isinstance(cfg.get("task"), dict) else None),
+                     "cluster": (_brief(cfg.get("cluster")) if cfg else None),
+                     "own_port": ", ".join(f"{a} {s}" for a, s in
+                                           (view.get("ports") or {}).items()) or None})
+    if len(set(clusters.values())) > 1:
+        groups: dict[str, list[str]] = {}
+        for who, c in clusters.items():
+            groups.setdefault(c, []).append(who)
+        sides = " vs ".join(f"{', '.join(ws)} see {_brief(json.loads(c))}"
+                            for c, ws in groups.items())
+        errors.append(f"tasks disagree about the cluster: {sides}")
+    n = len(views)
+    summary = (f"{n} TF_CONFIG(s) valid and consistent" if not errors else
+               f"{len(errors)} problem(s): {errors[0]}" + (" ..." if len(errors) > 1 else ""))
+    return CheckReport("tfconfig", not errors, summary, pd.DataFrame(rows), details=errors,
+                       fields={"errors": errors})
+
+
+def _brief(cluster: Any) -> str:
+    if not isinstance(cluster, dict):
+        return repr(cluster)
+    return "; ".join(f"{role}: {', '.join(map(str, addrs)) if isinstance(addrs, list) else addrs}"
+                     for role, addrs in cluster.items())

@@ -1,0 +1,290 @@
+"""What the preflight and consistency checks ask of each task (docs/reference.md, Checks).
+
+Each probe runs in the task's kernel (called through :mod:`tfdist_nb.worker.rpc`) and returns
+plain JSON: facts as the task sees them. The controller lines them up across tasks and the pure
+analysis in :mod:`tfdist_nb.diagnostics` says what is wrong.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+RESOLVE_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+_listeners: list[socket.socket] = []  # the network check's stand-ins for TF servers not up yet
+
+
+def _split(addr: str) -> tuple[str, int] | None:
+    """``(host, port)`` of ``host:port``; None when it is not one (the analysis says why)."""
+    host, _, port = str(addr).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _resolve(host: str) -> str:
+    """``"ok"`` or why ``host`` does not resolve here, within RESOLVE_TIMEOUT_S."""
+    out: dict[str, str] = {}
+
+    def look() -> None:
+        try:
+            socket.getaddrinfo(host, None)
+            out["r"] = "ok"
+        except OSError as exc:
+            out["r"] = f"does not resolve ({exc.strerror or exc})"
+
+    t = threading.Thread(target=look, daemon=True)
+    t.start()
+    t.join(RESOLVE_TIMEOUT_S)
+    return out.get("r", f"did not resolve within {RESOLVE_TIMEOUT_S:.0f}s")
+
+
+def _listening_here(port: int) -> bool:
+    """Whether this process itself listens on ``port`` (its TensorFlow server, say)."""
+    try:
+        import psutil
+
+        return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                   for c in psutil.Process().net_connections("tcp"))
+    except Exception:  # psutil missing or not permitted: unknown, treat as not ours
+        return False
+
+
+def port_state(port: int, own: bool = True) -> str:
+    """``free``, ``served by this task`` (``own``: this process is the task) or ``in use`` on
+    this host."""
+    if own and _listening_here(port):
+        return "served by this task"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return "in use"
+    return "free"
+
+
+def tf_config_view(tf_config: str | None = None) -> dict[str, Any]:
+    """TF_CONFIG as this task sees it now, whether each cluster host resolves here, and the
+    state of this task's own port (or of every local port of a given config)."""
+    text = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
+    view: dict[str, Any] = {"host": socket.gethostname(), "tf_config": text, "resolve": {},
+                            "ports": {}}
+    try:
+        cfg = json.loads(text or "")
+        cluster = cfg["cluster"]
+        addresses = [a for addrs in cluster.values() for a in addrs]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return view  # the analysis reports what is malformed
+    hosts = {p[0] for a in addresses if (p := _split(a))}
+    view["resolve"] = {h: _resolve(h) for h in sorted(hosts)}
+    try:
+        own = cluster[cfg["task"]["type"]][cfg["task"]["index"]]
+        mine = [own]
+    except (KeyError, IndexError, TypeError):
+        mine = []
+    if tf_config is not None:  # a config given to check: every address of this host
+        local = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
+        mine = [a for a in addresses if (p := _split(a)) and p[0] in local]
+    view["ports"] = {a: port_state(p[1], own=tf_config is None) for a in mine
+                     if (p := _split(a))}
+    return view
+
+
+def open_stand_in() -> str:
+    """Listen on this task's TF port if TensorFlow does not serve it yet, so that the others
+    can test the path to it; ``served``, ``listening`` or why it could not."""
+    try:
+        cfg = json.loads(os.environ["TF_CONFIG"])
+        parsed = _split(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]])
+    except (KeyError, ValueError, IndexError, TypeError):
+        return "no TF_CONFIG address"
+    if parsed is None:
+        return "no TF_CONFIG address"
+    if _listening_here(parsed[1]):
+        return "served"
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", parsed[1]))
+        s.listen(64)
+    except OSError as exc:
+        s.close()
+        return f"port {parsed[1]} in use by another process ({exc.strerror or exc})"
+    _listeners.append(s)
+    return "listening"
+
+
+def close_stand_ins() -> int:
+    n = len(_listeners)
+    while _listeners:
+        _listeners.pop().close()
+    return n
+
+
+def connect_peers(addresses: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """TCP connect to each ``name -> host:port``: ``{"ok", "ms", "error"}`` per peer, in
+    parallel, each within CONNECT_TIMEOUT_S."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def one(name: str, addr: str) -> None:
+        parsed = _split(addr)
+        if parsed is None:
+            out[name] = {"ok": False, "ms": None, "error": f"bad address {addr!r}"}
+            return
+        try:
+            infos = socket.getaddrinfo(parsed[0], parsed[1], type=socket.SOCK_STREAM)
+        except OSError as exc:
+            out[name] = {"ok": False, "ms": None, "error": f"DNS: {exc.strerror or exc}"}
+            return
+        family, kind, proto, _, sockaddr = infos[0]
+        started = time.perf_counter()
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.settimeout(CONNECT_TIMEOUT_S)
+                s.connect(sockaddr)
+            out[name] = {"ok": True, "ms": (time.perf_counter() - started) * 1000, "error": None}
+        except TimeoutError:
+            out[name] = {"ok": False, "ms": None,
+                         "error": f"timed out after {CONNECT_TIMEOUT_S:.0f}s"}
+        except ConnectionRefusedError:
+            out[name] = {"ok": False, "ms": None, "error": "refused"}
+        except OSError as exc:
+            out[name] = {"ok": False, "ms": None, "error": exc.strerror or str(exc)}
+
+    threads = [threading.Thread(target=one, args=item, daemon=True)
+               for item in addresses.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CONNECT_TIMEOUT_S + RESOLVE_TIMEOUT_S + 1)
+    return out
+
+
+def _user_ns() -> dict[str, Any]:
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        return shell.user_ns if shell is not None else {}
+    except ImportError:
+        return {}
+
+
+def find_strategy() -> Any:
+    """The multi-worker strategy the user's cells made, if any (the newest is not known, so
+    the one with the most replicas)."""
+    if "tensorflow" not in sys.modules:
+        return None
+    import tensorflow as tf
+
+    found = [v for v in list(_user_ns().values()) if isinstance(v, tf.distribute.Strategy)]
+    return max(found, key=lambda s: s.num_replicas_in_sync, default=None)
+
+
+def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3) -> dict[str, Any]:
+    """All-reduce of float32 tensors of ``sizes_mb`` through the user's strategy, every task at
+    once (the controller calls all tasks together): best time per size. Algorithm bandwidth is
+    size / time; bus bandwidth scales it by 2(n-1)/n, as nccl-tests report all-reduce."""
+    strategy = find_strategy()
+    if strategy is None:
+        return {"skipped": "no tf.distribute strategy in this task's namespace: create one "
+                           "(e.g. MultiWorkerMirroredStrategy) and check again"}
+    import tensorflow as tf
+
+    n = strategy.num_replicas_in_sync
+    rows = []
+    for mb in sizes_mb:
+        elements = int(mb * 2**20 / 4)
+        value = tf.ones([elements], tf.float32)
+
+        def reduce(v: Any = value) -> Any:
+            return tf.distribute.get_replica_context().all_reduce("sum", v)
+
+        best = None
+        for _ in range(repeats + 1):  # the first run warms the collective up
+            started = time.perf_counter()
+            out = strategy.run(reduce)
+            _ = strategy.experimental_local_results(out)[0].numpy()[:1]
+            took = time.perf_counter() - started
+            best = took if best is None or took < best else best
+        assert best is not None
+        algbw = mb / 1024 / best  # GB/s
+        rows.append({"size_mb": mb, "time_ms": best * 1000, "algbw_gb_s": algbw,
+                     "busbw_gb_s": algbw * 2 * (n - 1) / n if n > 1 else algbw})
+    return {"replicas": n, "rows": rows}
+
+
+ENV_PREFIXES = ("TF_", "CUDA_", "NCCL_", "XLA_")
+
+
+def env_report() -> dict[str, Any]:
+    """This task's environment now (read when asked, so a variable a cell set shows up):
+    interpreter, TensorFlow and its CUDA/cuDNN build, Keras flavour, numpy, GPUs and driver,
+    OS, host, every TF_/CUDA_/NCCL_/XLA_ variable, and every installed distribution."""
+    import importlib.metadata
+    import platform
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    props: dict[str, Any] = {
+        "host": socket.gethostname(), "python": platform.python_version(),
+        "executable": sys.executable, "os": platform.platform(),
+        "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
+        "keras": version("keras"), "tf_keras": version("tf-keras"), "numpy": version("numpy"),
+    }
+    from tfdist_nb.worker.agent import keras_flavour
+
+    props["keras_flavour"] = keras_flavour()
+    if "tensorflow" in sys.modules:  # what the TF build expects (no import just for this)
+        try:
+            info = dict(sys.modules["tensorflow"].sysconfig.get_build_info())
+            props["tf_cuda_build"] = info.get("cuda_version")
+            props["tf_cudnn_build"] = info.get("cudnn_version")
+        except Exception:  # a CPU-only or unusual build: nothing to say
+            pass
+    props.update(_gpus())
+    for key in sorted(os.environ):
+        if key.startswith(ENV_PREFIXES):
+            props[f"${key}"] = os.environ[key]
+    packages = {}
+    for dist in importlib.metadata.distributions():
+        name = dist.metadata.get("Name")
+        if name:
+            packages[name.lower()] = dist.version
+    return {"props": props, "packages": packages}
+
+
+def _gpus() -> dict[str, Any]:
+    """NVIDIA driver and GPU models through NVML; empty without one (no GPU reads as empty)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(pynvml.nvmlDeviceGetCount())]
+        return {"nvidia_driver": _text(driver), "gpus": ", ".join(map(_text, names)) or None}
+    except Exception:
+        return {}
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
