@@ -31,6 +31,7 @@ class TaskResult:
     stack: str | None = None
     explanation: str | None = None
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    error_at: float | None = None  # the task's own clock when its error was raised
 
     @property
     def ok(self) -> bool:
@@ -45,6 +46,7 @@ class TaskResult:
 class RunResult:
     cell: int
     tasks: dict[str, TaskResult]
+    profile: str | None = None  # what an armed %tfdist_profile captured during this cell
 
     @property
     def ok(self) -> bool:

@@ -261,4 +261,5 @@ def _result(rt: TaskRuntime, ex: Execution, status: str,
             error: RemoteError | None) -> TaskResult:
     return TaskResult(task=rt.name, status=status, stdout="".join(ex.stdout),
                       stderr="".join(ex.stderr), error=error,
-                      duration_s=time.time() - ex.started, outputs=list(ex.outputs))
+                      duration_s=time.time() - ex.started, outputs=list(ex.outputs),
+                      error_at=ex.error_at)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
 from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.store.logs import level_of, tensorflow_info
@@ -112,8 +113,12 @@ class LivePrinter:
 
 
 def failure_report(result: RunResult, colour: bool = True) -> str:
-    """Each failed task's explanation and traceback, under its task name."""
-    return "\n".join(_one_failure(r, colour) for r in result.failed)
+    """Each failed task's explanation and traceback, under its task name; first, where NaN/Inf
+    came from when NaN checking found it."""
+    parts = [_one_failure(r, colour) for r in result.failed]
+    if origin := first_nan(result.failed):
+        parts.insert(0, f"tfdist_nb: {origin}\n")
+    return "\n".join(parts)
 
 
 def _one_failure(r: TaskResult, colour: bool) -> str:

@@ -35,6 +35,7 @@ class Execution:
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
+    error_at: float | None = None  # when the kernel published the cell's error (its clock)
 
 
 class KernelChannel:
@@ -143,6 +144,8 @@ class KernelChannel:
             if plain:
                 self._emit_lines(t, "display", plain.splitlines(), cell)
         elif kind == "error":
+            if ex is not None and ex.error_at is None:
+                ex.error_at = t
             lines = "\n".join(content.get("traceback", [])).splitlines()
             self._emit_lines(t, "error", lines, cell)
         elif kind == "status" and content.get("execution_state") == "idle":

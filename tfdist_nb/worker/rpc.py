@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import agent, probes
+from tfdist_nb.worker import agent, numerics, probes, profiling
 
 
 class JsonReply:
@@ -53,6 +53,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "abort_collectives": agent.abort_collectives,
     "set_log_level": agent.set_log_level,
     "start_tf_server": agent.start_tf_server,
+    # spare kernels (docs/design.md, Spare kernels): warm up, then become a task
     # the checks (docs/reference.md, Checks)
     "tf_config_view": probes.tf_config_view,
     "open_stand_in": probes.open_stand_in,
@@ -60,6 +61,11 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "connect_peers": probes.connect_peers,
     "allreduce_bandwidth": probes.allreduce_bandwidth,
     "env_report": probes.env_report,
+    "set_numerics": numerics.set_numerics,
+    "profiler_server": profiling.start_server,
+    "profile_capture": profiling.start_capture,
+    "profile_state": profiling.capture_state,
+    "profile_summary": profiling.summary,
 }
 
 

@@ -1,0 +1,48 @@
+"""NaN/Inf checking names the first task and op; one profiler capture holds every task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tfdist_nb import Cluster
+from tfdist_nb.display.printer import failure_report
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+
+def test_numerics_names_the_first_task_and_op_and_profile_traces_every_task(
+        tmp_path: Path) -> None:
+    with Cluster(workers=2) as c:
+        said = c.numerics(True, dump_dir=tmp_path / "dbg")
+        assert "NaN/Inf checking on on 2 task(s)" in said and "one root per task" in said
+        # worker:1 takes the log of a negative number a little before worker:0 does
+        result = c.run("import time, tensorflow as tf, tfdist_nb.worker as tw\n"
+                       "time.sleep(0.0 if tw.task[1] == 1 else 0.5)\n"
+                       "y = tf.math.log(tf.constant(-1.0))\n")
+        assert not result.ok
+        assert {r.status for r in result.tasks.values()} == {"error"}
+        report = failure_report(result, colour=False)
+        first = report.splitlines()[0]
+        assert first.startswith("tfdist_nb: NaN/Inf first produced on worker:1 by op Log")
+        assert "then worker:0" in first
+        assert any("NaN/Inf first produced on worker:1" in a for a in c.alerts())
+        # Debugger V2 dumps: one root per task
+        assert sorted(p.name for p in (tmp_path / "dbg").iterdir()) == ["worker-0", "worker-1"]
+        assert c.numerics(False) == "NaN/Inf checking off on 2 task(s)"
+        assert c.run("y = tf.math.log(tf.constant(-1.0))").ok  # NaN no longer raises
+
+        # an armed capture starts with the next cell and holds one trace per task
+        armed = c.profile(duration_ms=1500, logdir=tmp_path / "prof")
+        assert "armed" in armed
+        busy = c.run("import time\na = tf.random.normal((384, 384))\nt = time.time()\n"
+                     "while time.time() - t < 2.5:\n    x = tf.matmul(a, a)")
+        assert busy.ok, busy.summary()
+        assert busy.profile is not None and "profile of 2 task(s)" in busy.profile
+        assert f"%tensorboard --logdir {tmp_path / 'prof'}" in busy.profile
+        traces = sorted((tmp_path / "prof").glob("plugins/profile/*/*.xplane.pb"))
+        ports = {rt.address.rpartition(":")[0] for rt in c.tasks.values()}
+        assert len(traces) == 2 and all(t.stat().st_size > 0 for t in traces)
+        assert ports == {"localhost"}
+        assert "MatMul" in busy.profile  # the busiest host ops, per task

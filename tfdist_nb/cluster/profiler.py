@@ -1,0 +1,84 @@
+"""``%tfdist_profile``: one TensorFlow profiler capture of every task at once into one logdir.
+
+Each task runs a profiler server (started on first use); one task runs the capture client on a
+thread of its own, so every kernel stays free. A capture is either taken now, of whatever the
+tasks are doing, or armed to start with the next cell (``delay_ms`` after it is sent), which is
+how a notebook profiles a training cell.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.errors import AgentError, TfdistError
+
+CALL_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Capture:
+    logdir: Path
+    duration_ms: int
+    delay_ms: int
+
+
+async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
+    """Start every task's server, then the capture on the first task; returns the capturing
+    task."""
+    ports = await asyncio.gather(*(_agent(rt).call("profiler_server", inspect=True,
+                                                   timeout=CALL_TIMEOUT_S) for rt in targets))
+    addrs = [f"grpc://{rt.address.rpartition(':')[0]}:{port}"
+             for rt, port in zip(targets, ports, strict=True)]
+    capture.logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lead = targets[0]
+    said = await _agent(lead).call("profile_capture", inspect=True, timeout=CALL_TIMEOUT_S,
+                                   service_addrs=addrs, logdir=str(capture.logdir),
+                                   duration_ms=capture.duration_ms, delay_ms=capture.delay_ms)
+    if said != "started":
+        raise TfdistError(f"{lead.name}: a profile capture is still running")
+    return lead
+
+
+async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
+    """Wait for the capture to end (bounded), then read the per-task summary."""
+    deadline = time.monotonic() + (capture.delay_ms + capture.duration_ms) / 1000 + 60
+    state: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        state = await _agent(lead).call("profile_state", inspect=True, timeout=CALL_TIMEOUT_S)
+        if not state.get("running"):
+            break
+        await asyncio.sleep(0.2)
+    if state.get("running"):
+        raise TfdistError("the profile capture did not end in time")
+    if state.get("error"):
+        raise TfdistError(f"the profile capture failed: {state['error']}")
+    try:
+        return await _agent(lead).call("profile_summary", inspect=True,
+                                       timeout=CALL_TIMEOUT_S, logdir=str(capture.logdir))
+    except (AgentError, asyncio.TimeoutError) as exc:
+        return {"run": None, "files": {}, "unreadable": str(exc)}
+
+
+def describe(summary: dict[str, Any], capture: Capture) -> str:
+    """What the user reads: where the trace is, how to open it, and per task what it holds."""
+    files = summary.get("files") or {}
+    lines = [f"profile of {len(files)} task(s), {capture.duration_ms} ms, in {capture.logdir}",
+             f"open it with:  %load_ext tensorboard  then  %tensorboard --logdir {capture.logdir}"]
+    for name, info in files.items():
+        top = ", ".join(f"{op} {ms:.0f} ms" for op, ms in info.get("top_ms", [])[:3])
+        lines.append(f"  {name}: {info.get('events', 0)} events" + (f"; busiest: {top}"
+                                                                    if top else ""))
+    if summary.get("unreadable"):
+        lines.append(f"  (the trace could not be summarised: {summary['unreadable']})")
+    return "\n".join(lines)
+
+
+def _agent(rt: TaskRuntime) -> Any:
+    if rt.agent is None:
+        raise TfdistError(f"{rt.name} is not running")
+    return rt.agent

@@ -1,0 +1,33 @@
+"""``%tfdist_numerics``: TensorFlow's NaN/Inf checking on this task, and Debugger V2 dumps.
+
+``enable_check_numerics`` makes the first op whose output holds NaN or Inf raise an
+``InvalidArgumentError`` naming the op (and, for ops inside a ``tf.function``, the stack where it
+was created); the controller lines those errors up across tasks to name the first one. Dumps go
+to one root per task: TensorBoard's Debugger V2 cannot read a root shared by several tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+_state: dict[str, Any] = {"numerics": False, "dump_root": None}
+
+
+def set_numerics(on: bool, dump_root: str | None = None) -> dict[str, Any]:
+    import tensorflow as tf
+
+    if on and not _state["numerics"]:
+        tf.debugging.enable_check_numerics(stack_height_limit=12, path_length_limit=60)
+    elif not on and _state["numerics"]:
+        tf.debugging.disable_check_numerics()
+    _state["numerics"] = on
+    if dump_root and on and _state["dump_root"] != dump_root:
+        os.makedirs(dump_root, mode=0o700, exist_ok=True)
+        tf.debugging.experimental.enable_dump_debug_info(
+            dump_root, tensor_debug_mode="FULL_HEALTH", circular_buffer_size=1000)
+        _state["dump_root"] = dump_root
+    elif not on and _state["dump_root"]:
+        tf.debugging.experimental.disable_dump_debug_info()
+        _state["dump_root"] = None
+    return dict(_state)
