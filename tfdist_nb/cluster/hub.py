@@ -102,5 +102,7 @@ class EventHub:
         named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
                  for n in wait.stragglers]
         self.note(wait.task, f"creating the strategy waits for {wait.missing}/{wait.total} "
-                  f"task(s) to join: {', '.join(named)}", "WARNING")
+                  f"task(s) to join: {', '.join(named)}; run the cell on every task, and "
+                  "%tfdist_check all checks TF_CONFIG, the network and the environment",
+                  "WARNING")
 
