@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 _current: Cluster | None = None
 _live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+_last: weakref.ref[Cluster] | None = None
 
 
 def current() -> Cluster | None:
@@ -24,8 +25,15 @@ def current() -> Cluster | None:
 
 
 def set_current(cluster: Cluster | None) -> None:
-    global _current
+    global _current, _last
     _current = cluster
+    if cluster is not None:
+        _last = weakref.ref(cluster)
+
+
+def last_cluster() -> Cluster | None:
+    """The cluster that was current last, also after it stopped (``%tfdist_export``)."""
+    return _last() if _last is not None else None
 
 
 def track(cluster: Cluster) -> None:

@@ -1,0 +1,183 @@
+"""``%tfdist_export DIR`` (docs/reference.md, Reproduce): a standalone reproducer of what a
+cluster ran, to run outside Jupyter or share.
+
+``train.py`` holds the cells the cluster ran, in order, without notebook machinery: cells for
+every task inline, cells for some tasks guarded by the task's name, IPython magics and shell
+escapes turned into comments, ``tfdist_nb.worker`` helpers kept (no-ops when tfdist_nb is not
+installed). ``launch.sh`` starts the same tasks on this machine with the same TF_CONFIG layout
+(fresh free ports) and the cluster's ``env``, prefixes every output line with its task, waits
+for all and exits non-zero when any task failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import stat
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.topology import ClusterSpec
+
+_MAGIC = re.compile(r"^(\s*)([%!].*)$")
+
+TRAIN_HEADER = '''#!/usr/bin/env python
+"""Reproducer exported by tfdist_nb from cluster {cluster_id} ({spec}) on {date}.
+
+Run every task with launch.sh beside this file, or one task by hand with TF_CONFIG and
+TFDIST_TASK set. Each "cell" below is one cell the cluster ran, in order.
+"""
+import json
+import os
+
+try:
+    import tfdist_nb.worker as tw  # step timing and fault helpers used by the cells
+except ImportError:  # without tfdist_nb they do nothing
+    import contextlib as _contextlib
+    import types as _types
+
+    tw = _types.SimpleNamespace(step=_contextlib.nullcontext, timed=lambda d: d,
+                                set_total_steps=lambda n: None, steps_done=lambda: 0,
+                                StepTimer=None)
+    _cfg = json.loads(os.environ.get("TF_CONFIG", "{{}}")).get("task", {{}})
+    tw.task = (_cfg.get("type"), _cfg.get("index")) if _cfg else None
+
+TASK = os.environ.get("TFDIST_TASK") or "{{}}:{{}}".format(*(tw.task or ("?", "?")))
+'''
+
+
+def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterSpec,
+           cells: list[dict[str, Any]], env: Mapping[str, str], python: str,
+           restarts: Iterable[float] = (), default_targets: list[str] | None = None) -> Path:
+    """Write ``train.py`` and ``launch.sh`` into ``directory`` (created owner-only when new);
+    ``restarts``: times at which all tasks were restarted (marked between cells)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (out / "train.py").write_text(train_script(cluster_id, spec, cells, list(restarts)))
+    launch = out / "launch.sh"
+    launch.write_text(launch_script(spec, env, python, default_targets))
+    launch.chmod(launch.stat().st_mode | stat.S_IXUSR)
+    return out
+
+
+def train_script(cluster_id: str, spec: ClusterSpec, cells: list[dict[str, Any]],
+                 restarts: list[float]) -> str:
+    every = [str(t) for t in spec.tasks]
+    parts = [TRAIN_HEADER.format(cluster_id=cluster_id, spec=spec,
+                                 date=time.strftime("%Y-%m-%d %H:%M"))]
+    pending = sorted(restarts)
+    for rec in cells:
+        while pending and pending[0] < rec["time"]:
+            pending.pop(0)
+            parts.append("# --- the tasks were restarted here (fresh processes); a "
+                         "reproducer run continues in the same process ---\n")
+        targets = list(rec.get("targets") or every)
+        code = plain_python(rec["code"])
+        if set(targets) >= set(every):
+            parts.append(f"# --- cell {rec['cell']} (every task) ---\n{code.rstrip()}\n")
+        else:
+            names = ", ".join(repr(t) for t in targets)
+            parts.append(f"# --- cell {rec['cell']} (only {', '.join(targets)}) ---\n"
+                         f"_CELL_{rec['cell']} = {code.rstrip()!r}\n"
+                         f"if TASK in ({names},):\n"
+                         f"    exec(compile(_CELL_{rec['cell']}, 'cell {rec['cell']}', 'exec'))\n")
+    return "\n".join(parts)
+
+
+def plain_python(code: str) -> str:
+    """A cell without notebook machinery: IPython magics and ``!`` shell escapes become
+    comments saying so (the magic line tfdist_nb prepends is a comment already)."""
+    lines = []
+    for line in code.splitlines():
+        m = _MAGIC.match(line)
+        if m:
+            lines.append(f"{m.group(1)}pass  # tfdist_nb export: IPython-only, left out: "
+                         f"{m.group(2)}")
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def launch_script(spec: ClusterSpec, env: Mapping[str, str], python: str,
+                  default_targets: list[str] | None = None) -> str:
+    """A bash script that runs every task of ``spec`` here, like the cluster did."""
+    tasks = [str(t) for t in spec.tasks]
+    runs = default_targets or tasks
+    servers = [t for t in tasks if t not in runs]  # with ps: the servers the chief drives
+    exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    layout = json.dumps({t.role: t.index for t in spec.tasks})
+    return f'''#!/usr/bin/env bash
+# Exported by tfdist_nb: starts the tasks of {spec} on this machine with the same TF_CONFIG
+# layout as the cluster (fresh free ports), runs train.py on {", ".join(runs)}, prefixes every
+# line with its task, waits for all, and exits non-zero if any task failed.
+set -u
+cd "$(dirname "$0")"
+PYTHON="${{PYTHON:-{shlex.quote(python)}}}"
+TASKS=({" ".join(tasks)})
+RUNS=({" ".join(runs)})
+SERVERS=({" ".join(servers)})
+{exports}
+# one free port per task, and each task's TF_CONFIG ({layout})
+readarray -t CONFIGS < <("$PYTHON" - "${{TASKS[@]}}" <<'PY'
+import json, socket, sys
+tasks = sys.argv[1:]
+socks = []
+for _ in tasks:
+    s = socket.socket(); s.bind(("localhost", 0)); socks.append(s)
+ports = [s.getsockname()[1] for s in socks]
+for s in socks:
+    s.close()
+cluster = {{}}
+for task, port in zip(tasks, ports):
+    role, index = task.split(":")
+    cluster.setdefault(role, []).append((int(index), f"localhost:{{port}}"))
+cluster = {{r: [a for _, a in sorted(v)] for r, v in cluster.items() if r != "evaluator"}}
+for task in tasks:
+    role, index = task.split(":")
+    print(json.dumps({{"cluster": cluster, "task": {{"type": role, "index": int(index)}}}}))
+PY
+)
+run_task() {{  # task, tf_config, command...
+    local task=$1 cfg=$2; shift 2
+    ( set -o pipefail
+      TF_CONFIG="$cfg" TFDIST_TASK="$task" "$@" 2>&1 | sed -u "s/^/[$task] /" )
+}}
+pids=(); names=(); server_pids=()
+for i in "${{!TASKS[@]}}"; do
+    task=${{TASKS[$i]}}
+    if [[ " ${{SERVERS[*]}} " == *" $task "* ]]; then
+        run_task "$task" "${{CONFIGS[$i]}}" "$PYTHON" -u -c 'import json, os, tensorflow as tf
+r = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+tf.distribute.Server(r.cluster_spec(), job_name=r.task_type, task_index=r.task_id,
+                     protocol="grpc", start=True).join()' &
+        server_pids+=($!)
+    else
+        run_task "$task" "${{CONFIGS[$i]}}" "$PYTHON" -u train.py &
+        pids+=($!); names+=("$task")
+    fi
+done
+failed=0
+for i in "${{!pids[@]}}"; do
+    if ! wait "${{pids[$i]}}"; then
+        echo "launch.sh: ${{names[$i]}} failed" >&2
+        failed=1
+    fi
+done
+for pid in "${{server_pids[@]}}"; do kill "$pid" 2>/dev/null; done
+exit $failed
+'''
+
+
+def restart_times(events: Iterable[dict[str, Any]]) -> list[float]:
+    """When every task was restarted, from the run's notes (one time per restart)."""
+    times: list[float] = []
+    for rec in events:
+        restart = rec.get("kind") == "note" and rec.get("text", "").startswith("restart")
+        if restart and (not times or rec["time"] - times[-1] > 5):
+            times.append(rec["time"])
+    return times
+
