@@ -10,6 +10,8 @@
 (c) ``bench.training`` training step time with telemetry vs plain processes; goal at most 1.05x.
 (d) ``bench.flood``    100k lines per task: goal 0 lines lost, controller RSS growth <= 200 MB.
 (e) ``bench.detect``   crash detected within 2 s, stall within stall_timeout + 2 s.
+(f) ``bench.network``  ``%tfdist_check network``'s all-reduce bus bandwidth vs the same
+    all-reduce in plain processes; goal within 0.9x-1.1x at 1, 16 and 64 MB.
 
 Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
 weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
@@ -39,7 +41,9 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "training": (["--workers", "2", "--steps", "300", "--repeat", "3"], ["--quick"]),
     "flood": (["--workers", "2", "--lines", "100000"], ["--quick"]),
     "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
+    "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
 }
+BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5
 RTT_GOAL = 1.0
 TRAIN_GOAL = 1.05
@@ -160,11 +164,20 @@ def rows_detect(res: dict[str, Any]) -> list[dict[str, str]]:
                  f"<= {DETECT_GOAL_S:.0f} s", s["max_s"] <= DETECT_GOAL_S)]
 
 
+def rows_network(res: dict[str, Any]) -> list[dict[str, str]]:
+    low, high = BANDWIDTH_GOAL
+    return [_row("(f)", f"all-reduce bus bandwidth, {res['workers']} workers, {r['size_mb']:g} MB "
+                        "(GB/s)", f"{r['tfdist_nb']:.3f}", f"plain TF_CONFIG {r['plain']:.3f}",
+                 f"{r['ratio']:.2f}x", f"{low:.1f}-{high:.1f}x", low <= r["ratio"] <= high)
+            for r in res["rows"]]
+
+
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
-    "flood": [rows_flood], "detect": [rows_detect],
+    "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
 }
-LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)"}
+LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
+          "network": "(f)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -181,7 +194,7 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
             except (KeyError, ZeroDivisionError, TypeError) as exc:
                 rows.append(_row(LETTER[part], f"bench.{part}: no result ({exc!r})", "", "",
                                  "", "", False))
-    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4}
+    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5}
     goal = ""
     for r in rows:  # continuation rows sort with the goal above them
         goal = r["goal"] or goal

@@ -59,6 +59,9 @@ def test_summary_table_marks_each_goal() -> None:
                   "ipyparallel": {"lines_lost": 0, "peak_rss_growth_mb": 17.0, "wall_s": 1.0,
                                   "controller_cpu_s": 0.2}},
         "detect": {"error": "exit status 1"},
+        "network": {"workers": 2, "rows": [
+            {"size_mb": 16.0, "tfdist_nb": 0.19, "plain": 0.2, "ratio": 0.95},
+            {"size_mb": 64.0, "tfdist_nb": 0.1, "plain": 0.2, "ratio": 0.5}]},
     }
     rows = summary(parts)
     by_measure = {r["measure"]: r for r in rows}
@@ -69,7 +72,11 @@ def test_summary_table_marks_each_goal() -> None:
     assert (loud["result"], quiet["result"]) == ("met", "NOT MET")
     assert by_measure["median step time, 2 workers, 300 steps (ms)"]["result"] == "met"
     assert [r["goal"] for r in rows if r["goal"]] == sorted(r["goal"] for r in rows if r["goal"])
-    assert rows[-1]["goal"] == "(e)" and rows[-1]["result"] == "NOT MET"  # a failed part shows
+    failed = next(r for r in rows if r["goal"] == "(e)")
+    assert failed["result"] == "NOT MET"  # a failed part shows
+    network = [r for r in rows if r["goal"] == "(f)"]
+    assert [r["result"] for r in network] == ["met", "NOT MET"]
+    assert network[0]["measure"] == "all-reduce bus bandwidth, 2 workers, 16 MB (GB/s)"
     table = format_table(rows)
     assert "NOT MET" in table and "<= 0.50x" in table and "jupyter_client" in table
     assert format_table(rows, markdown=True).startswith("| goal | measure |")
