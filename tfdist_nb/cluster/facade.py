@@ -44,6 +44,7 @@ from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.logs import logs_frame, parse_levels
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
+from tfdist_nb.store.state import StateFile, snapshot
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
 
@@ -93,6 +94,7 @@ class Cluster:
         self.live = LiveStore()
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self.hub: EventHub | None = None
+        self._state: StateFile | None = None  # state.json for the lab panes (store/state.py)
         self._lifecycle: Lifecycle | None = None
         self._loop: LoopThread | None = None
         self._dashboard: Any = None
@@ -116,6 +118,8 @@ class Cluster:
             return self
         self.rundir = RunDirectory(self._run_root, self.id)
         self.hub = EventHub(self.rundir, self.live, self._task_states)
+        self._state = StateFile(self.rundir.path, self.id, str(self.spec),
+                                lambda: snapshot(self)).start()
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
         self._loop = LoopThread(f"tfdist-{self.id}")
         registry.track(self)
@@ -127,6 +131,7 @@ class Cluster:
                 raise
             raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
         self.running = True
+        self._state.mark("running")
         registry.set_current(self)
         self._warn_mismatch()
         return self
@@ -161,6 +166,8 @@ class Cluster:
         for rt in self.tasks.values():
             if rt.state is not TaskState.STOPPED:
                 rt.transition(TaskEvent.STOP)
+        if self._state is not None:
+            self._state.close()
         if self.rundir is not None:
             self.rundir.close()
         registry.forget(self)

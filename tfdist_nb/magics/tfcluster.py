@@ -189,9 +189,12 @@ class TfdistMagics(Magics):
 
     @magic_arguments()
     @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
+    @argument("--lab", action="store_true",
+              help="open the cluster's JupyterLab pane (tfdist-nb lab extension) instead")
     @line_magic
     def tfdist_status(self, line: str) -> Any:
-        """The live dashboard of every task; ``--table``: a DataFrame (docs/reference.md).
+        """The live dashboard of every task; ``--table``: a DataFrame; ``--lab``: the cluster's
+        dockable JupyterLab pane, fed by the Jupyter server (docs/reference.md).
 
         The dashboard has a panel per task (state, steps, resources, a filterable log tail) and
         charts of step time, CPU, RSS and GPU per task; it refreshes a few times a second.
@@ -200,6 +203,16 @@ class TfdistMagics(Magics):
         cluster = _require()
         if args.table:
             return cluster.status()
+        if args.lab:  # rendered by the lab extension, which opens (once) the cluster's pane
+            import secrets
+            import time
+
+            from IPython.display import display
+            display({"application/vnd.tfdist.lab+json": {
+                "cluster": cluster.id, "nonce": secrets.token_hex(8), "time": time.time()},
+                "text/plain": f"tfdist_nb: cluster {cluster.id}: its pane opens in JupyterLab "
+                              "with the tfdist-nb extension (tfdist sidebar)"}, raw=True)
+            return None
         self._show_dashboard(cluster)
         return None
 

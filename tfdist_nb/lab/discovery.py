@@ -1,0 +1,76 @@
+"""Which run directories the server can see (docs/reference.md, JupyterLab panes).
+
+Bases: ``tfdist_runs`` under the server's root directory and under each of its top-level
+folders (a notebook's kernel runs in the notebook's folder, so its runs land next to it),
+``$TFDIST_RUNS_DIR`` of the server's environment, and ``TfdistLab.runs_dirs`` from the server's
+config. A cluster is a directory named like a cluster id, owned by the server's user, not a
+symlink, holding ``state.json`` or ``events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from tfdist_nb.store.rundir import DEFAULT_ROOT
+
+CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+MAX_SUBDIRS = 200    # top-level folders of the root looked into
+MAX_CLUSTERS = 200   # per base, newest first (ids begin with their start time)
+
+
+def bases(root_dir: str | os.PathLike[str], extra: Iterable[str] = (),
+          scan_subdirs: bool = True) -> list[Path]:
+    root = Path(root_dir).expanduser()
+    found = [root / DEFAULT_ROOT]
+    if scan_subdirs:
+        try:
+            children = sorted(e.name for e in os.scandir(root)
+                              if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+        except OSError:
+            children = []
+        found += [root / name / DEFAULT_ROOT for name in children[:MAX_SUBDIRS]]
+    env = os.environ.get("TFDIST_RUNS_DIR")
+    if env:
+        found.append(Path(env).expanduser())
+    found += [Path(p).expanduser() for p in extra]
+    unique: dict[str, Path] = {}
+    for base in found:
+        try:
+            key = str(base.resolve())
+        except OSError:
+            continue
+        if key not in unique and base.is_dir():
+            unique[key] = Path(key)
+    return list(unique.values())
+
+
+def is_run_dir(path: Path) -> bool:
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    return (path / "state.json").is_file() or (path / "events.jsonl").is_file()
+
+
+def find_clusters(base_dirs: Iterable[Path]) -> dict[str, Path]:
+    """Cluster id -> run directory, newest first; the first base wins an id seen twice."""
+    out: dict[str, Path] = {}
+    for base in base_dirs:
+        try:
+            names = sorted((n for n in os.listdir(base) if CLUSTER_ID.match(n)), reverse=True)
+        except OSError:
+            continue
+        kept = 0
+        for name in names:
+            if kept >= MAX_CLUSTERS:
+                break
+            if name not in out and is_run_dir(base / name):
+                out[name] = base / name
+                kept += 1
+    return dict(sorted(out.items(), reverse=True))

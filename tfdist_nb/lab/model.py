@@ -1,0 +1,231 @@
+"""One cluster as the server sees it: its state file plus bounded tails of its JSON Lines files.
+
+:class:`ClusterWatch` reads ``state.json`` when it changed (by mtime and size) and the appended
+part of ``events.jsonl`` / ``telemetry.jsonl`` on each :meth:`~ClusterWatch.poll`, and keeps what
+the panes draw: recent log lines, resource samples, step records and per-step lateness per task.
+Memory is bounded whatever the run's size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.diagnostics.straggler import step_lags
+from tfdist_nb.lab.tail import JsonlTail
+from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
+
+LINES_KEPT = 1000        # merged log tail of the cluster
+LINES_PER_MESSAGE = 500  # a flood sends only the newest lines of a poll
+SAMPLES_KEPT = 600       # per task (10 minutes at one a second)
+STEPS_KEPT = 1000        # per task
+PENDING_STEPS = 400      # steps waiting for the other tasks' rows (lateness)
+TEXT_MAX = 4000
+TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-(\d+)$")
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
+    """Mean utilisation and summed memory of a task's GPUs (None without a GPU)."""
+    if not isinstance(gpus, list) or not gpus:
+        return None, None
+    utils = [u for g in gpus if isinstance(g, dict) and (u := _num(g.get("util_percent")))
+             is not None]
+    mems = [m for g in gpus if isinstance(g, dict) and (m := _num(g.get("mem_used_mb")))
+            is not None]
+    return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
+
+
+def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """An events.jsonl record as the panes show it: one text line with its task and stream."""
+    kind = rec.get("kind")
+    if kind == "output":
+        stream, text = str(rec.get("stream", "stdout")), rec.get("text", "")
+    elif kind == "note":
+        stream, text = "note", rec.get("text", "")
+    elif kind == "rich":
+        data = rec.get("data") or {}
+        stream, text = "rich", data.get("text/plain", "") if isinstance(data, dict) else ""
+    else:
+        return None
+    out = {"time": _num(rec.get("time")), "task": str(rec.get("task", "")), "stream": stream,
+           "text": str(text)[:TEXT_MAX], "cell": rec.get("cell")}
+    if kind == "note":
+        out["level"] = str(rec.get("level", "INFO"))
+    return out
+
+
+class TaskSeries:
+    def __init__(self) -> None:
+        self.samples: deque[list[Any]] = deque(maxlen=SAMPLES_KEPT)  # time, cpu, rss, gpu, gpu mem
+        self.steps: deque[list[Any]] = deque(maxlen=STEPS_KEPT)  # step, begin, ms, input wait ms
+        self.lateness: deque[list[Any]] = deque(maxlen=STEPS_KEPT)  # step, lateness ms
+        self.latest: dict[str, Any] = {}
+        self.last_output: float | None = None
+
+    def step_time_ms(self, window: int = 20) -> float | None:
+        recent = [s[2] for s in list(self.steps)[-window:] if s[2] is not None]
+        return statistics.median(recent) if recent else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples": list(self.samples), "steps": list(self.steps),
+                "lateness": list(self.lateness), "latest": self.latest,
+                "last_output": self.last_output}
+
+
+class ClusterWatch:
+    def __init__(self, cluster_id: str, path: Path) -> None:
+        self.id = cluster_id
+        self.path = path
+        self.events = JsonlTail(path / "events.jsonl")
+        self.telemetry = JsonlTail(path / "telemetry.jsonl")
+        self.state: dict[str, Any] | None = None
+        self.status = "unknown"
+        self._state_key: tuple[int, int, int] | None = None
+        self.lines: deque[dict[str, Any]] = deque(maxlen=LINES_KEPT)
+        self.series: dict[str, TaskSeries] = {}
+        self._pending: dict[int, dict[str, list[Any]]] = {}
+        self.polled = False
+
+    # ------------------------------------------------------------------ the state file
+    def refresh_state(self) -> bool:
+        """Re-read state.json if it changed and re-judge the status; True if either changed."""
+        try:
+            st = os.stat(self.path / STATE_FILE)
+            key: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except OSError:
+            key = None
+        changed = False
+        if key != self._state_key:
+            state = read_state(self.path) if key is not None else None
+            if state is not None or key is None:  # a half-written file is read next time
+                self._state_key, self.state, changed = key, state, True
+        status = cluster_status(self.state)
+        if status != self.status:
+            self.status, changed = status, True
+        return changed
+
+    # ------------------------------------------------------------------ the JSON Lines tails
+    def poll(self) -> dict[str, Any]:
+        """Read what was appended since the last poll; fold it in; return it for the streams."""
+        self.polled = True
+        events = []
+        for rec in self.events.read_new():
+            ev = compact_event(rec)
+            if ev is None:
+                continue
+            self.lines.append(ev)
+            events.append(ev)
+            if ev["stream"] != "note":
+                self._task(ev["task"]).last_output = ev["time"]
+        samples, lateness = [], []
+        for rec in self.telemetry.read_new():
+            sample = self._fold_sample(rec, lateness)
+            if sample is not None:
+                samples.append(sample)
+        skipped = max(0, len(events) - LINES_PER_MESSAGE)
+        return {"events": events[skipped:], "skipped": skipped, "telemetry": samples,
+                "lateness": lateness}
+
+    def _task(self, name: str) -> TaskSeries:
+        if name not in self.series:
+            self.series[name] = TaskSeries()
+        return self.series[name]
+
+    def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
+        data, task = rec.get("data"), str(rec.get("task", ""))
+        if not isinstance(data, dict) or not task:
+            return None
+        t = _num(rec.get("time"))
+        util, mem = gpu_summary(data.get("gpus"))
+        series = self._task(task)
+        latest = {"time": t, "cpu_percent": _num(data.get("cpu_percent")),
+                  "rss_mb": _num(data.get("rss_mb")), "gpu_util_percent": util,
+                  "gpu_mem_mb": mem, "step": data.get("step"),
+                  "total_steps": data.get("total_steps")}
+        series.latest = latest
+        series.samples.append([t, latest["cpu_percent"], latest["rss_mb"], util, mem])
+        steps = []
+        for row in data.get("steps") or ():
+            if not isinstance(row, list) or len(row) < 3:
+                continue
+            steps.append([row[0], _num(row[1]), _num(row[2]), _num(row[3]) if len(row) > 3
+                          else None])
+            series.steps.append(steps[-1])
+            self._lateness(task, row, lateness)
+        return {**latest, "task": task, "steps": steps}
+
+    def _expected(self) -> set[str]:
+        """The tasks whose steps are lined up for lateness: workers and the chief."""
+        tasks = (self.state or {}).get("tasks") or []
+        named = {t.get("task") for t in tasks if isinstance(t, dict)
+                 and t.get("role") in ("worker", "chief")}
+        return {n for n in named if n} or set(self.series)
+
+    def _lateness(self, task: str, row: list[Any], out: list[Any]) -> None:
+        """Line step ``row[0]`` up across tasks; when every task has it, how long the others
+        waited for each (docs/design.md, stragglers by lateness)."""
+        if len(row) < 5 or not isinstance(row[0], int):
+            return
+        expected = self._expected()
+        if task not in expected or len(expected) < 2:
+            return
+        rows = self._pending.setdefault(row[0], {})
+        rows[task] = row
+        if expected <= set(rows):
+            del self._pending[row[0]]
+            try:
+                lags = step_lags({t: rows[t] for t in expected})
+            except (TypeError, ValueError, IndexError):
+                return
+            for name, lag in lags.items():
+                point = [row[0], round(lag, 3)]
+                self._task(name).lateness.append(point)
+                out.append({"task": name, "step": row[0], "lateness_ms": point[1]})
+        while len(self._pending) > PENDING_STEPS:
+            del self._pending[min(self._pending)]
+
+    # ------------------------------------------------------------------ what the API returns
+    def summary(self, alert_list: bool = False) -> dict[str, Any]:
+        """What the listing shows; ``alert_list``: with the alerts' texts too."""
+        state = self.state or {}
+        tasks = [dict(t) for t in state.get("tasks") or [] if isinstance(t, dict)]
+        if not tasks:
+            tasks = [{"task": name, "state": "unknown", "step": None} for name in self._task_dirs()]
+        alerts = state.get("alerts") or []
+        controller = state.get("controller") or {}
+        return {"id": self.id, "spec": state.get("spec") or _spec_of(tasks),
+                "state": self.status, "controller_state": state.get("state"),
+                "run_dir": str(self.path), "started": state.get("started"),
+                "updated": state.get("updated"), "stopped": state.get("stopped"),
+                "controller": {"pid": controller.get("pid"), "host": controller.get("host")},
+                "tasks": [{k: t.get(k) for k in ("task", "role", "state", "step", "pid", "host",
+                                                 "step_time_ms", "lateness_ms", "straggler")}
+                          for t in tasks],
+                "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
+
+    def detail(self) -> dict[str, Any]:
+        return {**self.summary(alert_list=True), "logs": list(self.lines),
+                "series": {name: s.to_json() for name, s in self.series.items()}}
+
+    def _task_dirs(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.path / "tasks"))
+        except OSError:
+            return []
+        return [f"{m.group(1)}:{m.group(2)}" for n in names if (m := TASK_DIR.match(n))]
+
+
+def _spec_of(tasks: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for t in tasks:
+        role = str(t.get("task", "")).partition(":")[0]
+        counts[role] = counts.get(role, 0) + 1
+    return " ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())

@@ -1,0 +1,65 @@
+"""Incremental reading of a JSON Lines file that another process appends to.
+
+A :class:`JsonlTail` remembers the byte offset it has read up to and the incomplete last line,
+so each poll reads only what was appended since (docs/reference.md, JupyterLab panes). The first
+read starts ``initial_bytes`` before the end, so a huge log is never read whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+INITIAL_BYTES = 1 << 20  # the first read of a file: its last MiB
+MAX_READ = 4 << 20       # at most this much per poll; the rest comes with the next ones
+
+
+class JsonlTail:
+    def __init__(self, path: Path, initial_bytes: int = INITIAL_BYTES,
+                 max_read: int = MAX_READ) -> None:
+        self.path = path
+        self.initial_bytes = initial_bytes
+        self.max_read = max_read
+        self.offset: int | None = None  # None: not read yet
+        self.bytes_read = 0             # how much this tail has read in all (tests check it)
+        self._partial = b""
+        self._skip_first = False
+        self._ino: int | None = None
+
+    def read_new(self) -> list[dict[str, Any]]:
+        """The records appended since the last call (whole lines only)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return []
+        if self.offset is None or st.st_ino != self._ino or st.st_size < self.offset:
+            # first read, or the file was replaced / truncated: start again near its end
+            self._ino = st.st_ino
+            self.offset = max(0, st.st_size - self.initial_bytes)
+            self._skip_first = self.offset > 0  # we start inside a line: drop it
+            self._partial = b""
+        if st.st_size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(min(self.max_read, st.st_size - self.offset))
+        self.offset += len(data)
+        self.bytes_read += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if self._skip_first and lines:
+            lines.pop(0)
+            self._skip_first = False
+        out = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out

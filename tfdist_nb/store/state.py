@@ -1,0 +1,184 @@
+"""The cluster's state file (docs/reference.md, Run directory): ``<run dir>/state.json``.
+
+Written by the controller, read by the Jupyter server extension (:mod:`tfdist_nb.lab`) so it can
+tell a live cluster from a finished or an orphaned one without talking to any kernel::
+
+    {"schema": 1, "id": ..., "spec": "2 workers", "state": "starting|running|stopped",
+     "controller": {"pid": ..., "host": ..., "create_time": ...},
+     "started": t, "updated": t, "stopped": t | null,
+     "tasks": [{"task": "worker:0", "role": "worker", "state": "idle", "step": 12, "pid": ...,
+                "host": ..., "step_time_ms": ..., "lateness_ms": ..., "straggler": false}],
+     "alerts": ["worker:1: ..."]}
+
+Every write is atomic (a private temp file in the run directory, then ``os.replace``) and
+owner-only, like every file of the run (docs/security.md). A small daemon thread rewrites it
+when the snapshot changed (at most every ``interval`` seconds) and at least every
+``HEARTBEAT_S`` seconds, so ``updated`` is fresh while the controller lives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+STATE_FILE = "state.json"
+SCHEMA = 1
+HEARTBEAT_S = 5.0
+#: A controller on another host is taken as gone when its file is older than this.
+REMOTE_STALE_S = 30.0
+
+Snapshot = Callable[[], dict[str, Any]]
+
+
+def snapshot(cluster: Any) -> dict[str, Any]:
+    """Tasks and alerts of a running ``Cluster`` (read from any thread, like ``status()``)."""
+    lag = dict(cluster.stragglers)
+    tasks = []
+    for rt in list(cluster.tasks.values()):
+        view = cluster.live.view(rt.name)
+        tasks.append({
+            "task": rt.name, "role": rt.task.role, "state": str(rt.state),
+            "step": view.step_count, "pid": rt.pid, "host": rt.host,
+            "step_time_ms": view.step_time_ms(),
+            "lateness_ms": lag[rt.name].lag_ms if rt.name in lag else None,
+            "straggler": rt.name in lag,
+        })
+    return {"tasks": tasks, "alerts": list(cluster.alerts())}
+
+
+def _own_create_time() -> float | None:
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process().create_time()
+    return None
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Replace ``path`` with ``data`` as JSON: a reader sees the old or the new file, whole."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+class StateFile:
+    """The controller's side: owns ``state.json`` of one cluster from start to stop."""
+
+    def __init__(self, run_dir: Path, cluster_id: str, spec: str, source: Snapshot,
+                 interval: float = 0.5) -> None:
+        self.path = Path(run_dir) / STATE_FILE
+        self.interval = interval
+        self._source = source
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: dict[str, Any] | None = None
+        self._written = 0.0
+        self._doc: dict[str, Any] = {
+            "schema": SCHEMA, "id": cluster_id, "spec": spec, "state": "starting",
+            "controller": {"pid": os.getpid(), "host": socket.gethostname(),
+                           "create_time": _own_create_time()},
+            "run_dir": str(Path(run_dir).resolve()), "started": time.time(),
+            "updated": None, "stopped": None, "tasks": [], "alerts": []}
+
+    def start(self) -> StateFile:
+        self.write()
+        self._thread = threading.Thread(target=self._loop, name=f"tfdist-state-{self._doc['id']}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def mark(self, state: str) -> None:
+        """The cluster as a whole changed state (``running``): written at once."""
+        self._doc["state"] = state
+        self.write()
+
+    def close(self, state: str = "stopped") -> None:
+        """The cluster stopped cleanly: the thread ends and the final state is written."""
+        thread, self._thread = self._thread, None
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        self._doc["state"] = state
+        self._doc["stopped"] = time.time()
+        self.write()
+
+    def write(self) -> None:
+        with self._lock:
+            with contextlib.suppress(Exception):  # a view read mid-change: the next write has it
+                self._doc.update(self._source())
+            now = time.time()
+            self._doc["updated"] = now
+            with contextlib.suppress(OSError):  # the run directory was removed under us
+                write_atomic(self.path, self._doc)
+                self._written = now
+
+    def _loop(self) -> None:
+        while not self._wake.wait(self.interval):
+            try:
+                current = self._source()
+            except Exception:
+                continue
+            if current != self._last or time.time() - self._written >= HEARTBEAT_S:
+                self._last = current
+                self.write()
+
+
+# ---------------------------------------------------------------------- the reader's side
+def read_state(run_dir: Path) -> dict[str, Any] | None:
+    """The state file of a run directory, or None when it has none (or not yet a whole one)."""
+    try:
+        with open(Path(run_dir) / STATE_FILE, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def controller_alive(controller: dict[str, Any], updated: float | None,
+                     now: float | None = None) -> bool:
+    """Is the process that wrote the state file still there? Same host: its pid exists with the
+    same start time (a reused pid is another process). Another host: the file is fresh."""
+    now = time.time() if now is None else now
+    if controller.get("host") != socket.gethostname():
+        return updated is not None and now - float(updated) < REMOTE_STALE_S
+    pid = controller.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        created = proc.create_time()
+    except psutil.Error:
+        return False
+    expected = controller.get("create_time")
+    return expected is None or abs(created - float(expected)) < 1.0
+
+
+def cluster_status(state: dict[str, Any] | None, now: float | None = None) -> str:
+    """``live``, ``finished`` (stopped cleanly), ``orphaned`` (its controller is gone without a
+    clean stop) or ``unknown`` (no state file: a run of an older tfdist_nb)."""
+    if state is None:
+        return "unknown"
+    if state.get("state") == "stopped":
+        return "finished"
+    alive = controller_alive(state.get("controller") or {}, state.get("updated"), now)
+    return "live" if alive else "orphaned"
