@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from tfdist_nb.display.compact import COMPACT_AT, BandCharts, TaskGrid, grid_rows, named_tasks
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.store.tails import TaskView
 
@@ -186,6 +187,19 @@ def _box_class() -> type:
     return w.VBox
 
 
+def spares_text(cluster: Any) -> str:
+    """`` · spares: 2 ready, 1 warming`` for the header (docs/design.md, Spare kernels)."""
+    info = cluster.spares() if callable(getattr(cluster, "spares", None)) else None
+    if not info or not info.get("count"):
+        return ""
+    text = f" · spares: {info['ready']} ready"
+    if info.get("warming"):
+        text += f", {info['warming']} warming"
+    if info.get("note"):
+        text += f" ({info['note']})"
+    return text
+
+
 class Dashboard(_box_class()):  # type: ignore[misc]
     """The whole view of one cluster: an ipywidgets ``VBox`` that refreshes itself.
 
@@ -200,12 +214,18 @@ class Dashboard(_box_class()):  # type: ignore[misc]
         names = [str(t) for t in cluster.tasks]
         run_dir = str(cluster.run_dir)
         header, alerts = w.HTML(), w.HTML()
-        panels = {t: TaskPanel(t, run_dir) for t in names}
-        charts = Charts(names)
-        super().__init__([header, alerts,
-                          w.Box([p.box for p in panels.values()],
-                                layout=w.Layout(flex_flow="row wrap")),
-                          charts.box])
+        # many tasks: a grid row each, full panels on demand, aggregated charts (compact.py)
+        self.compact = len(names) > COMPACT_AT
+        self.names, self.run_dir = names, run_dir
+        self.grid = TaskGrid() if self.compact else None
+        self.pick = w.Text(placeholder="worker:3, worker:17", description="panels for",
+                           layout=w.Layout(width="420px")) if self.compact else None
+        panels = {} if self.compact else {t: TaskPanel(t, run_dir) for t in names}
+        self.panel_box = w.Box([p.box for p in panels.values()],
+                               layout=w.Layout(flex_flow="row wrap"))
+        charts = BandCharts() if self.compact else Charts(names)
+        top = [self.grid.widget, self.pick] if self.grid and self.pick else []
+        super().__init__([header, alerts, *top, self.panel_box, charts.box])
         self.add_class("tfdist-dashboard")
         self.cluster = cluster
         self.refresh_s = refresh_s
@@ -230,6 +250,18 @@ class Dashboard(_box_class()):  # type: ignore[misc]
             self._timer.join(2)
         self.refresh()
 
+    def _choose_panels(self, alerts: list[str]) -> bool:
+        """Compact view: full panels for the tasks typed in ``panels for`` and those the newest
+        alerts name; True when the set changed."""
+        typed = [t.strip() for t in (self.pick.value if self.pick else "").split(",")]
+        wanted = [t for t in typed if t in self.names]
+        wanted += [t for t in named_tasks(alerts, self.names) if t not in wanted]
+        if list(self.panels) == wanted:
+            return False
+        self.panels = {t: self.panels.get(t) or TaskPanel(t, self.run_dir) for t in wanted}
+        self.panel_box.children = [p.box for p in self.panels.values()]
+        return True
+
     def _main(self) -> None:
         while not self._timer_stop.wait(self.refresh_s):
             self.refresh()
@@ -249,16 +281,24 @@ class Dashboard(_box_class()):  # type: ignore[misc]
         with self._refresh_lock:
             c = self.cluster
             changed = False
-            views = []
+            runtimes = {r.name: r for r in c.tasks.values()}
+
+            def state_pid(name: str) -> tuple[str, int | None]:
+                rt = runtimes.get(name)
+                return (rt.state.value, rt.pid) if rt else ("stopped", None)
+
+            views = {name: c.live.view(name) for name in self.names}
+            if self.grid is not None:
+                changed |= self.grid.update(grid_rows(self.names, views, state_pid,
+                                                      dict(c.stragglers), c.alerts()))
+                changed |= self._choose_panels(c.alerts())
             for name, panel in self.panels.items():
-                rt = next((r for r in c.tasks.values() if r.name == name), None)
-                view = c.live.view(name)
-                views.append(view)
-                changed |= panel.update(view, rt.state.value if rt else "stopped",
-                                        rt.pid if rt else None, name in c.stragglers)
-            changed |= self.charts.update(views, c.live.revision)
+                state, pid = state_pid(name)
+                changed |= panel.update(views[name], state, pid, name in c.stragglers)
+            changed |= self.charts.update(list(views.values()), c.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(str(c.spec))} · cluster "
-                      f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}")
+                      f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"
+                      f"{html.escape(spares_text(c))}")
             if header != self.header.value:
                 self.header.value = header
                 changed = True

@@ -1,0 +1,46 @@
+"""The dashboard at 32 tasks: a grid row each, panels on demand and for the tasks alerts name,
+aggregated charts with the outliers named."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tfdist_nb import Cluster
+from tfdist_nb.display.compact import named_tasks, outliers
+
+
+def test_outliers_and_alert_named_tasks() -> None:
+    values = {f"worker:{i}": 100.0 + i % 3 for i in range(32)}
+    values["worker:7"] = 412.0
+    assert outliers(values, " ms") == "worker:7 412 ms (median 101 ms)"
+    assert outliers({f"worker:{i}": 100.0 + i % 3 for i in range(32)}, " ms") == ""
+    alerts = ["worker:3: a note", "worker:9: straggler", "cluster: nothing named",
+              "worker:3: again"]
+    assert named_tasks(alerts, [f"worker:{i}" for i in range(32)]) == ["worker:3", "worker:9"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_32_tasks_get_the_compact_view() -> None:
+    with Cluster(workers=32, preload=(), start_timeout=120) as c:
+        # worker:5 works ten times longer per step than the others
+        result = c.run("import time, tfdist_nb.worker as tw\nfor _ in range(6):\n"
+                       "    with tw.step():\n"
+                       "        time.sleep(0.2 if tw.task[1] == 5 else 0.02)\n", timeout=120)
+        assert result.ok, result.summary()
+        dash = c.dashboard(start=False)
+        dash.refresh()
+        assert dash.compact and dash.panels == {}
+        rows = re.findall(r"data-task='(worker:\d+)'", dash.grid.widget.value)
+        assert rows == [f"worker:{i}" for i in range(32)]
+        assert dash.charts.notes[0].value.startswith("<small>outliers: worker:5 ")
+        dash.pick.value = "worker:17, nonsense"
+        dash.refresh()
+        assert list(dash.panels) == ["worker:17"]
+        c._note("worker:30", "a finding about this task", "WARNING")
+        dash.refresh()
+        assert list(dash.panels) == ["worker:17", "worker:30"]
+        assert [b for b in dash.panel_box.children] == [p.box for p in dash.panels.values()]
+        dash.stop()

@@ -1,0 +1,176 @@
+"""The dashboard at 32-64 tasks: one grid row per task, full panels only for the tasks the user
+picks or the alerts name, and charts that aggregate (min / median / max across tasks) and name
+the outliers, so the page stays readable and each refresh stays one small update.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tfdist_nb.store.tails import TaskView
+
+COMPACT_AT = 8  # more tasks than this: the compact view
+ALERT_PANELS = 4  # tasks named by the newest alerts that get a full panel of their own
+CHART_POINTS = 300
+OUTLIER_SPREAD = 3.0  # median absolute deviations from the median that make an outlier
+OUTLIER_MIN_GAP = 0.2  # ... and at least this far from the median, relative
+_TASK = re.compile(r"\b((?:worker|chief|ps|evaluator):\d+)\b")
+_STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "stalled": "#fff3e0",
+             "dead": "#ffebee", "restarting": "#f3e5f5", "stopped": "#f5f5f5"}
+
+
+def named_tasks(alerts: Iterable[str], known: Iterable[str], limit: int = ALERT_PANELS
+                ) -> list[str]:
+    """The tasks the newest alerts name (newest first), at most ``limit``."""
+    known = set(known)
+    found: list[str] = []
+    for alert in reversed(list(alerts)):
+        for task in _TASK.findall(alert):
+            if task in known and task not in found:
+                found.append(task)
+            if len(found) == limit:
+                return found
+    return found
+
+
+def outliers(values: dict[str, float], unit: str) -> str:
+    """``"worker:7 412 ms (median 120)"`` for the tasks far from the others, or ``""``."""
+    if len(values) < 4:
+        return ""
+    med = statistics.median(values.values())
+    mad = statistics.median(abs(v - med) for v in values.values()) or abs(med) * 0.05 or 1.0
+    far = sorted(((abs(v - med), t, v) for t, v in values.items()
+                  if abs(v - med) > OUTLIER_SPREAD * mad
+                  and abs(v - med) > OUTLIER_MIN_GAP * abs(med)), reverse=True)[:4]
+    if not far:
+        return ""
+    return (", ".join(f"{t} {v:.0f}{unit}" for _, t, v in far) + f" (median {med:.0f}{unit})")
+
+
+class TaskGrid:
+    """Every task in one HTML table (one widget update per refresh, whatever the task count)."""
+
+    COLUMNS = ("task", "state", "step", "step ms", "late ms", "CPU %", "RSS MB", "GPU %",
+               "alerts")
+
+    def __init__(self) -> None:
+        import ipywidgets as w
+
+        self.widget = w.HTML()
+        self.widget.add_class("tfdist-task-grid")
+
+    def update(self, rows: list[dict[str, Any]]) -> bool:
+        head = "".join(f"<th style='padding:1px 6px;text-align:right'>{c}</th>"
+                       for c in self.COLUMNS)
+        body = "".join(self._row(r) for r in rows)
+        text = (f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>"
+                f"{body}</table>")
+        if text == self.widget.value:
+            return False
+        self.widget.value = text
+        return True
+
+    @staticmethod
+    def _row(r: dict[str, Any]) -> str:
+        def cell(v: Any, digits: int = 0) -> str:
+            text = "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
+            return f"<td style='padding:1px 6px;text-align:right'>{html.escape(text)}</td>"
+
+        bg = _STATE_BG.get(r["state"], "#ffffff")
+        flag = " style='color:#c62828;font-weight:bold'" if r["alerts"] else ""
+        return (f"<tr class='tfdist-grid-row' data-task='{html.escape(r['task'])}' "
+                f"style='background:{bg}'><td style='padding:1px 6px'><b>"
+                f"{html.escape(r['task'])}</b></td>{cell(r['state'])}{cell(r['step'])}"
+                f"{cell(r['step_ms'], 1)}{cell(r['late_ms'])}{cell(r['cpu'])}{cell(r['rss'])}"
+                f"{cell(r['gpu'])}<td{flag}>{r['alerts'] or ''}</td></tr>")
+
+
+def grid_rows(names: list[str], views: dict[str, TaskView],
+              state_pid: Callable[[str], tuple[str, int | None]],
+              stragglers: dict[str, Any], alerts: list[str]) -> list[dict[str, Any]]:
+    counts: dict[str, int] = defaultdict(int)
+    for alert in alerts:
+        for task in set(_TASK.findall(alert)):
+            counts[task] += 1
+    rows = []
+    for name in names:
+        v, (state, _) = views[name], state_pid(name)
+        latest = v.latest
+        s = stragglers.get(name)
+        rows.append({"task": name, "state": state, "step": v.step_count,
+                     "step_ms": v.step_time_ms(), "late_ms": getattr(s, "lag_ms", None),
+                     "cpu": latest.get("cpu_percent"), "rss": latest.get("rss_mb"),
+                     "gpu": latest.get("gpu_util_percent"), "alerts": counts.get(name, 0)})
+    return rows
+
+
+class BandCharts:
+    """Per series, three lines across all tasks (min, median, max) and the outliers named."""
+
+    SERIES = (("step time (ms)", "steps", 2, " ms"), ("CPU %", "time", 1, "%"),
+              ("RSS (MB)", "time", 2, " MB"), ("GPU %", "time", 3, "%"))
+
+    def __init__(self) -> None:
+        import bqplot as bq
+        import ipywidgets as w
+
+        self.figures, self.marks, self.notes = [], [], []
+        for title, xkind, _, _ in self.SERIES:
+            xs, ys = bq.LinearScale(), bq.LinearScale()
+            mark = bq.Lines(x=[0.0], y=[[0.0], [0.0], [0.0]],
+                            colors=["#90caf9", "#1565c0", "#ef6c00"],
+                            labels=["min", "median", "max"], display_legend=True,
+                            scales={"x": xs, "y": ys})
+            fig = bq.Figure(marks=[mark], title=f"{title}: min / median / max of all tasks",
+                            axes=[bq.Axis(scale=xs, label="step" if xkind == "steps" else
+                                          "seconds"),
+                                  bq.Axis(scale=ys, orientation="vertical")],
+                            layout=w.Layout(width="100%", height="200px"),
+                            fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
+            fig.add_class("tfdist-chart")
+            note = w.HTML()
+            note.add_class("tfdist-outliers")
+            self.figures.append(fig)
+            self.marks.append(mark)
+            self.notes.append(note)
+        self.box = w.Box([w.VBox([f, n], layout=w.Layout(width="49%"))
+                          for f, n in zip(self.figures, self.notes, strict=True)],
+                         layout=w.Layout(flex_flow="row wrap"))
+        self._seen = -1
+
+    def update(self, views: list[TaskView], revision: int) -> bool:
+        if revision == self._seen:
+            return False
+        self._seen = revision
+        t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
+        for (_, xkind, col, unit), mark, note in zip(self.SERIES, self.marks, self.notes,
+                                                     strict=True):
+            per_x: dict[float, list[float]] = defaultdict(list)
+            latest: dict[str, float] = {}
+            for v in views:
+                rows = (list(v.steps)[-CHART_POINTS:] if xkind == "steps"
+                        else list(v.samples)[-CHART_POINTS:])
+                for row in rows:
+                    if row[col] is not None:
+                        x = row[0] if xkind == "steps" else round(row[0] - t0)
+                        per_x[x].append(row[col])
+                recent = [r[col] for r in rows[-20:] if r[col] is not None]
+                if recent:
+                    latest[v.task] = statistics.median(recent)
+            xs = sorted(per_x)[-CHART_POINTS:]
+            if xs:
+                bands = [[min(per_x[x]) for x in xs], [statistics.median(per_x[x]) for x in xs],
+                         [max(per_x[x]) for x in xs]]
+                with mark.hold_sync():
+                    mark.x, mark.y = xs, bands
+            said = outliers(latest, unit)
+            text = f"<small>outliers: {html.escape(said)}</small>" if said else ""
+            if text != note.value:
+                note.value = text
+        return True
