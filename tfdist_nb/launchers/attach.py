@@ -24,7 +24,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -258,7 +258,20 @@ class AttachLauncher(Launcher):
                 "attached workers announced TF ports that are taken: "
                 + ", ".join(f"{t} {a}" for t, a in avoid.items())
                 + "; start them again with other --tf-port values")
-        deadline = time.monotonic() + self.wait_timeout
+        missing = self.wait_for(tasks, time.monotonic() + self.wait_timeout)
+        if missing:
+            raise ClusterStartError(
+                f"no attached worker for {', '.join(map(str, missing))} in {self.dir} after "
+                f"{self.wait_timeout:.0f}s; start each with: python -m tfdist_nb.worker "
+                f"--task {missing[0]} --connection-dir {self.dir}" + self.ignored_note(missing))
+        return {t: self.found[t]["tf_address"] for t in tasks}
+
+    def wait_for(self, tasks: Sequence[TaskId], deadline: float,
+                 between: Callable[[list[TaskId]], None] | None = None) -> list[TaskId]:
+        """Read the directory until every task of ``tasks`` has announced itself (``found``);
+        return the tasks still missing at ``deadline`` (empty: all are there). ``between`` is
+        called with the missing tasks between looks and may raise to end the wait (the SLURM
+        launcher: the job that runs them ended)."""
         missing = list(tasks)
         while True:
             try:
@@ -269,19 +282,16 @@ class AttachLauncher(Launcher):
                 if (info := self._read(task)) is not None:
                     self.found[task] = info
                     missing.remove(task)
-            if not missing:
-                break
-            if time.monotonic() > deadline:
-                names = ", ".join(map(str, missing))
-                ignored = "; ".join(f"{t}: {self.ignored[t]}" for t in missing
-                                    if t in self.ignored)
-                raise ClusterStartError(
-                    f"no attached worker for {names} in {self.dir} after "
-                    f"{self.wait_timeout:.0f}s; start each with: python -m tfdist_nb.worker "
-                    f"--task {missing[0]} --connection-dir {self.dir}"
-                    + (f" (ignored: {ignored})" if ignored else ""))
+            if not missing or time.monotonic() > deadline:
+                return missing
+            if between is not None:
+                between(missing)
             time.sleep(0.1)
-        return {t: self.found[t]["tf_address"] for t in tasks}
+
+    def ignored_note(self, missing: Sequence[TaskId]) -> str:
+        """`` (ignored: ...)``: why files of ``missing`` tasks in the directory were not taken."""
+        ignored = "; ".join(f"{t}: {self.ignored[t]}" for t in missing if t in self.ignored)
+        return f" (ignored: {ignored})" if ignored else ""
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         info = self.found.get(launch.task) or self._read(launch.task)

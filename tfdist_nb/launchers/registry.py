@@ -16,6 +16,7 @@ BUILTIN = {
     "local": "tfdist_nb.launchers.local:LocalLauncher",
     "ssh": "tfdist_nb.launchers.ssh:SSHLauncher",
     "attach": "tfdist_nb.launchers.attach:AttachLauncher",
+    "slurm": "tfdist_nb.launchers.slurm:SlurmLauncher",
 }
 _added: dict[str, type[Launcher]] = {}
 
@@ -44,7 +45,8 @@ def launcher_class(name: str) -> type[Launcher]:
 
 
 def get_launcher(name: str, **options: Any) -> Launcher:
-    """A launcher by short name (``local``, ``ssh``, ``attach``) made with ``options``."""
+    """A launcher by short name (``local``, ``ssh``, ``attach``, ``slurm``) made with
+    ``options``."""
     cls = launcher_class(name)
     try:
         return cls(**options)
@@ -61,4 +63,10 @@ def make_launcher(name: str, hosts: list[str] | None, python: str | None,
             raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
         opts.setdefault("hosts", hosts)
         opts.setdefault("python", python or sys.executable)  # the notebook's, found there
+    if name == "slurm":
+        if hosts:
+            raise SpecError("launcher='slurm' places tasks where SLURM allocates them; drop "
+                            "hosts= and ask with launcher_options={'sbatch_args': "
+                            "['--nodes=2']}")
+        opts.setdefault("python", python or sys.executable)  # the nodes share this path
     return get_launcher(name, **opts)

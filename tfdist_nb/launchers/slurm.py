@@ -1,0 +1,535 @@
+"""Tasks run as one SLURM job: ``sbatch`` submits it, each SLURM task is one cluster task.
+
+The job's batch script runs one ``srun`` step with a SLURM task per cluster task (``chief``,
+``worker:0``, ``worker:1``, ... in the spec's order, by ``SLURM_PROCID``). Each SLURM task
+``exec``s the worker entry point (``python -m tfdist_nb.worker``, as ``attach`` uses), so the
+worker stays in the job step's process tree and ``scancel`` reaches it. The worker announces
+itself in the run's connection directory (on the shared file system, owner-only) with its node
+name and a TF port free there; from those files the controller builds TF_CONFIG from where the
+tasks landed and sends it through the agent before any cell (``env_at_launch = False``). The
+kernel listens on the node's address, so its channels are CurveZMQ-encrypted
+(docs/security.md).
+
+The job's life is watched with SLURM's own tools, configured as they always are (``SLURM_CONF``
+and the rest of the environment): ``squeue`` for its state and pending reason, ``sacct`` (when
+accounting is on) or ``scontrol`` once it has ended. A refused submission (``sbatch``'s error), a
+job pending for a reason that cannot change by waiting, or a job that ends (failed, cancelled,
+timed out, node failure) ends the start or the running cell within seconds, in SLURM's words.
+``stop()`` shuts the kernels down and cancels the job, waiting until ``squeue`` no longer lists
+it. Recipes and limits: docs/remote.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.launchers.attach import (
+    GONE,
+    AttachedTaskHandle,
+    AttachLauncher,
+    check_connection_dir,
+)
+from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.topology import TaskId
+
+#: sbatch options the launcher sets itself: the task count comes from the cluster's SPEC, and
+#: the output files and the script are what it reads and writes.
+OWN_OPTIONS = {"--ntasks": "the cluster's SPEC sets the number of tasks",
+               "--output": "the launcher keeps the job's output in the connection directory",
+               "--error": "the launcher keeps the job's output in the connection directory",
+               "--array": "one job runs the whole cluster", "--wrap": "the launcher writes the "
+               "batch script", "--parsable": "the launcher reads the job id itself"}
+OWN_SHORT = {"-n": "--ntasks", "-o": "--output", "-e": "--error", "-a": "--array"}
+#: Job states after which no task of the job runs (squeue/sacct/scontrol spelling); GONE: SLURM
+#: no longer knows the job. COMPLETING: its processes are being ended (the final state follows).
+FINAL = frozenset({"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                   "OUT_OF_MEMORY", "PREEMPTED", "REVOKED", "SPECIAL_EXIT", "TIMEOUT", "GONE"})
+ENDED = FINAL | {"COMPLETING"}
+#: Pending reasons that waiting does not cure: the request exceeds what the partition, QOS or
+#: account allows or has, so the start fails at once instead of running into its timeout.
+NEVER_STARTS = re.compile(r"PartitionNodeLimit|PartitionTimeLimit|PartitionConfig|"
+                          r"BadConstraints|InvalidAccount|InvalidQOS|AccountNotAllowed|"
+                          r"DependencyNeverSatisfied|QOSMax\w*PerJob\w*|AssocMax\w*PerJob\w*|"
+                          r"MaxCpuPerAccount|JobHeldAdmin")
+#: A few pending reasons in words (SLURM's squeue man page, "JOB REASON CODES").
+REASONS = {
+    "Resources": "waiting for resources (nodes, CPUs, GPUs) to become free",
+    "Priority": "jobs of higher priority are queued ahead of it",
+    "Dependency": "waiting for a job it depends on",
+    "PartitionDown": "its partition is down",
+    "PartitionInactive": "its partition is inactive",
+    "ReqNodeNotAvail": "a node it requires is not available (down, drained or reserved)",
+    "Reservation": "waiting for its reservation",
+    "BeginTime": "its earliest start time has not come",
+    "JobHeldUser": "held by its user (scontrol release)",
+    "JobHeldAdmin": "held by an administrator",
+    "PartitionNodeLimit": "it asks for more nodes than its partition has or allows",
+    "PartitionTimeLimit": "its time limit exceeds its partition's",
+    "PartitionConfig": "its partition cannot satisfy the request (nodes, CPUs, memory)",
+    "BadConstraints": "its constraints cannot be satisfied",
+    "InvalidAccount": "its account is invalid",
+    "InvalidQOS": "its QOS is invalid",
+    "DependencyNeverSatisfied": "a job it depends on can never satisfy the dependency",
+}
+#: A few job states in words (squeue's man page, "JOB STATE CODES").
+STATES = {
+    "COMPLETING": "its processes are being ended",
+    "NODE_FAIL": "a node of the job failed",
+    "TIMEOUT": "it reached its time limit",
+    "PREEMPTED": "it was preempted",
+    "OUT_OF_MEMORY": "it ran out of memory",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "it reached its deadline",
+    "GONE": "SLURM no longer knows the job",
+}
+#: SLURM's own one-line announcements in job output: ``*** JOB 7 ON n1 CANCELLED AT ... ***``.
+_STAR_LINE = re.compile(r"\*\*\* (?:JOB|STEP) .* \*\*\*")
+_SCRUB_EXACT = {"TF_CONFIG", "TFDIST_TASK", "PYTEST_CURRENT_TEST", "JPY_PARENT_PID",
+                "JPY_SESSION_NAME", "SLURM_CONF_IN_JOB"}
+_STATE_FORMAT = "%i|%T|%r|%S|%N|%M"
+STATUS_INTERVAL_S = 1.0  # between squeue calls while the job runs (one call per cluster)
+STOP_WAIT_S = 15.0  # after scancel, until squeue no longer lists the job
+
+
+def check_sbatch_args(args: Any) -> list[str]:
+    """``args`` as a list of sbatch words (a string is split like a shell), or ValueError when
+    it holds an option the launcher sets itself."""
+    if args is None:
+        return []
+    words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
+    for word in words:
+        name = word.split("=", 1)[0]
+        for short, long in OWN_SHORT.items():
+            if word.startswith(short) and not word.startswith("--"):
+                name = long
+        if name in OWN_OPTIONS:
+            raise ValueError(f"sbatch option {word!r} is not allowed: {OWN_OPTIONS[name]}")
+    return words
+
+
+@dataclass
+class JobState:
+    """What SLURM says about the job: ``state`` (PENDING, RUNNING, COMPLETING, CANCELLED, ...,
+    GONE when SLURM no longer knows it), the pending ``reason``, and where it runs."""
+
+    state: str
+    reason: str = ""
+    start: str = ""  # squeue's %S: the expected start while pending, the start once running
+    nodes: str = ""
+    exit_code: str = ""
+    source: str = "squeue"
+    announcements: list[str] = field(default_factory=list)  # *** JOB ... CANCELLED AT ... ***
+
+    @property
+    def ended(self) -> bool:
+        """No task of the job runs any more, or they are being ended."""
+        return self.state.split()[0] in ENDED
+
+    @property
+    def final(self) -> bool:
+        return self.state.split()[0] in FINAL
+
+    def words(self, job_id: str) -> str:
+        """``SLURM job 7 CANCELLED (...)``: the state and everything SLURM said with it."""
+        text = f"SLURM job {job_id} {self.state}"
+        if self.state in STATES:
+            text += f" ({STATES[self.state]})"
+        reason = self.reason if self.reason not in ("", "None", "(null)") else ""
+        if reason:
+            text += f" ({reason}" + (f": {REASONS[reason]}" if reason in REASONS else "") + ")"
+        if self.exit_code and self.exit_code not in ("0:0",):
+            text += f", exit code {self.exit_code}"
+        if self.state == "PENDING" and self.start and self.start not in ("N/A", "Unknown"):
+            text += f", expected to start at {self.start}"
+        if self.state == "RUNNING" and self.nodes:
+            text += f" on {self.nodes}"
+        if self.announcements:
+            text += "; " + "; ".join(self.announcements)
+        return text
+
+
+def _tool(argv: list[str], timeout: float = 15.0,
+          env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False,
+                              env=dict(env) if env is not None else None)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, 124, "", f"{argv[0]}: no answer in {timeout}s")
+    except OSError as exc:
+        return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {exc.strerror}")
+
+
+def _fields(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of ``scontrol show job -o`` (values have no spaces but Command=...)."""
+    return dict(m.groups() for m in re.finditer(r"(\w[\w/:]*)=(\S*)", text))
+
+
+class SlurmJob:
+    """One submitted job: its id, its directory, and the latest state SLURM gave for it."""
+
+    def __init__(self, job_id: str, directory: Path, tasks: Sequence[TaskId]) -> None:
+        self.id = job_id
+        self.dir = directory
+        self.tasks = list(tasks)
+        self.state = JobState("PENDING", "None", source="sbatch")
+        self.submitted = time.monotonic()
+        self.running_at: float | None = None
+        self.lock = threading.Lock()
+        self.tool_error = ""  # the last error of squeue (the controller unreachable, say)
+
+    @property
+    def output(self) -> Path:
+        return self.dir / f"slurm-{self.id}.out"
+
+    def task_log(self, task: TaskId) -> Path:
+        return self.dir / f"task-{self.tasks.index(task)}.log"
+
+    def query(self) -> JobState:
+        """SLURM's current word on the job; an unreachable controller keeps the last one."""
+        proc = _tool(["squeue", "-h", "--states=all", "-j", self.id, "-o", _STATE_FORMAT])
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"{self.id}|")), "")
+        if proc.returncode == 0 and line:
+            _, state, reason, start, nodes, _elapsed = (line.split("|") + [""] * 6)[:6]
+            found = JobState(state, reason, start, nodes)
+            if found.ended or state == "COMPLETING":
+                found = self._after_end(found)
+        elif proc.returncode == 0 or "Invalid job id" in proc.stderr:
+            found = self._after_end(JobState("GONE", "", source="squeue"))
+        else:
+            self.tool_error = (proc.stderr or proc.stdout).strip()
+            return self.state
+        with self.lock:
+            if found.state == "RUNNING" and self.running_at is None:
+                self.running_at = time.monotonic()
+            self.state = found
+        return found
+
+    def _after_end(self, seen: JobState) -> JobState:
+        """The ended job's base state, reason and exit code: sacct when accounting is on, else
+        scontrol (which knows the job for MinJobAge after its end); SLURM's ``***`` lines."""
+        found = seen
+        proc = _tool(["sacct", "-n", "-P", "-X", "-j", self.id, "-o", "State,Reason,ExitCode,"
+                      "NodeList"])
+        rows = [r.split("|") for r in proc.stdout.splitlines() if r.count("|") >= 3]
+        if proc.returncode == 0 and rows:
+            state, reason, code, nodes = rows[0][:4]
+            found = JobState(state, reason, seen.start, nodes or seen.nodes, code, "sacct")
+        else:
+            proc = _tool(["scontrol", "show", "job", "-o", self.id])
+            info = _fields(proc.stdout) if proc.returncode == 0 else {}
+            if info.get("JobState"):
+                found = JobState(info["JobState"], info.get("Reason", ""), seen.start,
+                                 info.get("NodeList", seen.nodes), info.get("ExitCode", ""),
+                                 "scontrol")
+        if seen.state == "COMPLETING" and not found.ended:
+            found.state = "COMPLETING"
+        found.announcements = self.announcements()
+        return found
+
+    def announcements(self) -> list[str]:
+        """SLURM's ``*** JOB 7 ON node CANCELLED AT ... ***`` lines in the job's output files."""
+        said: list[str] = []
+        for path in [self.output, *(self.task_log(t) for t in self.tasks)]:
+            with contextlib.suppress(OSError):
+                for m in _STAR_LINE.finditer(_tail(path, 16384)):
+                    if m.group(0) not in said:
+                        said.append(m.group(0))
+        return said[:3]
+
+
+def _tail(path: Path, size: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - size))
+        return f.read().decode("utf-8", "replace")
+
+
+#: Each SLURM task finds the address its node is reached at: the node name's address, unless
+#: that is loopback (Debian maps a host's own name to 127.0.1.1); then the address this node
+#: uses toward the batch host (SLURM_LAUNCH_NODE_IPADDR) or the submit host.
+_RESOLVE = (
+    "import ipaddress, os, socket, sys\n"
+    "def ok(a):\n"
+    "    return a and not ipaddress.ip_address(a).is_loopback\n"
+    "try:\n"
+    "    ip = socket.gethostbyname(sys.argv[1])\n"
+    "except OSError:\n"
+    "    ip = ''\n"
+    "for var in ('SLURM_LAUNCH_NODE_IPADDR', 'SLURM_SUBMIT_HOST'):\n"
+    "    peer = os.environ.get(var)\n"
+    "    if ok(ip) or not peer:\n"
+    "        continue\n"
+    "    try:\n"
+    "        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+    "        s.connect((socket.gethostbyname(peer), 9))\n"
+    "        ip = s.getsockname()[0]\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "if not ok(ip):\n"
+    "    sys.exit(f'tfdist_nb: no address of node {sys.argv[1]} that other nodes can reach')\n"
+    "print(ip)\n"
+)
+
+
+def task_script(tasks: Sequence[TaskId], python: str, directory: Path) -> str:
+    """What each SLURM task runs: its cluster task from ``SLURM_PROCID``, then ``exec`` of the
+    worker (no fork: it stays in the job step's process tree, so scancel ends it)."""
+    cases = "\n".join(f"  {i}) task={shlex.quote(str(t))} ;;" for i, t in enumerate(tasks))
+    py, d = shlex.quote(python), shlex.quote(str(directory))
+    return f"""#!/bin/bash
+# One SLURM task of a tfdist_nb cluster (tfdist_nb.launchers.slurm): SLURM task i is cluster
+# task i; the worker announces itself in {directory}.
+set -u
+case "${{SLURM_PROCID:-}}" in
+{cases}
+  *) echo "tfdist_nb: no cluster task for SLURM task ${{SLURM_PROCID:-?}}" >&2; exit 2 ;;
+esac
+node="${{SLURMD_NODENAME:-$(hostname)}}"
+ip="$({py} -I -S -c {shlex.quote(_RESOLVE)} "$node")" || {{
+  echo "tfdist_nb: {py} did not run on node $node (it needs the notebook's Python)" >&2; exit 3; }}
+exec {py} -m tfdist_nb.worker --task "$task" --connection-dir {d} --ip "$ip" --tf-host "$node"
+"""
+
+
+def batch_script(tasks: Sequence[TaskId], directory: Path) -> str:
+    """The job's batch script: one srun step with a SLURM task per cluster task, each running
+    ``task.sh`` (:func:`task_script`); per-task output in ``task-<i>.log``."""
+    d = shlex.quote(str(directory))
+    return f"""#!/bin/bash
+# tfdist_nb: cluster tasks {' '.join(map(str, tasks))} as SLURM tasks 0..{len(tasks) - 1}.
+# Written by tfdist_nb.launchers.slurm; the notebook attaches to the workers and cancels the
+# job when the cluster stops.
+exec srun --ntasks={len(tasks)} --kill-on-bad-exit=0 --output={d}/task-%t.log \\
+    /bin/bash {d}/task.sh
+"""
+
+
+@dataclass
+class SlurmTaskHandle(AttachedTaskHandle):
+    """An attached worker that is also a task of ``job``: the job's end is the task's end."""
+
+    job: SlurmJob | None = field(default=None, repr=False)
+
+    async def poll(self) -> int | None:
+        if self.job is not None and self.job.state.ended:
+            return GONE
+        return await super().poll()
+
+    def describe_exit(self, code: int) -> str:
+        if self.job is None:
+            return super().describe_exit(code)
+        state = self.job.state if self.job.state.final else self.job.query()
+        if state.ended:
+            return f"ended with its job: {state.words(self.job.id)}"
+        return (f"{super().describe_exit(code)}; on node {self.host}, while "
+                f"{state.words(self.job.id)}")
+
+    async def stop(self, grace_s: float) -> StopReport:
+        if self.job is not None and self.job.state.ended:
+            grace_s = min(grace_s, 0.2)  # nothing left to ask: SLURM has ended it
+        return await super().stop(grace_s)
+
+
+class SlurmLauncher(Launcher):
+    """Submits one job whose SLURM tasks are the cluster's tasks and attaches to them."""
+
+    name = "slurm"
+    remote = True  # the interpreter path is the one the nodes run
+    env_at_launch = False
+    restartable = False
+
+    def __init__(self, sbatch_args: Any = None, connection_dir: str | os.PathLike[str] |
+                 None = None, wait_timeout: float = 100.0, python: str | None = None,
+                 progress: Callable[[str], None] | None = None,
+                 status_interval: float = STATUS_INTERVAL_S, **_: Any) -> None:
+        for tool in ("sbatch", "squeue", "scancel"):
+            if shutil.which(tool) is None:
+                raise ValueError(f"{tool} not found on PATH: the slurm launcher runs SLURM's "
+                                 "client tools (sbatch, squeue, scancel; Debian: slurm-client)")
+        self.sbatch_args = check_sbatch_args(sbatch_args)
+        if wait_timeout <= 0:
+            raise ValueError("wait_timeout must be positive (seconds from submission until "
+                             "every task has announced itself)")
+        self.base = Path(connection_dir or os.environ.get("TFDIST_RUNS_DIR")
+                         or "tfdist_runs").expanduser().absolute()
+        if connection_dir is not None:
+            check_connection_dir(self.base)
+        self.wait_timeout = float(wait_timeout)
+        self.python = python or sys.executable
+        self.progress = progress if progress is not None else _print
+        self.status_interval = status_interval
+        self.job: SlurmJob | None = None
+        self.started: set[TaskId] = set()
+        self.attach: AttachLauncher | None = None
+        self.said: list[str] = []  # every progress line, in order
+        self._released = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ submission
+    def tf_addresses(self, tasks: Sequence[TaskId],
+                     avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
+        if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
+            self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in (avoid or {}).items())}"
+                      f"); cancelling SLURM job {self.job.id} and submitting another")
+            self.release()
+        self._released.clear()
+        self.started.clear()
+        job = self._submit(tasks)
+        deadline = job.submitted + self.wait_timeout
+        assert self.attach is not None
+        missing = self.attach.wait_for(tasks, deadline, lambda m: self._watch_start(job, m))
+        if missing:
+            state = job.query()
+            self.release()
+            raise ClusterStartError(
+                f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
+                f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
+                f"cancelled it{self.attach.ignored_note(missing)}" + _tail_note(job))
+        self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {job.state.nodes or '?'} "
+                  f"{time.monotonic() - job.submitted:.1f}s after submission")
+        return {t: self.attach.found[t]["tf_address"] for t in tasks}
+
+    def _submit(self, tasks: Sequence[TaskId]) -> SlurmJob:
+        directory = self.base / f"slurm-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        self.base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory.mkdir(mode=0o700)
+        script = directory / "job.sh"
+        for path, text in ((directory / "task.sh", task_script(tasks, self.python, directory)),
+                           (script, batch_script(tasks, directory))):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o700)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        argv = ["sbatch", "--parsable", f"--job-name=tfdist-{directory.name[6:]}",
+                *self.sbatch_args, f"--ntasks={len(tasks)}",
+                f"--output={directory}/slurm-%j.out", str(script)]
+        proc = _tool(argv, timeout=60, env=_job_environment())
+        job_id = proc.stdout.strip().split(";")[0]
+        if proc.returncode != 0 or not job_id.isdigit():
+            said = (proc.stderr or proc.stdout).strip() or f"sbatch exited {proc.returncode}"
+            raise ClusterStartError(f"SLURM refused the job: {said} (submitted: "
+                                    f"{shlex.join(argv[1:-1])})")
+        self.job = job = SlurmJob(job_id, directory, tasks)
+        self.attach = AttachLauncher(connection_dir=directory)
+        for line in proc.stderr.splitlines():  # warnings: "can't run 2 processes on 3 nodes..."
+            if line.strip():
+                self._say(f"sbatch said: {line.strip()}")
+        self._say(f"submitted SLURM job {job_id} ({len(tasks)} task(s); "
+                  f"sbatch {shlex.join(self.sbatch_args) or '(no options)'}); connection "
+                  f"directory {directory}")
+        self._watcher = threading.Thread(target=self._watch, args=(job,), daemon=True,
+                                         name=f"tfdist-slurm-{job_id}")
+        self._watcher.start()
+        return job
+
+    def _watch(self, job: SlurmJob) -> None:
+        """Ask SLURM about the job every ``status_interval`` until it ends or is released; the
+        task handles read ``job.state`` (one squeue call per cluster, not per task)."""
+        said = None
+        while not self._released.is_set():
+            state = job.query()
+            if (state.state, state.reason) != said:
+                said = (state.state, state.reason)
+                self._say(state.words(job.id))
+            if state.final:
+                return
+            self._released.wait(self.status_interval)
+
+    def _watch_start(self, job: SlurmJob, missing: list[TaskId]) -> None:
+        """Between looks at the directory: end the start when the job cannot bring them."""
+        if self._released.is_set():
+            raise ClusterStartError(f"SLURM job {job.id} was cancelled: the cluster was "
+                                    "stopped while it started")
+        state = job.state
+        if state.ended:
+            raise ClusterStartError(
+                f"{state.words(job.id)} before {', '.join(map(str, missing))} announced "
+                f"themselves" + _tail_note(job, task_lines=6))
+        if state.state == "PENDING" and NEVER_STARTS.fullmatch(state.reason or ""):
+            self.release()
+            raise ClusterStartError(f"{state.words(job.id)}: it cannot start as requested "
+                                    f"(sbatch {shlex.join(self.sbatch_args)}); cancelled it")
+
+    # ------------------------------------------------------------------ tasks
+    async def start(self, launch: TaskLaunch) -> TaskHandle:
+        job, attach = self.job, self.attach
+        info = attach.found.get(launch.task) if attach is not None else None
+        if job is None or attach is None or info is None:
+            raise ClusterStartError(f"{launch.task}: no SLURM task announced it")
+        if job.state.ended:
+            raise ClusterStartError(f"{launch.task}: {job.state.words(job.id)}")
+        if launch.task in self.started:  # a retry: only SLURM could start that process again
+            raise ClusterStartError(f"{launch.task}: its SLURM task cannot be started again "
+                                    f"({job.query().words(job.id)})")
+        self.started.add(launch.task)
+        with contextlib.suppress(OSError):  # its process log is its SLURM task's output
+            if not launch.log_path.exists():
+                launch.log_path.symlink_to(job.task_log(launch.task))
+        handle = await attach.start(launch)
+        assert isinstance(handle, AttachedTaskHandle)
+        node = str(info.get("tf_address", "")).rpartition(":")[0] or handle.host
+        return SlurmTaskHandle(task=handle.task, host=node, pid=handle.pid,
+                               client=handle.client, connection_file=handle.connection_file,
+                               sidecar=handle.sidecar, here=handle.here,
+                               create_time=handle.create_time, job=job)
+
+    def release(self) -> None:
+        """Cancel the job (its steps with SIGKILL first: a TF task only logs SIGTERM) and wait
+        until squeue no longer lists it. Idempotent."""
+        self._released.set()
+        job = self.job
+        if job is None:
+            return
+        if not job.state.final:  # also while COMPLETING: a TF task may outlive SIGTERM
+            _tool(["scancel", "--signal=KILL", job.id], timeout=15)
+            _tool(["scancel", job.id], timeout=15)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            proc = _tool(["squeue", "-h", "-j", job.id, "-o", "%T"], timeout=10)
+            gone = proc.returncode == 0 and not proc.stdout.strip()
+            if gone or "Invalid job id" in proc.stderr:
+                break
+            time.sleep(0.2)
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=5)
+
+    def _say(self, text: str) -> None:
+        self.said.append(text)
+        with contextlib.suppress(Exception):
+            self.progress(text)
+
+
+def _print(text: str) -> None:
+    print(f"tfdist_nb: {text}", flush=True)
+
+
+def _tail_note(job: SlurmJob, task_lines: int = 0) -> str:
+    """The last lines of the job's output (and, with ``task_lines``, of each task's)."""
+    note = ""
+    for path, n in [(job.output, 12), *((job.task_log(t), task_lines) for t in job.tasks)]:
+        with contextlib.suppress(OSError):
+            if n and (tail := _tail(path, 16384).splitlines()[-n:]):
+                note += f"\n--- last lines of {path} ---\n" + "\n".join(tail)
+    return note
+
+
+def _job_environment() -> dict[str, str]:
+    """What sbatch exports to the job: this environment but what would make a worker act as
+    another process (TF_CONFIG, the notebook kernel's parent pid, pytest's marker) and the
+    variables of a SLURM job this notebook may itself run in (SLURM_CONF is kept)."""
+    return {k: v for k, v in os.environ.items()
+            if k not in _SCRUB_EXACT and (not k.startswith("SLURM_") or k == "SLURM_CONF")}
