@@ -35,7 +35,12 @@ BAD_LINES = [
     ("2 workers --timeout -5", "--timeout must be a positive number"),
     ("2 workers --timeout soon", "invalid float value: 'soon'"),
     ("2 workers --python /no/such/python", "not found"),
-    ("2 workers --launcher slurm", "unknown launcher 'slurm'"),
+    ("2 workers --launcher nomad", "unknown launcher 'nomad'"),
+    ("2 workers --launcher local --sbatch '--nodes=2'", "--sbatch needs --launcher slurm"),
+    ("2 workers --sbatch '--ntasks=4'", "sbatch option '--ntasks=4' is not allowed: the "
+                                        "cluster's SPEC sets the number of tasks"),
+    ("2 workers --sbatch '-o /tmp/x.out'", "sbatch option '-o' is not allowed"),
+    ("2 workers --launcher slurm --hosts a,b", "--hosts needs --launcher ssh"),
     ("2 workers --hosts a,b --launcher local", "--hosts needs --launcher ssh"),
     ("2 workers --launcher ssh", "--launcher ssh needs --hosts"),
     ("2 workers --hosts ,", "--hosts needs at least one host"),

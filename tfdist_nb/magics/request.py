@@ -8,6 +8,7 @@ here, with a message and an example, before a process exists.
 from __future__ import annotations
 
 import argparse
+import shlex
 from dataclasses import dataclass, field
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
@@ -20,9 +21,10 @@ EXAMPLE = (
     "  %%tfcluster 1 chief 2 workers 1 ps --timeout 600\n"
     "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1\n"
     "  %%tfcluster 4 workers --hosts gpu1,gpu2\n"
-    "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42"
+    "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42\n"
+    "  %%tfcluster 2 workers --launcher slurm --sbatch \"--partition=gpu --nodes=2\""
 )
-LAUNCHERS = ("local", "ssh", "attach")
+LAUNCHERS = ("local", "ssh", "attach", "slurm")
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,10 @@ class ClusterRequest:
     launcher: str | None = None  # None: as the running cluster, else local
     hosts: list[str] | None = None
     connection_dir: str | None = None
+    sbatch: list[str] | None = None  # sbatch options for --launcher slurm
     dashboard: bool = True
     verbose: bool = False
+    warm: bool | None = None  # --warm / --no-warm: spare kernels; None: as the cluster has
 
 
 def build_request(args: argparse.Namespace) -> ClusterRequest:
@@ -53,8 +57,10 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
         if value is not None and not value > 0:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                             f"got {value}")
+    sbatch_line = getattr(args, "sbatch", None)
     launcher = args.launcher or ("ssh" if args.hosts else
-                                 "attach" if args.connection_dir else None)
+                                 "attach" if args.connection_dir else
+                                 "slurm" if sbatch_line is not None else None)
     if launcher is not None and launcher not in LAUNCHERS:
         raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None
@@ -67,14 +73,46 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
     if (launcher == "attach") != bool(args.connection_dir):
         raise SpecError("--launcher attach and --connection-dir DIR go together: DIR is where "
                         "the workers started with python -m tfdist_nb.worker announce themselves")
+    sbatch = _sbatch_words(sbatch_line) if sbatch_line is not None else None
+    if sbatch is not None and launcher != "slurm":
+        raise SpecError(f"--sbatch needs --launcher slurm; the {launcher} launcher does not "
+                        "submit a job")
     # A remote interpreter is looked up on its hosts, a local one here.
     python = (resolve_python(args.python) if args.python and launcher in (None, "local")
               else args.python)
     return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
                           stall_timeout=args.stall_timeout, restart=args.restart, python=python,
                           launcher=launcher, hosts=hosts, connection_dir=args.connection_dir,
-                          dashboard=not args.no_dashboard,
-                          verbose=bool(getattr(args, "verbose", False)))
+                          sbatch=sbatch, dashboard=not args.no_dashboard,
+                          verbose=bool(getattr(args, "verbose", False)),
+                          warm=getattr(args, "warm", None))
+
+
+def glue_sbatch(line: str) -> str:
+    """The magic line with ``--sbatch VALUE`` written ``--sbatch=VALUE``: argparse would take a
+    lone value that starts with ``-`` (``--sbatch "--nodes=2"``) for an option of its own."""
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return line  # the parser says what is wrong with the quotes
+    if "--sbatch" not in words[:-1]:
+        return line
+    glued: list[str] = []
+    it = iter(words)
+    for word in it:
+        glued.append(f"--sbatch={next(it)}" if word == "--sbatch" else word)
+    return shlex.join(glued)
+
+
+def _sbatch_words(line: str) -> list[str]:
+    """``--sbatch "--partition=gpu --nodes=2"`` as sbatch's words, checked like the launcher
+    checks them (options it sets itself are refused)."""
+    from tfdist_nb.launchers.slurm import check_sbatch_args
+
+    try:
+        return check_sbatch_args(line)
+    except ValueError as exc:
+        raise SpecError(f"--sbatch: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -86,7 +124,8 @@ class Plan:
 
 def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
          current_env: dict[str, str] | None = None, current_python: str | None = None,
-         current_place: tuple[str, list[str] | None] | None = None) -> Plan:
+         current_place: tuple[str, list[str] | None] | None = None,
+         current_sbatch: list[str] | None = None) -> Plan:
     """What the line asks of the cluster that exists now (``current_spec`` None: there is none).
 
     A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env`` or
@@ -113,6 +152,9 @@ def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
                                          f"{request.launcher}")
         if request.hosts and request.hosts != hosts:
             return Plan("replace", spec, "restarting the cluster: --hosts changed")
+        if request.sbatch is not None and request.sbatch != (current_sbatch or []):
+            return Plan("replace", spec, "restarting the cluster: --sbatch changed (a new "
+                                         "SLURM job)")
     if request.restart:
         return Plan("restart", spec, f"restarting all tasks of {spec}")
     return Plan("reuse", spec)

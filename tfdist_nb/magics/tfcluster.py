@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
-from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, plan
+from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, glue_sbatch, plan
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
@@ -62,7 +62,12 @@ class TfdistMagics(Magics):
               help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
                    "(implies --launcher ssh)")
     @argument("--launcher", metavar="NAME",
-              help="local (default) | ssh (with --hosts) | attach (with --connection-dir)")
+              help="local (default) | ssh (with --hosts) | attach (with --connection-dir) | "
+                   "slurm (one sbatch job, --sbatch for its options)")
+    @argument("--sbatch", metavar='"ARGS"',
+              help="for --launcher slurm (implied): sbatch options of the job, quoted, e.g. "
+                   "--sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; SLURM_CONF and "
+                   "the rest of the environment configure SLURM's tools as usual")
     @argument("--connection-dir", metavar="DIR",
               help="for --launcher attach: where workers started by a scheduler with "
                    "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
@@ -95,8 +100,9 @@ class TfdistMagics(Magics):
             %%tfcluster 2 workers --env TF_USE_LEGACY_KERAS=1   # tf_keras for model.fit
             %%tfcluster --restart                  # fresh kernels, same cluster
             %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
+            %%tfcluster 2 workers --sbatch "--nodes=2"  # one SLURM job, a task per node
         """
-        args = _parse(self.tfcluster, line)
+        args = _parse(self.tfcluster, glue_sbatch(line))
         try:
             request = build_request(args)
         except SpecError as exc:
@@ -113,7 +119,8 @@ class TfdistMagics(Magics):
         try:
             decided = plan(request, active.spec if active else None,
                            active.extra_env if active else None, active.python if active else None,
-                           (active.launcher.name, active.hosts) if active else None)
+                           (active.launcher.name, active.hosts) if active else None,
+                           getattr(active.launcher, "sbatch_args", None) if active else None)
         except SpecError as exc:
             raise _usage(exc) from None
         if decided.message:
@@ -124,7 +131,8 @@ class TfdistMagics(Magics):
             active.restart()
             return active
         launcher, hosts = request.launcher, request.hosts
-        options = {"connection_dir": request.connection_dir} if request.connection_dir else None
+        options = ({"connection_dir": request.connection_dir} if request.connection_dir else
+                   {"sbatch_args": request.sbatch} if request.sbatch is not None else None)
         env, python = request.env, request.python
         if active is not None:  # a resize keeps what the line does not change
             env, python = env or active.extra_env, python or active.python
