@@ -29,7 +29,7 @@ def text(cell: Any) -> str:
 
 @pytest.mark.timeout(400)
 def test_hang_and_crash_notebook(tmp_path: Path) -> None:
-    cells = execute("02_hang_and_crash.ipynb", tmp_path)
+    cells = execute("06_deadlock_stall.ipynb", tmp_path)
     hang = text(cells[2])
     assert "TaskError" in hang and "worker:1 stalled" in hang
     assert "elsewhere, likely the cause: worker:1" in hang
@@ -43,14 +43,14 @@ def test_hang_and_crash_notebook(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_straggler_notebook(tmp_path: Path) -> None:
-    cells = execute("03_straggler.ipynb", tmp_path)
+    cells = execute("07_straggler.ipynb", tmp_path)
     assert "[worker:1] tfdist_nb: worker:1 is a straggler" in text(cells[2])
     assert "straggler" in text(cells[3])  # the flags column of %tfdist_status --table
 
 
 @pytest.mark.timeout(300)
 def test_input_pipeline_notebook(tmp_path: Path) -> None:
-    cells = execute("04_input_pipeline.ipynb", tmp_path)
+    cells = execute("05_input_pipeline.ipynb", tmp_path)
     slow = text(cells[1])
     assert "[worker:0] done 20 steps" in slow and "[worker:1] done 20 steps" in slow
     assert "worker:1 is a straggler" in slow and "cause: its input pipeline" in slow
