@@ -221,7 +221,8 @@ def test_a_job_that_fails_is_reported_with_slurms_state_and_the_tasks_output(
 
 def test_a_pending_job_says_why_and_its_wait_is_bounded(
         slurm: slurm_cluster.SlurmCluster) -> None:
-    blocker = slurm.tool("sbatch", "--parsable", "--nodes=2", "--exclusive", "--wrap",
+    blocker = slurm.tool("sbatch", "--parsable", "--nodes=2", "--exclusive",
+                         f"--output={slurm.workdir}/blocker-%j.out", "--wrap",
                          "sleep 120").stdout.strip()
     try:
         wait_for(lambda: f"{blocker} RUNNING None" in slurm.jobs(), 15, "the blocking job")
