@@ -95,6 +95,9 @@ def _owned_by_live_clusters() -> set[int]:
     the remote lifeline that an SSH task's kernel runs under."""
     owned = {rt.pid for c in _live_clusters() if c.running for rt in c.tasks.values()
              if rt.pid}
+    # their spare kernels (docs/design.md, Spare kernels) belong to them too
+    owned |= {pid for c in _live_clusters() if c.running
+              for pid in getattr(c, "spares", lambda: {})().get("pids", ())}
     for pid in list(owned):
         with contextlib.suppress(psutil.Error, AttributeError):
             parent = psutil.Process(pid).parent()

@@ -30,6 +30,7 @@ from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
+from tfdist_nb.cluster.spares import SparePool, supports_spares
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
@@ -72,7 +73,8 @@ class Cluster:
                  python: str | None = None, *, evaluator: bool = False,
                  run_dir: str | os.PathLike[str] | None = None,
                  preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
-                 launcher_options: Mapping[str, Any] | None = None) -> None:
+                 launcher_options: Mapping[str, Any] | None = None,
+                 warm: bool | int | None = None) -> None:
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
         if hosts is not None and launcher == "local":
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
@@ -87,6 +89,9 @@ class Cluster:
         self.setup = Setup(spec=spec, launcher=chosen, python=interpreter,
                            preload=tuple(preload), extra_env=dict(env or {}),
                            start_timeout=float(start_timeout))
+        # spare kernels (docs/reference.md, warm=): how many, 0 for none
+        self._warm = _spare_count(warm, chosen, self.setup)
+        self._handoff: tuple[LoopThread, SparePool] | None = None  # from the replaced cluster
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
         self.id = new_cluster_id()
@@ -121,7 +126,7 @@ class Cluster:
         self._state = StateFile(self.rundir.path, self.id, str(self.spec),
                                 lambda: snapshot(self)).start()
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
-        self._loop = LoopThread(f"tfdist-{self.id}")
+        self._loop = self._take_handoff() or LoopThread(f"tfdist-{self.id}")
         registry.track(self)
         try:
             self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
@@ -131,22 +136,38 @@ class Cluster:
                 raise
             raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
         self.running = True
+        if self._lifecycle.spares is not None:  # refilled in the background, when idle
+            self._loop.call_soon(self._lifecycle.spares.start_refill)
         self._state.mark("running")
         registry.set_current(self)
         self._warn_mismatch()
         return self
 
-    def stop(self) -> list[StopReport]:
-        """End every task at once (shutdown request, short grace, then SIGKILL)."""
+    def stop(self, *, spares_to: Cluster | None = None) -> list[StopReport]:
+        """End every task and spare at once (shutdown request, short grace, then SIGKILL).
+
+        ``spares_to``: the cluster about to replace this one (``%%tfcluster`` resize) takes
+        over its spare kernels, with the loop thread they live on; the tasks are then killed
+        without grace (docs/design.md, Spare kernels).
+        """
         if self._loop is None:
+            self._drop_handoff()
             return self.last_stop
         for control in list(self._active_runs):  # a cell still running ends now, not later
             self._loop.call_soon(control.stop, "stopped")
+        pool = None
         if self._lifecycle is not None:
             with contextlib.suppress(Exception):
-                self.last_stop = self._loop.run(
-                    self._lifecycle.stop(list(self.tasks.values())), STOP_TIMEOUT_S)
+                if (spares_to is not None and spares_to._warm and spares_to._loop is None
+                        and spares_to._handoff is None and self._lifecycle.spares is not None):
+                    self.last_stop, pool = self._loop.run(self._lifecycle.stop_for_handoff(),
+                                                          STOP_TIMEOUT_S)
+                else:
+                    self.last_stop = self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
         concurrent.futures.wait(list(self._active_runs.values()), timeout=5)
+        if pool is not None and spares_to is not None:
+            spares_to._handoff, self._loop = (self._loop, pool), None
+            registry.track(spares_to)  # reached at exit even if it never starts
         self._teardown()
         return self.last_stop
 
@@ -156,10 +177,10 @@ class Cluster:
             with contextlib.suppress(Exception):
                 self._dashboard.stop()
         if self._loop is not None:
-            if self._lifecycle is not None and any(rt.handle for rt in self.tasks.values()):
+            if self._lifecycle is not None and (any(rt.handle for rt in self.tasks.values())
+                                                or self._lifecycle.spares is not None):
                 with contextlib.suppress(Exception):
-                    self._loop.run(self._lifecycle.stop(list(self.tasks.values())),
-                                   STOP_TIMEOUT_S)
+                    self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
             self._loop.close()
             self._loop = None
         self.launcher.release()
@@ -179,7 +200,11 @@ class Cluster:
         self.stop()
 
     def restart(self, on: Any = None) -> None:
-        """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG."""
+        """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG.
+
+        With spare kernels (``warm=``) the tasks are spares adopted in well under a second; a
+        restart of every task then also moves to fresh TF ports. A task no spare fits starts
+        cold, and ``warm_note`` says why in one line."""
         targets = self._runtimes(on, allow_dead=True)
         if not self.launcher.restartable:
             raise TfdistError(f"the {self.launcher.name} launcher cannot restart tasks: their "
@@ -187,6 +212,77 @@ class Cluster:
         assert self._lifecycle is not None
         self._require_loop().run(self._lifecycle.restart(targets),
                                  self.start_timeout + STOP_TIMEOUT_S)
+
+    # ------------------------------------------------------------------ spare kernels
+    @property
+    def warm(self) -> int:
+        """How many spare kernels this cluster keeps (0: none; docs/reference.md, warm=)."""
+        return self._warm
+
+    @property
+    def warm_note(self) -> str | None:
+        """Why the last start or restart could not take spares for every task (one line)."""
+        return self._lifecycle.warm_note if self._lifecycle is not None else None
+
+    def spares(self) -> dict[str, Any]:
+        """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,
+        ``note`` (why none is being started, e.g. memory)."""
+        pool = self._lifecycle.spares if self._lifecycle is not None else None
+        if pool is None:
+            return {"count": 0, "ready": 0, "warming": 0, "pids": [],
+                    "note": None if self._warm else "off"}
+        return pool.summary()
+
+    def set_warm(self, warm: bool | int | None) -> None:
+        """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
+        self._warm = _spare_count(warm, self.launcher, self.setup)
+        if not self.running or self._lifecycle is None:
+            return
+        lifecycle, loop = self._lifecycle, self._require_loop()
+        if not self._warm:
+            loop.run(lifecycle.close_spares(), STOP_TIMEOUT_S)
+        elif lifecycle.spares is not None:
+            lifecycle.spares.count = self._warm
+        else:
+            lifecycle.spares = self._attach_pool(SparePool(self._warm))
+            loop.call_soon(lifecycle.spares.start_refill)
+
+    def _take_handoff(self) -> LoopThread | None:
+        """The loop thread (and spares) of the cluster this one replaces, if any; the pool this
+        cluster's lifecycle takes spares from when it is warm."""
+        handoff, self._handoff = self._handoff, None
+        loop, pool = handoff if handoff is not None else (None, None)
+        if loop is not None and not loop.alive:
+            loop, pool = None, None
+        if pool is not None and not self._warm and loop is not None:
+            with contextlib.suppress(Exception):
+                loop.run(pool.close(), STOP_TIMEOUT_S)
+            pool = None
+        if self._warm and self._lifecycle is not None:
+            self._lifecycle.spares = self._attach_pool(
+                pool if pool is not None else SparePool(self._warm))
+        return loop
+
+    def _attach_pool(self, pool: SparePool) -> SparePool:
+        assert self.rundir is not None
+        pool.attach(self.setup, self.rundir.path, self._spares_busy,
+                    lambda text, level: self._note("spares", text, level), count=self._warm)
+        return pool
+
+    def _drop_handoff(self) -> None:
+        """A cluster given spares that is stopped before it started: they end here."""
+        handoff, self._handoff = self._handoff, None
+        if handoff is not None:
+            loop, pool = handoff
+            with contextlib.suppress(Exception):
+                loop.run(pool.close(), STOP_TIMEOUT_S)
+            loop.close()
+            registry.forget(self)
+
+    def _spares_busy(self) -> bool:
+        """Spares are started only while no cell runs and every task is idle (or dead)."""
+        return bool(self._active_runs) or any(
+            rt.state not in (TaskState.IDLE, TaskState.DEAD) for rt in list(self.tasks.values()))
 
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:
@@ -297,8 +393,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
-        """One row per task: the columns of docs/reference.md (Status columns)."""
-        return status_frame(self.tasks.values(), self.live, self.stragglers)
+        """One row per task: the columns of docs/reference.md (Status columns); the spare
+        kernels are in ``.attrs["spares"]``."""
+        frame = status_frame(self.tasks.values(), self.live, self.stragglers)
+        frame.attrs["spares"] = self.spares()
+        return frame
 
     def logs(self, on: Any = None, grep: str | None = None, tail: int | None = None,
              level: str | None = None) -> pd.DataFrame:
@@ -415,6 +514,22 @@ class Cluster:
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
         if self.hub is not None:
             self.hub.note(task, text, level)
+
+
+def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
+    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
+    launcher when there is something to preload, none otherwise."""
+    tasks = len(setup.spec.tasks)
+    if warm is None:
+        return tasks if supports_spares(launcher) and setup.preload else 0
+    if warm is False or (not isinstance(warm, bool) and warm == 0):
+        return 0
+    if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
+        if not supports_spares(launcher):
+            raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
+                            "(leave warm unset or False)")
+        return tasks if warm is True else int(warm)
+    raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
 
 
 async def _gather(*coros: Any) -> list[Any]:

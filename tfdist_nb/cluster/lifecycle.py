@@ -6,27 +6,35 @@ inspection subshell is made. A task that fails on the way (its process exits, it
 socket it could not bind, a step fails) is noticed within a poll interval, started once more on
 fresh endpoints, and otherwise reported with the tail of its process log. ``start_timeout``
 bounds the whole start of the cluster, retries included (docs/design.md, Start-up).
+
+With a pool of spare kernels (:mod:`.spares`), a start or restart first takes spares: each is
+adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
+tasks no spare fits start cold as above, said in one line (``warm_note``). A restart from spares
+kills the old processes at once (no grace: TensorFlow only logs SIGTERM), and a restart of every
+task moves it to fresh, verified TF ports so nothing waits for the old ones to be freed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.spares import Spare, SparePool, env_delta
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.errors import AgentError, ClusterStartError
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
-from tfdist_nb.store.rundir import RunDirectory
+from tfdist_nb.store.rundir import RunDirectory, open_private
 from tfdist_nb.topology import ClusterSpec, TaskId
 from tfdist_nb.transport.channel import KernelChannel
 
@@ -64,11 +72,14 @@ class Lifecycle:
     """Starts and stops the task runtimes in ``tasks`` (the cluster's own dict, kept current)."""
 
     def __init__(self, setup: Setup, rundir: RunDirectory, hub: EventHub,
-                 tasks: dict[TaskId, TaskRuntime]) -> None:
+                 tasks: dict[TaskId, TaskRuntime], spares: SparePool | None = None) -> None:
         self.setup = setup
         self.rundir = rundir
         self.hub = hub
         self.tasks = tasks
+        self.spares = spares
+        #: the last start or restart that could not take spares for every task: why, one line
+        self.warm_note: str | None = None
 
     # ------------------------------------------------------------------ whole cluster
     async def start_all(self) -> None:
@@ -97,11 +108,90 @@ class Lifecycle:
         deadline = time.monotonic() + self.setup.start_timeout
         for rt in targets:
             rt.transition(TaskEvent.RESTART)
-            self.hub.note(rt.name, "restarting with the same TF_CONFIG")
-        await self.stop(targets)
-        await self.launch(targets, deadline)
+        spares = await self.take_spares(targets)
+        if not spares:
+            for rt in targets:
+                self.hub.note(rt.name, "restarting with the same TF_CONFIG")
+            await self.stop(targets)
+            await self.launch(targets, deadline, spares)
+        else:
+            old = [(rt.handle, rt.channel) for rt in targets]
+            for rt in targets:
+                rt.handle, rt.channel, rt.agent = None, None, None
+            if {rt.task for rt in targets} == set(self.tasks):
+                # every task: fresh ports, so the old processes are killed while the spares are
+                # adopted, and nothing waits for their ports to be freed
+                await self.readdress(targets)
+                self.warm_note = f"{self.warm_note} on fresh TF ports"
+                killed = asyncio.ensure_future(self._kill(old))
+                try:
+                    await self.launch(targets, deadline, spares)
+                finally:
+                    await killed
+            else:  # the others know these addresses: the old processes go first
+                for rt in targets:
+                    self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG")
+                await self._kill(old)
+                await self.launch(targets, deadline, spares)
+            await self._port_check(targets)
         if self.setup.spec.ps:
             await self.serve_parameter_servers(targets)
+
+    async def take_spares(self, runtimes: list[TaskRuntime],
+                          quiet_when_empty: bool = False) -> dict[TaskId, Spare]:
+        """Spares fit for ``runtimes`` (their import-time environment, interpreter, preload and
+        working directory); a task none fits starts cold. ``warm_note`` says how it went in one
+        line (nothing for a pool that never had spares when ``quiet_when_empty``)."""
+        self.warm_note = None
+        if self.spares is None or (quiet_when_empty and not len(self.spares)):
+            return {}
+        taken: dict[TaskId, Spare] = {}
+        cold: dict[str, str] = {}
+        for rt in runtimes:
+            spare, why = await self.spares.take(rt.env, self.setup.python, self.setup.preload)
+            if spare is not None:
+                taken[rt.task] = spare
+            else:
+                cold[rt.name] = why or "no spare"
+        if cold:
+            names = list(cold)
+            who = ("every task" if not taken else
+                   f"{', '.join(names)} ({len(taken)} of {len(runtimes)} from spares)")
+            self.warm_note = f"cold start for {who}: {next(iter(cold.values()))}"
+            self.hub.note("spares", self.warm_note)
+        else:
+            self.warm_note = f"{len(taken)} task(s) from spare kernels"
+        return taken
+
+    async def readdress(self, runtimes: list[TaskRuntime]) -> None:
+        """Fresh TF addresses for ``runtimes`` (every task of the cluster): new TF_CONFIGs and
+        environments, written to the run directory."""
+        addresses = await asyncio.to_thread(self.setup.launcher.tf_addresses,
+                                            list(self.tasks), {})
+        for rt in runtimes:
+            fresh = self.runtime(rt.task, addresses)
+            rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
+            self.hub.note(rt.name, f"restarting from a spare on a fresh TF port ({rt.address})")
+
+    async def _port_check(self, runtimes: list[TaskRuntime]) -> None:
+        """A TF port found taken at adoption (another program took it meanwhile) is said; the
+        strategy would fail to bind it (a restart of every task picks new ones)."""
+        for rt in runtimes:
+            if rt.info.get("port_free") is False:
+                self.hub.note(rt.name, f"TF port {rt.address} is taken on its host; restart "
+                              "every task to move to fresh ports", "WARNING")
+
+    async def _kill(self, old: list[tuple[Any, Any]]) -> None:
+        """The old processes of a restart from spares: SIGKILL at once, in parallel."""
+        async def one(handle: Any, channel: Any) -> None:
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close()
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    await handle.stop(0.0)
+
+        await asyncio.gather(*(one(h, c) for h, c in old), return_exceptions=True)
 
     def runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
         tf_config = build_tf_config(task, addresses)
@@ -120,9 +210,13 @@ class Lifecycle:
                                 local=not self.setup.launcher.remote)
             self.rundir.write_json(rt.task.slug, "env.json", rt.env)
 
-    async def launch(self, runtimes: list[TaskRuntime], deadline: float) -> None:
-        """Start ``runtimes`` in parallel; on any failure stop them all and raise one error."""
-        outcomes = await asyncio.gather(*(self._launch_or_retry(rt, deadline)
+    async def launch(self, runtimes: list[TaskRuntime], deadline: float,
+                     spares: dict[TaskId, Spare] | None = None) -> None:
+        """Start ``runtimes`` in parallel (from ``spares`` where given, else the spares the
+        pool has); on any failure stop them all and raise one error."""
+        if spares is None:
+            spares = await self.take_spares(runtimes, quiet_when_empty=True)
+        outcomes = await asyncio.gather(*(self._launch_or_retry(rt, deadline, spares.get(rt.task))
                                           for rt in runtimes), return_exceptions=True)
         failed = [(rt, exc) for rt, exc in zip(runtimes, outcomes, strict=True)
                   if isinstance(exc, BaseException)]
@@ -144,6 +238,36 @@ class Lifecycle:
         for rt, target in zip(serving, targets, strict=True):
             self.hub.note(rt.name, f"serving ParameterServerStrategy at {target}")
 
+    async def stop_all(self) -> list[StopReport]:
+        """Every task and every spare, at once."""
+        reports, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
+                                          self.close_spares())
+        return reports
+
+    async def close_spares(self) -> None:
+        if self.spares is not None:
+            pool, self.spares = self.spares, None
+            await pool.close()
+
+    async def stop_for_handoff(self) -> tuple[list[StopReport], SparePool | None]:
+        """The cluster is being replaced: its tasks are killed at once (no grace) and its pool
+        is detached, to be handed to the new cluster."""
+        pool, self.spares = self.spares, None
+        if pool is not None:
+            await pool.detach()
+        reports = await asyncio.gather(*(self._stop_now(rt) for rt in self.tasks.values()),
+                                       return_exceptions=True)
+        return [r for r in reports if isinstance(r, StopReport)], pool
+
+    async def _stop_now(self, rt: TaskRuntime) -> StopReport | None:
+        if rt.handle is None:
+            return None
+        if rt.channel is not None:
+            await rt.channel.close()
+        report = await rt.handle.stop(0.0)
+        rt.handle, rt.channel, rt.agent = None, None, None
+        return report
+
     async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
         """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""
         async def one(rt: TaskRuntime) -> StopReport | None:
@@ -159,7 +283,18 @@ class Lifecycle:
         return [r for r in reports if isinstance(r, StopReport)]
 
     # ------------------------------------------------------------------ one task
-    async def _launch_or_retry(self, rt: TaskRuntime, deadline: float) -> None:
+    async def _launch_or_retry(self, rt: TaskRuntime, deadline: float,
+                               spare: Spare | None = None) -> None:
+        if spare is not None:
+            try:
+                await self._adopt(rt, spare, deadline)
+                return
+            except StartFailed as exc:
+                if not exc.retry:
+                    raise
+                self.hub.note(rt.name, f"could not take {spare.name} ({exc}); starting it cold",
+                              "WARNING")
+                await self.stop([rt])
         try:
             await self._launch_one(rt, deadline)
         except StartFailed as exc:
@@ -206,6 +341,37 @@ class Lifecycle:
             self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
                           "WARNING")
 
+    async def _adopt(self, rt: TaskRuntime, spare: Spare, deadline: float) -> None:
+        """``spare`` becomes ``rt``'s task in one agent call, before any user code: the task's
+        environment (TF_CONFIG included), ``tw.task``, the log tag, the task's process log,
+        telemetry; it answers with the same self-description as a cold start's handshake."""
+        assert spare.handle is not None and spare.channel is not None
+        rt.log_path = self.rundir.task_dir(rt.task.slug) / "kernel.log"
+        _append_process_log(spare, rt.log_path)
+        rt.log_offset = _log_size(rt)
+        spare.handle.task = rt.task
+        rt.handle, rt.channel = spare.handle, spare.channel
+        spare.hand_over(self.hub.sink, rt.name)
+        set_env, unset_env = env_delta(spare.env, rt.env)
+        agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
+        info = await self._unless_it_dies(
+            rt, agent.call("adopt", timeout=max(deadline - time.monotonic(), 0.1), task=rt.name,
+                           set_env=set_env, unset_env=unset_env, log_path=str(rt.log_path),
+                           preload=list(self.setup.preload)), deadline)
+        adopted = info.pop("adopted", None) or {}
+        rt.info = info
+        rt.agent = agent
+        rt.transition(TaskEvent.READY)
+        low = adopted.get("low_priority_threads")
+        self.hub.note(rt.name, f"ready: pid {rt.pid} from {spare.name} (warmed "
+                      f"{spare.warm_s}s before), {rt.info.get('keras_flavour')}, TF "
+                      f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}"
+                      + (f"; {low} idle import thread(s) keep the spare's low priority"
+                         if low else ""))
+        for what, error in (rt.info.get("instrumentation_errors") or {}).items():
+            self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
+                          "WARNING")
+
     async def _unless_it_dies(self, rt: TaskRuntime, step: Awaitable[T], deadline: float,
                               silent_iopub_after: float | None = None) -> T:
         """Await a start-up step, but fail within POLL_S when the process exits or its log
@@ -245,6 +411,18 @@ class Lifecycle:
     def _late(self) -> str:
         return (f"not ready within start_timeout={self.setup.start_timeout:.0f}s (the whole "
                 "start, retries included)")
+
+
+def _append_process_log(spare: Spare, path: Any) -> None:
+    """What the spare's process wrote before it was a task (its start-up) goes into the task's
+    process log first, so the log reads like a cold task's; the adoption re-points the rest."""
+    try:
+        text = spare.log_path.read_bytes()
+    except OSError:
+        return
+    with contextlib.suppress(OSError), open_private(path, "a") as f:
+        f.write(f"--- tfdist_nb: process {spare.pid} started as {spare.name} ---\n")
+        f.write(text.decode("utf-8", "replace"))
 
 
 def _fatal_log_line(rt: TaskRuntime, offset: int) -> str | None:

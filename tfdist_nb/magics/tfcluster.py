@@ -72,6 +72,11 @@ class TfdistMagics(Magics):
               help="for --launcher attach: where workers started by a scheduler with "
                    "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
                    "themselves")
+    @argument("--warm", dest="warm", action="store_true", default=None,
+              help="keep spare worker kernels with TensorFlow imported, so --restart and a "
+                   "resize take well under a second (default for the local launcher)")
+    @argument("--no-warm", dest="warm", action="store_false", default=None,
+              help="no spare kernels: restarts and resizes start cold")
     @argument("--no-dashboard", action="store_true",
               help="show plain attributed output instead of the live dashboard")
     @argument("--verbose", action="store_true",
@@ -125,10 +130,17 @@ class TfdistMagics(Magics):
             raise _usage(exc) from None
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
+        if decided.action in ("reuse", "restart") and request.warm is not None:
+            try:
+                active.set_warm(request.warm)
+            except SpecError as exc:
+                raise _usage(exc) from None
         if decided.action == "reuse":
             return active
         if decided.action == "restart":
-            active.restart()
+            active.restart()  # from spare kernels where they fit (docs/design.md)
+            if active.warm_note:
+                print(f"tfdist_nb: {active.warm_note}")
             return active
         launcher, hosts = request.launcher, request.hosts
         options = ({"connection_dir": request.connection_dir} if request.connection_dir else
@@ -145,14 +157,18 @@ class TfdistMagics(Magics):
                               evaluator=bool(spec.evaluator), launcher=launcher or "local",
                               hosts=hosts, env=env, python=python,
                               stall_timeout=request.stall_timeout or 60.0,
-                              launcher_options=options)
+                              launcher_options=options,
+                              warm=request.warm if request.warm is not None else
+                              None if active is None or active.warm else False)
         except SpecError as exc:
             raise _usage(exc) from None
-        if active is not None:
-            active.stop()
+        if active is not None:  # the new cluster takes over its spare kernels
+            active.stop(spares_to=cluster)
         where = f"on {', '.join(hosts)}" if hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
         cluster.start()
+        if cluster.warm_note:
+            print(f"tfdist_nb: {cluster.warm_note}")
         print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)
         return cluster
@@ -294,7 +310,10 @@ class TfdistMagics(Magics):
         args = _parse(self.tfdist_restart, line, "example: %tfdist_restart --on 1")
         cluster = _require()
         _targets_call(cluster.restart, args.on)
-        print(f"tfdist_nb: restarted {args.on or 'all tasks'} with the same TF_CONFIG")
+        warm = cluster.warm_note  # spare kernels: how they were used, one line
+        how = (f"({warm})" if warm and "fresh TF ports" in warm else
+               "with the same TF_CONFIG" + (f" ({warm})" if warm else ""))
+        print(f"tfdist_nb: restarted {args.on or 'all tasks'} {how}")
         spec = cluster.spec
         if args.on not in (None, "all") and spec.workers + spec.chief > 1 and not spec.ps:
             print("tfdist_nb: with MultiWorkerMirroredStrategy every task has to restart "

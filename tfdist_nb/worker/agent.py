@@ -106,7 +106,10 @@ def start(kernel: Any) -> None:
             module.install()
         except Exception as exc:  # say it (once) instead of losing the detection silently
             worker._instrumentation_failed(module.PART, module.STOPS, exc)
-    telemetry.start()
+    from tfdist_nb.worker import adopt
+
+    if not adopt.is_spare():  # a spare starts its telemetry when it is adopted as a task
+        telemetry.start()
     # The steps of a cell go out at its end, on iopub before its idle status, so when the
     # controller sees a cell finish it already has that cell's exact step count.
     kernel.shell.events.register("post_execute", telemetry.flush_steps)
@@ -141,18 +144,24 @@ def _flush_output_sooner() -> None:
             stream.flush_interval = interval
 
 
+_log_task = "?"
+
+
 def _tag_log_records() -> None:
-    """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``)."""
+    """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``).
+
+    Called again when the identity changes (a spare adopted as a task, worker.adopt)."""
     import logging
 
-    name = f"{worker.task[0]}:{worker.task[1]}" if worker.task else "?"
+    global _log_task
+    _log_task = f"{worker.task[0]}:{worker.task[1]}" if worker.task else "?"
     make = logging.getLogRecordFactory()
     if getattr(make, "_tfdist", False):
         return
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)
-        record.task = name
+        record.task = _log_task
         return record
 
     factory._tfdist = True  # type: ignore[attr-defined]

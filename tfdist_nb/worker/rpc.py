@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import agent, numerics, probes, profiling
+from tfdist_nb.worker import adopt, agent, numerics, probes, profiling
 
 
 class JsonReply:
@@ -54,6 +54,8 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "set_log_level": agent.set_log_level,
     "start_tf_server": agent.start_tf_server,
     # spare kernels (docs/design.md, Spare kernels): warm up, then become a task
+    "warm": adopt.warm,
+    "adopt": adopt.adopt,
     # the checks (docs/reference.md, Checks)
     "tf_config_view": probes.tf_config_view,
     "open_stand_in": probes.open_stand_in,

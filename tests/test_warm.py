@@ -1,0 +1,299 @@
+"""Spare kernels (issue 13): restart and resize take warmed spares that become their tasks,
+indistinguishable from cold ones; an import-time env change starts cold and says so; spares
+never leak, are replaced when they die, and are started only while the cluster is idle."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import cell, wait_for
+from tfdist_nb import Cluster
+from tfdist_nb.cluster.spares import (
+    Spare,
+    env_delta,
+    import_time,
+    mismatch,
+)
+from tfdist_nb.errors import SpecError
+
+pytestmark = pytest.mark.cluster
+
+IDENTITY = textwrap.dedent("""
+    import json, logging, os, sys
+    import tfdist_nb.worker as tw
+    record = logging.getLogRecordFactory()("t", 20, "f", 1, "m", None, None)
+    os.write(2, b"fd-level line\\n")
+    print(json.dumps({"pid": os.getpid(), "task": list(tw.task), "env_task":
+                      os.environ["TFDIST_TASK"], "tf_config": json.loads(os.environ["TF_CONFIG"]),
+                      "late": os.environ.get("MY_LATE"), "spare": os.environ.get("TFDIST_SPARE"),
+                      "log_task": record.task, "tf_loaded": "tensorflow" in sys.modules}))
+""")
+
+
+@pytest.fixture(autouse=True)
+def _no_idle_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spares start as soon as the cluster is idle (the default waits a few seconds)."""
+    monkeypatch.setenv("TFDIST_SPARE_IDLE_S", "0")
+
+
+def ready_spares(c: Cluster, n: int, timeout: float = 120) -> list[int]:
+    wait_for(lambda: c.spares()["ready"] >= n, timeout, f"{n} spare kernel(s) ready")
+    return list(c.spares()["pids"])
+
+
+def identities(c: Cluster) -> dict[str, dict[str, Any]]:
+    result = c.run(IDENTITY, timeout=60)
+    assert result.ok, result.summary()
+    return {name: json.loads(t.stdout.strip().splitlines()[-1])
+            for name, t in result.tasks.items()}
+
+
+def losses(result: Any) -> dict[str, str]:
+    assert result.ok, result.summary()
+    return {name: re.search(r"final loss (\S+)", t.stdout).group(1)
+            for name, t in result.tasks.items()}
+
+
+# ---------------------------------------------------------------------- pure parts
+def test_import_time_variables_are_told_apart_from_late_ones() -> None:
+    for key in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
+                "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS", "XLA_FLAGS", "OMP_NUM_THREADS",
+                "LD_LIBRARY_PATH", "PYTHONPATH", "TFDIST_TELEMETRY_INTERVAL", "KERAS_BACKEND"):
+        assert import_time(key), key
+    for key in ("TF_CONFIG", "TFDIST_TASK", "TFDIST_SPARE", "MY_LATE", "PATH", "USER"):
+        assert not import_time(key), key
+    assert env_delta({"A": "1", "B": "2", "TFDIST_SPARE": "1"}, {"A": "1", "B": "3", "C": "4"}) \
+        == ({"B": "3", "C": "4"}, ["TFDIST_SPARE"])
+
+
+def test_a_spare_differing_in_import_time_env_python_or_preload_does_not_fit() -> None:
+    spare = Spare(number=1, env={"TF_CPP_MIN_LOG_LEVEL": "1", "MY_LATE": "a", "TFDIST_SPARE": "1"},
+                  python="/py", preload=("tensorflow",), cwd="/w", directory=Path("/x"))
+    task = {"TF_CPP_MIN_LOG_LEVEL": "1", "MY_LATE": "b", "TF_CONFIG": "{}", "TFDIST_TASK": "w:0"}
+    assert mismatch(spare, task, "/py", ("tensorflow",), "/w") is None  # late ones are set
+    why = mismatch(spare, {**task, "TF_CPP_MIN_LOG_LEVEL": "3"}, "/py", ("tensorflow",), "/w")
+    assert why and "TF_CPP_MIN_LOG_LEVEL" in why and "imported" in why
+    assert "TF_ENABLE_ONEDNN_OPTS" in mismatch(spare, {**task, "TF_ENABLE_ONEDNN_OPTS": "0"},
+                                               "/py", ("tensorflow",), "/w")
+    assert "/other" in mismatch(spare, task, "/other", ("tensorflow",), "/w")
+    assert "preload" in mismatch(spare, task, "/py", (), "/w")
+    assert "working directory" in mismatch(spare, task, "/py", ("tensorflow",), "/else")
+
+
+def test_warm_is_for_the_local_launcher() -> None:
+    assert Cluster(workers=2).warm == 2  # default: one spare per task
+    assert Cluster(workers=2, preload=()).warm == 0  # nothing to preload: nothing to gain
+    assert Cluster(workers=2, warm=False).warm == 0
+    assert Cluster(workers=1, preload=(), warm=3).warm == 3
+    assert Cluster(workers=2, launcher="ssh", hosts=["h1"]).warm == 0
+    with pytest.raises(SpecError, match="local launcher"):
+        Cluster(workers=2, launcher="ssh", hosts=["h1"], warm=True)
+    with pytest.raises(SpecError, match="warm="):
+        Cluster(workers=2, warm="yes")  # type: ignore[arg-type]
+
+
+def test_warm_options_of_the_magic() -> None:
+    import shlex
+
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfdist_nb.magics.request import build_request
+    from tfdist_nb.magics.tfcluster import TfdistMagics
+
+    magics = TfdistMagics(InteractiveShell.instance())
+    parse = magics.tfcluster.parser.parse_args
+    assert build_request(parse(shlex.split("2 workers"))).warm is None
+    assert build_request(parse(shlex.split("2 workers --warm"))).warm is True
+    assert build_request(parse(shlex.split("2 workers --no-warm"))).warm is False
+
+
+# ---------------------------------------------------------------------- real TensorFlow
+def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> None:
+    with Cluster(workers=2, env={"MY_LATE": "a"}) as c:
+        cold = losses(c.run(cell("mwms_loop"), timeout=180))
+        spares = ready_spares(c, 2)
+        old = {rt.name: (rt.pid, rt.address) for rt in c.tasks.values()}
+        c.restart()
+        assert c.warm_note == "2 task(s) from spare kernels on fresh TF ports"
+        assert sorted(rt.pid for rt in c.tasks.values()) == sorted(spares)
+        assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+                   for pid, _ in old.values())
+        seen = identities(c)
+        for rt in c.tasks.values():
+            me = seen[rt.name]
+            assert me["pid"] == rt.pid and me["task"] == [rt.task.role, rt.task.index]
+            assert me["env_task"] == me["log_task"] == rt.name
+            assert me["tf_config"] == json.loads(rt.tf_config)  # fresh ports, as on disk
+            assert me["tf_config"] == json.loads(
+                (c.run_dir / "tasks" / rt.task.slug / "tf_config.json").read_text())
+            assert rt.address != old[rt.name][1]
+            assert me["late"] == "a" and me["spare"] is None and me["tf_loaded"]
+            assert rt.info["port_free"] is True and rt.info["task"] == list(me["task"])
+        # the same training, the same result, and everything a cold task has
+        assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
+        status = c.status().set_index("task")
+        assert list(status["step"]) == [20, 20]  # step hooks, counted through telemetry
+        wait_for(lambda: c.status()["cpu_percent"].notna().all(), 10, "telemetry samples")
+        assert all("Thread" in text or "thread" in text for text in c.stacks().values())
+        assert "straggler armed" in c.inject("straggler", on=1, seconds=0.01)["worker:1"]
+        c.inject("clear")
+        log = (c.run_dir / "tasks" / "worker-1" / "kernel.log").read_text()
+        assert "started as spare-" in log and "fd-level line" in log
+        # a second strategy needs fresh kernels again: the pool has refilled
+        ready_spares(c, 1)
+        c.restart(on="0")  # some tasks: their addresses stay (the others know them)
+        assert c.tasks[next(iter(c.tasks))].address == seen["worker:0"]["tf_config"][
+            "cluster"]["worker"][0]
+
+
+def test_resize_by_the_magic_takes_the_old_clusters_spares(capsys: Any) -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from tfdist_nb.cluster.facade import current
+
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("tfdist_nb")
+    try:
+        ip.run_cell_magic("tfcluster", "2 workers --no-dashboard", "x = 1")
+        old = current()
+        spares = ready_spares(old, 2)
+        started = time.monotonic()
+        ip.run_cell_magic("tfcluster", "1 worker --no-dashboard", cell("mwms_loop"))
+        took = time.monotonic() - started
+        out = capsys.readouterr().out
+        assert "resized: 2 workers -> 1 worker" in out and "cold start" not in out
+        new = current()
+        assert new is not old and not old.running
+        (rt,) = new.tasks.values()
+        assert rt.pid in spares
+        assert "replicas in sync: 1" in out and "final loss" in out, out
+        assert json.loads(rt.tf_config)["cluster"] == {"worker": [rt.address]}
+        # the spare beyond the new cluster's one task is not kept
+        wait_for(lambda: len(new.spares()["pids"]) <= 1, 10, "the extra spare to stop")
+        assert took < 30, took
+    finally:
+        ip.extension_manager.unload_extension("tfdist_nb")
+
+
+# ---------------------------------------------------------------------- no TensorFlow needed
+def test_an_import_time_env_change_starts_cold_and_says_so() -> None:
+    with Cluster(workers=1, preload=(), warm=1, env={"MY_LATE": "a"}) as c:
+        (spare,) = ready_spares(c, 1)
+        c.extra_env["TF_CPP_MIN_LOG_LEVEL"] = "3"  # what %tfdist_loglevel --cpp does
+        c._lifecycle.refresh_env()
+        c.restart()
+        assert c.warm_note is not None and c.warm_note.startswith("cold start for every task")
+        assert "TF_CPP_MIN_LOG_LEVEL" in c.warm_note and "imported" in c.warm_note
+        assert c.tasks[next(iter(c.tasks))].pid != spare
+        assert any("cold start" in text for text in c.logs(on=None)["text"])
+        # the pool replaces the spare that no longer fits; a late variable change is warm
+        wait_for(lambda: c.spares()["ready"] and spare not in c.spares()["pids"], 60,
+                 "a spare with the new environment")
+        c.extra_env["MY_LATE"] = "b"
+        c._lifecycle.refresh_env()
+        c.restart()
+        assert c.warm_note == "1 task(s) from spare kernels on fresh TF ports"
+        me = identities(c)["worker:0"]
+        assert me["late"] == "b" and me["spare"] is None
+        out = c.run("import os; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])").tasks["worker:0"]
+        assert out.stdout.strip() == "3"
+
+
+def test_a_spare_that_died_while_idle_is_replaced_not_handed_out() -> None:
+    with Cluster(workers=1, preload=(), warm=1) as c:
+        (dead,) = ready_spares(c, 1)
+        os.kill(dead, signal.SIGKILL)
+        psutil.Process(dead).wait(5) if psutil.pid_exists(dead) else None
+        c.restart()
+        rt = c.tasks[next(iter(c.tasks))]
+        assert rt.pid != dead and c.run("x = 1").ok
+        assert c.warm_note and c.warm_note.startswith("cold start")
+        assert any("while idle" in a and "not handed out" in a for a in c.alerts()), c.alerts()
+        (fresh,) = ready_spares(c, 1)
+        assert fresh != dead
+
+
+def test_spares_start_only_while_no_cell_runs_and_stop_with_the_cluster() -> None:
+    c = Cluster(workers=1, preload=(), warm=2).start()
+    try:
+        busy = threading.Thread(target=c.run, args=("import time; time.sleep(4)",))
+        busy.start()
+        wait_for(lambda: set(c.status()["state"]) == {"busy"}, 10, "the cell to run")
+        time.sleep(2)
+        assert c.spares()["pids"] == []  # nothing started while the cell runs
+        busy.join(20)
+        pids = ready_spares(c, 2)
+        assert "spares: 2 ready" in __import__("tfdist_nb.display.dashboard",
+                                               fromlist=["_"]).spares_text(c)
+        assert c.status().attrs["spares"]["ready"] == 2
+        for pid in pids:  # low priority only for the import thread, not the kernel
+            assert psutil.Process(pid).nice() == psutil.Process().nice()
+    finally:
+        started = time.monotonic()
+        c.stop()
+    assert time.monotonic() - started < 5
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                             for p in pids), 5, "the spares to end")
+    assert not list(c.run_dir.rglob("kernel-connection.json"))
+
+
+def test_no_spare_when_memory_is_short(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Short:
+        available = 900 * 2**20
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Short())
+    with Cluster(workers=1, preload=(), warm=1) as c:
+        wait_for(lambda: c.spares()["note"], 10, "the memory note")
+        time.sleep(1)
+        assert c.spares()["pids"] == []
+        notes = [t for t in c.logs()["text"] if "no spare started" in t]
+        assert len(notes) == 1 and "600 MB" in notes[0]
+
+
+SLOW_IMPORT = "import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n    time.sleep(120)\n"
+CONTROLLER = textwrap.dedent("""
+    import json, os, sys, time
+    from tfdist_nb import Cluster
+    c = Cluster(workers=1, preload=("slow_spare",), warm=2).start()
+    deadline = time.time() + 60
+    while c.spares()["ready"] + c.spares()["warming"] < 1 or not c.spares()["pids"]:
+        assert time.time() < deadline, "no spare"
+        time.sleep(0.1)
+    print(json.dumps(c.spares()["pids"]), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_spares_die_with_a_sigkilled_controller(tmp_path: Path) -> None:
+    """ipykernel's parent poller ends a spare whose controller died, also one that is busy
+    importing its preload."""
+    (tmp_path / "slow_spare.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
+                                                      os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-c", CONTROLLER], stdout=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        assert line, "the controller printed no spare pids"
+        pids = json.loads(line)
+        time.sleep(1)  # the spare is inside its (slow) warm-up import now
+        assert all(psutil.pid_exists(p) for p in pids)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                             for p in pids), 15, "orphaned spares to exit")

@@ -1,0 +1,435 @@
+"""Spare worker kernels: restart and resize without paying a TensorFlow import (docs/design.md,
+"Spare kernels"; docs/reference.md, ``warm=``).
+
+A pool per cluster keeps up to ``count`` worker kernels that have imported ``preload`` at low
+CPU priority and made no TensorFlow context (:mod:`tfdist_nb.worker.adopt`). A restart, or the
+start of the cluster that replaces this one (``%%tfcluster`` resize), takes spares instead of
+launching; each becomes its task before any user code runs. Cost control: spares are started in
+the background one at a time, only after the cluster has been idle (no cell, no start or
+restart) for ``idle_s`` seconds, never when available memory would fall below what one TF task
+needs, and they are stopped with the cluster. A spare whose import-time environment, interpreter,
+preload or working directory differs from what a task asks for is never used.
+
+Everything here runs on the cluster's loop thread, except :meth:`SparePool.summary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tfdist_nb.cluster.agent_client import AgentClient
+from tfdist_nb.cluster.environment import worker_env
+from tfdist_nb.events import Event, OutputLine
+from tfdist_nb.launchers.base import Launcher, TaskHandle, TaskLaunch
+from tfdist_nb.topology import TaskId
+from tfdist_nb.transport.channel import KernelChannel
+from tfdist_nb.worker.adopt import SPARE_ENV, WARM_NICE
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.lifecycle import Setup
+
+T = TypeVar("T")
+
+#: Memory one TensorFlow task needs (docs/design.md, Facts: 550-600 MB on import).
+TASK_MB = 600
+#: Seconds the cluster must have been idle before a spare is started (env TFDIST_SPARE_IDLE_S).
+IDLE_S = 3.0
+POLL_S = 0.5
+WARM_TIMEOUT_S = 300.0
+SUBSHELL_TIMEOUT_S = 10.0
+BACKLOG_LINES = 500
+#: After a spare failed to warm, wait this long before the next one; give up after MAX_FAILURES.
+RETRY_AFTER_S = 30.0
+MAX_FAILURES = 3
+
+#: Read when a strategy or a cluster resolver is made (TF_CONFIG), or set by the adoption
+#: itself: a spare takes the task's values.
+LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV})
+#: Variables read while the process starts or TensorFlow (and what it loads: CUDA, oneDNN,
+#: OpenMP, gRPC, absl, Keras) is imported, or by the worker agent at kernel start: a spare
+#: started with other values than the task asks for is not used. Anything else (a user's own
+#: ``--env MY_FLAG=1``, PATH) is read later and is set at adoption.
+IMPORT_TIME_PREFIXES = (
+    "TF_", "TFDIST_", "TENSORFLOW_", "XLA_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "NV_",
+    "HIP_", "ROCR_", "ROCM_", "GPU_", "TPU_", "KERAS_", "OMP_", "KMP_", "MKL_", "DNNL_",
+    "ONEDNN_", "OPENBLAS_", "GOTO_", "BLIS_", "NUMEXPR_", "LD_", "DYLD_", "PYTHON", "PYDEVD",
+    "MALLOC_", "GLIBC_", "GRPC_", "ABSL_", "GLOG_", "PROTOCOL_BUFFERS_", "HDF5_", "JPY_",
+    "IPY", "JUPYTER", "MPL", "LC_", "LANG", "TZ", "TMP", "TEMP", "HOME", "XDG_",
+)
+
+
+def import_time(key: str) -> bool:
+    """Whether a variable is read at start-up or import (see IMPORT_TIME_PREFIXES)."""
+    return key not in LATE and key.startswith(IMPORT_TIME_PREFIXES)
+
+
+def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if import_time(k)}
+
+
+def supports_spares(launcher: Launcher) -> bool:
+    """Spares need a kernel started here with its environment at launch (the local launcher);
+    remote and attached tasks keep the cold path."""
+    from tfdist_nb.launchers.local import LocalLauncher
+
+    return isinstance(launcher, LocalLauncher) and launcher.env_at_launch and launcher.restartable
+
+
+def env_delta(spare_env: Mapping[str, str],
+              task_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What to set and unset in a spare's environment so it equals ``task_env``."""
+    set_env = {k: v for k, v in task_env.items() if spare_env.get(k) != v}
+    unset = sorted(k for k in spare_env if k not in task_env)
+    return set_env, unset
+
+
+@dataclass
+class Spare:
+    """One spare kernel: started with ``env`` (no task identity), warmed, then taken."""
+
+    number: int
+    env: dict[str, str] = field(repr=False)
+    python: str
+    preload: tuple[str, ...]
+    cwd: str
+    directory: Path
+    handle: TaskHandle | None = None
+    channel: KernelChannel | None = None
+    subshell: str | None = None
+    state: str = "warming"  # warming | ready | taken | stopped
+    began: float = field(default_factory=time.monotonic)
+    warm_s: float | None = None
+    starting: asyncio.Future[Any] | None = field(default=None, repr=False)
+    warming: asyncio.Future[Any] | None = field(default=None, repr=False)
+    backlog: deque[Event] = field(default_factory=lambda: deque(maxlen=BACKLOG_LINES),
+                                  repr=False)
+    route: Callable[[list[Event]], None] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"spare-{self.number}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid if self.handle else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "kernel.log"
+
+    def sink(self, events: list[Event]) -> None:
+        """The channel's sink: kept aside until the spare is a task, then the cluster's."""
+        if self.route is not None:
+            self.route(events)
+        else:
+            self.backlog.extend(e for e in events if isinstance(e, OutputLine))
+
+    def hand_over(self, sink: Callable[[list[Event]], None], task: str) -> None:
+        """From now on its events are ``task``'s; what it said while it was a spare (TensorFlow's
+        import-time lines) is replayed under that name, as a cold task would have said it."""
+        assert self.channel is not None
+        self.channel.task = task
+        backlog = [OutputLine(e.time, task, e.stream, e.text, None)
+                   for e in self.backlog if isinstance(e, OutputLine)]
+        self.backlog.clear()
+        if backlog:
+            sink(backlog)
+        self.route = sink
+        self.state = "taken"
+
+
+class SparePool:
+    """Up to ``count`` spares for the cluster it is attached to (``attach``); it can be handed on
+    to the cluster that replaces that one, with the loop thread its kernels' channels live on."""
+
+    def __init__(self, count: int, idle_s: float | None = None) -> None:
+        self.count = count
+        self.idle_s = float(os.environ.get("TFDIST_SPARE_IDLE_S", IDLE_S)
+                            if idle_s is None else idle_s)
+        self._spares: list[Spare] = []
+        self._numbers = itertools.count(1)
+        self._setup: Setup | None = None
+        self._base: Path | None = None
+        self._busy: Callable[[], bool] = lambda: True
+        self._note: Callable[[str, str], None] = lambda text, level: None
+        self._refill: asyncio.Task[None] | None = None
+        self._closed = False
+        self._failures = 0
+        self._said: set[str] = set()
+        self.skipped: str | None = None  # why no spare is being started now (memory), or None
+
+    # ------------------------------------------------------------------ owner
+    def attach(self, setup: Setup, base: Path, busy: Callable[[], bool],
+               note: Callable[[str, str], None], count: int | None = None) -> None:
+        """Serve the cluster of ``setup``; new spares' files go under ``base``/spares."""
+        self._setup, self._base, self._busy, self._note = setup, base, busy, note
+        if count is not None:
+            self.count = count
+        self._said.clear()
+
+    def start_refill(self) -> None:
+        """Start keeping the pool full in the background (call on the loop thread)."""
+        if self._closed or (self._refill is not None and not self._refill.done()):
+            return
+        self._refill = asyncio.ensure_future(self._keep_full())
+
+    async def detach(self) -> None:
+        """Stop refilling (a spare being warmed finishes) and serve no cluster until attached
+        again: the pool is being handed to the cluster that replaces this one."""
+        await self._stop_refill()
+        self._busy = lambda: True
+        self._note = lambda text, level: None
+
+    async def close(self) -> None:
+        """Stop every spare at once (SIGKILL, no grace: a spare holds nothing of the user's)."""
+        self._closed = True
+        await self._stop_refill()
+        spares, self._spares = self._spares, []
+        await asyncio.gather(*(_stop_spare(s) for s in spares), return_exceptions=True)
+
+    def __len__(self) -> int:
+        """Spares ready or being warmed."""
+        return len(self._spares)
+
+    # ------------------------------------------------------------------ taking
+    async def take(self, env: Mapping[str, str], python: str, preload: tuple[str, ...],
+                   cwd: str | None = None) -> tuple[Spare | None, str | None]:
+        """A ready spare fit for a task started with ``env`` (alive, same import-time
+        environment, interpreter, preload and working directory), or None and why not."""
+        cwd = cwd or os.getcwd()
+        reasons: list[str] = []
+        for spare in [s for s in self._spares if s.state == "ready"]:
+            if spare.handle is None or (code := await spare.handle.poll()) is not None:
+                await self._lost(spare, code if spare.handle else None)
+                continue
+            why = mismatch(spare, env, python, preload, cwd)
+            if why:
+                reasons.append(why)
+                continue
+            self._spares.remove(spare)
+            spare.state = "taken"
+            return spare, None
+        if reasons:
+            return None, reasons[0]
+        warming = sum(s.state == "warming" for s in self._spares)
+        if self._closed:
+            return None, "spares are off"
+        if warming:
+            return None, f"no spare ready yet ({warming} warming)"
+        return None, self.skipped or "no spare ready yet"
+
+    # ------------------------------------------------------------------ views
+    def summary(self) -> dict[str, Any]:
+        """``{"count", "ready", "warming", "pids", "note"}`` (any thread)."""
+        spares = list(self._spares)
+        return {"count": self.count,
+                "ready": sum(s.state == "ready" for s in spares),
+                "warming": sum(s.state == "warming" for s in spares),
+                "pids": [s.pid for s in spares if s.pid],
+                "note": self.skipped}
+
+    def pids(self) -> list[int]:
+        return [s.pid for s in list(self._spares) if s.pid]
+
+    # ------------------------------------------------------------------ background
+    async def _stop_refill(self) -> None:
+        task, self._refill = self._refill, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _keep_full(self) -> None:
+        idle_since: float | None = None
+        while not self._closed:
+            await asyncio.sleep(POLL_S)
+            await self._check_spares()
+            if self._busy():
+                idle_since = None
+                continue
+            now = time.monotonic()
+            idle_since = idle_since if idle_since is not None else now
+            if now - idle_since < self.idle_s or len(self._spares) >= self.count:
+                continue
+            if self._failures >= MAX_FAILURES or not self._memory_allows():
+                continue
+            spare = self._new_spare()
+            spare.warming = asyncio.ensure_future(self._warm(spare))
+            try:  # one at a time; cancelling this loop leaves the warm-up running
+                await asyncio.shield(spare.warming)
+                self._failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._failures += 1
+                tail = _tail(spare.log_path)
+                self._say(f"{spare.name} could not be warmed ({exc})"
+                          + (f"; its process log ends: {tail}" if tail else "")
+                          + ("; no more spares for this cluster" if self._failures >= MAX_FAILURES
+                             else f"; trying again in {RETRY_AFTER_S:.0f}s"), "WARNING")
+                with contextlib.suppress(ValueError):
+                    self._spares.remove(spare)
+                await _stop_spare(spare)
+                await asyncio.sleep(RETRY_AFTER_S)
+            idle_since = None if self._busy() else idle_since
+
+    async def _check_spares(self) -> None:
+        """Drop ready spares that died while idle, spares a task could no longer take (the
+        cluster's environment changed), and spares beyond ``count``."""
+        setup = self._setup
+        if setup is None:
+            return
+        wanted = self.spare_env()
+        for spare in [s for s in self._spares if s.state == "ready"]:
+            code = await spare.handle.poll() if spare.handle else None
+            if spare.handle is None or code is not None:
+                await self._lost(spare, code)
+            elif why := mismatch(spare, wanted, setup.python, setup.preload, os.getcwd()):
+                self._spares.remove(spare)
+                self._say(f"{spare.name} no longer fits this cluster ({why}); replacing it")
+                await _stop_spare(spare)
+        ready = [s for s in self._spares if s.state == "ready"]
+        while len(self._spares) > self.count and ready:  # a smaller cluster took the pool over
+            spare = ready.pop()
+            self._spares.remove(spare)
+            await _stop_spare(spare)
+
+    async def _lost(self, spare: Spare, code: int | None) -> None:
+        with contextlib.suppress(ValueError):
+            self._spares.remove(spare)
+        how = spare.handle.describe_exit(code) if spare.handle and code is not None else "is gone"
+        self._note(f"{spare.name} (pid {spare.pid}) {how} while idle; it is not handed out and "
+                   "a new spare replaces it", "WARNING")
+        await _stop_spare(spare)
+
+    def _memory_allows(self) -> bool:
+        import psutil
+
+        available_mb = psutil.virtual_memory().available / 2**20
+        if available_mb - TASK_MB < TASK_MB:
+            self.skipped = (f"no spare started: {available_mb:.0f} MB available, a spare would "
+                            f"leave less than the {TASK_MB} MB one TensorFlow task needs")
+            self._say(self.skipped)
+            return False
+        self.skipped = None
+        return True
+
+    def _say(self, text: str, level: str = "INFO") -> None:
+        """A note said once per cluster (a skip repeats every poll otherwise)."""
+        if text not in self._said:
+            self._said.add(text)
+            self._note(text, level)
+
+    # ------------------------------------------------------------------ one spare
+    def spare_env(self) -> dict[str, str]:
+        """What a spare starts with: a task's environment without its identity."""
+        assert self._setup is not None
+        setup = self._setup
+        env = worker_env(TaskId("spare", 0), "", setup.extra_env, setup.python,
+                         base=setup.launcher.base_environment(), local=True)
+        for key in ("TF_CONFIG", "TFDIST_TASK"):
+            env.pop(key, None)
+        env[SPARE_ENV] = "1"
+        return env
+
+    def _new_spare(self) -> Spare:
+        assert self._setup is not None and self._base is not None
+        number = next(self._numbers)
+        directory = self._base / "spares" / f"spare-{number}"
+        for d in (directory.parent, directory):
+            d.mkdir(mode=0o700, exist_ok=True)
+            os.chmod(d, 0o700)
+        spare = Spare(number=number, env=self.spare_env(), python=self._setup.python,
+                      preload=tuple(self._setup.preload), cwd=os.getcwd(), directory=directory)
+        self._spares.append(spare)
+        return spare
+
+    async def _warm(self, spare: Spare) -> None:
+        """Start the kernel, import ``preload`` in it at low priority, make its subshell."""
+        assert self._setup is not None
+        launch = TaskLaunch(task=TaskId("spare", spare.number), env=spare.env,
+                            python=spare.python, log_path=spare.log_path,
+                            connection_file=spare.directory / "kernel-connection.json",
+                            cwd=spare.cwd)
+        # shielded: a close() while the process is being spawned still finds (and ends) it
+        spare.starting = asyncio.ensure_future(self._setup.launcher.start(launch))
+        spare.handle = await asyncio.shield(spare.starting)
+        channel = KernelChannel(spare.name, spare.handle.client, spare.sink)
+        spare.channel = channel
+        await _unless_dies(spare, channel.start(timeout=60))
+        agent = AgentClient(spare.name, channel)
+        await _unless_dies(spare, agent.call("warm", timeout=WARM_TIMEOUT_S,
+                                             preload=list(spare.preload), nice=WARM_NICE))
+        await _unless_dies(spare, asyncio.wait_for(channel.iopub_alive.wait(), 10))
+        spare.subshell = await _unless_dies(
+            spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))
+        spare.warm_s = round(time.monotonic() - spare.began, 2)
+        spare.state = "ready"
+        self._note(f"{spare.name} ready (pid {spare.pid}, warmed in {spare.warm_s:.1f}s)", "INFO")
+
+
+def mismatch(spare: Spare, env: Mapping[str, str], python: str, preload: tuple[str, ...],
+             cwd: str) -> str | None:
+    """Why ``spare`` cannot become a task started with ``env``, in a few words; None: it can."""
+    if spare.python != python:
+        return f"the spares run {spare.python}, the tasks {python}"
+    if tuple(spare.preload) != tuple(preload):
+        return f"the spares preloaded {list(spare.preload)}, the tasks want {list(preload)}"
+    if spare.cwd != cwd:
+        return f"the working directory changed ({spare.cwd} -> {cwd})"
+    have, want = import_time_env(spare.env), import_time_env(env)
+    keys = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+    if keys:
+        named = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        return (f"{named} {'differs' if len(keys) == 1 else 'differ'} from the spares' (read "
+                "when TensorFlow is imported)")
+    return None
+
+
+async def _unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+    """Await a warm-up step, failing within POLL_S when the spare's process exits."""
+    assert spare.handle is not None
+    work = asyncio.ensure_future(step)
+    try:
+        while not work.done():
+            await asyncio.wait([work], timeout=POLL_S)
+            if not work.done() and (code := await spare.handle.poll()) is not None:
+                raise RuntimeError(f"the process {spare.handle.describe_exit(code)}")
+        return work.result()
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+async def _stop_spare(spare: Spare) -> None:
+    """End a spare now, also one still being spawned or warmed."""
+    spare.state = "stopped"
+    if spare.warming is not None and not spare.warming.done():
+        spare.warming.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await spare.warming
+    if spare.handle is None and spare.starting is not None:
+        with contextlib.suppress(Exception):
+            spare.handle = await asyncio.wait_for(asyncio.shield(spare.starting), 30)
+    if spare.channel is not None:
+        with contextlib.suppress(Exception):
+            await spare.channel.close()
+    if spare.handle is not None:
+        with contextlib.suppress(Exception):
+            await spare.handle.stop(0.0)
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    with contextlib.suppress(OSError):
+        lines = path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(line.strip() for line in lines[-n:])
+    return ""

@@ -1,0 +1,136 @@
+"""A spare worker kernel: warmed before it has a task, then adopted as one (docs/design.md,
+"Spare kernels").
+
+A spare is an ordinary worker kernel started with ``TFDIST_SPARE=1`` and no task identity
+(neither TF_CONFIG nor TFDIST_TASK). :func:`warm` imports the cluster's ``preload`` (TensorFlow)
+on a helper thread at low CPU priority, creating no TensorFlow context, so a strategy can still
+come first. :func:`adopt` then makes it a task before any user code runs: the task's environment
+(TF_CONFIG included; TensorFlow reads it only when a strategy or resolver is made), ``tw.task``,
+the task tag on log records, the process log of the task's run directory at the file-descriptor
+level, and the telemetry thread (held back while the kernel was a spare). What it answers is the
+same self-description as a cold task's start-up handshake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from tfdist_nb import worker
+
+SPARE_ENV = "TFDIST_SPARE"
+#: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
+WARM_NICE = 10
+
+_warmed: dict[str, Any] = {}
+_adopted = False
+
+
+def is_spare() -> bool:
+    """Whether this kernel is (still) a spare: started as one and not yet adopted."""
+    return os.environ.get(SPARE_ENV) == "1" and not _adopted
+
+
+def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
+    """Import ``preload`` on a thread of its own at nice ``nice``, and wait for it.
+
+    An unprivileged process cannot raise its priority again, so only this thread is niced (on
+    Linux a nice value belongs to a thread): the kernel's own threads, and every thread the
+    task's TensorFlow context makes later, keep the normal priority of a cold task. The import
+    runs no TensorFlow op.
+    """
+    if not is_spare():
+        raise RuntimeError("only a spare kernel is warmed")
+    failed: list[BaseException] = []
+    imported: dict[str, Any] = {}
+
+    def run() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        try:
+            for name in preload:
+                mod = __import__(name)
+                imported[name] = getattr(mod, "__version__", None)
+        except BaseException as exc:  # re-raised on the kernel's thread, named in the reply
+            failed.append(exc)
+
+    began = time.monotonic()
+    thread = threading.Thread(target=run, name="tfdist-warm", daemon=True)
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    _warmed.update(preload=list(preload), seconds=round(time.monotonic() - began, 3))
+    return {"pid": os.getpid(), "executable": sys.executable, "imported": imported,
+            "warm_s": _warmed["seconds"]}
+
+
+def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: str | None,
+          preload: list[str]) -> dict[str, Any]:
+    """Become ``task`` (``worker:1``): its environment, identity, log tag, process log and
+    telemetry; answers what :func:`tfdist_nb.worker.agent.describe` answers at a cold start,
+    plus ``adopted`` (how the spare was warmed, and threads whose priority stayed low)."""
+    global _adopted
+    from tfdist_nb.worker import agent
+
+    if not is_spare():
+        raise RuntimeError("this kernel is not a spare (or was adopted already)")
+    role, sep, index = task.partition(":")
+    if not sep or not index.isdigit():
+        raise ValueError(f"task must be role:index, got {task!r}")
+    for key in unset_env:
+        os.environ.pop(key, None)
+    os.environ.update(set_env)
+    os.environ["TFDIST_TASK"] = task
+    worker.task = (role, int(index))
+    _adopted = True
+    agent._tag_log_records()  # records made from now on carry the task's name
+    if log_path:
+        _redirect_process_log(log_path)
+    low = _restore_priority()
+    if worker._telemetry is not None:
+        worker._telemetry.start()
+    info = agent.describe(preload)  # preload is imported: this only reads and checks the port
+    info["adopted"] = {"warm_s": _warmed.get("seconds"), "low_priority_threads": low}
+    return info
+
+
+def _redirect_process_log(path: str) -> None:
+    """What this process writes to its stdout/stderr file descriptors goes on to the task's
+    process log (``tasks/<task>/kernel.log``) instead of the spare's.
+
+    With ipykernel's fd capture, fds 1 and 2 are pipes whose reader forwards every byte to
+    iopub and to a copy of the original descriptor: that copy is re-pointed. Without capture
+    (an older ipykernel, or capture off) fds 1 and 2 are the log themselves.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    try:
+        for stream, std_fd in ((sys.stdout, 1), (sys.stderr, 2)):
+            copy = getattr(stream, "_original_stdstream_copy", None)
+            with contextlib.suppress(OSError):
+                os.dup2(fd, copy if isinstance(copy, int) else std_fd)
+    finally:
+        os.close(fd)
+
+
+def _restore_priority() -> int:
+    """Give threads that inherited the warm-up thread's nice value the main thread's priority
+    back where the system allows it (root, or an RLIMIT_NICE that permits it); returns how many
+    stayed low (idle helper threads TensorFlow made while it was imported)."""
+    base = os.getpriority(os.PRIO_PROCESS, threading.main_thread().native_id or 0)
+    low = 0
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, int(tid)) > base:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), base)
+            except PermissionError:
+                low += 1
+            except (OSError, ValueError):
+                continue
+    return low
