@@ -188,8 +188,6 @@ class SlurmJob:
         self.tasks = list(tasks)
         self.state = JobState("PENDING", "None", source="sbatch")
         self.submitted = time.monotonic()
-        self.running_at: float | None = None
-        self.lock = threading.Lock()
         self.tool_error = ""  # the last error of squeue (the controller unreachable, say)
 
     @property
@@ -206,17 +204,15 @@ class SlurmJob:
         if proc.returncode == 0 and line:
             _, state, reason, start, nodes, _elapsed = (line.split("|") + [""] * 6)[:6]
             found = JobState(state, reason, start, nodes)
-            if found.ended or state == "COMPLETING":
+            if found.ended:
                 found = self._after_end(found)
         elif proc.returncode == 0 or "Invalid job id" in proc.stderr:
             found = self._after_end(JobState("GONE", "", source="squeue"))
         else:
             self.tool_error = (proc.stderr or proc.stdout).strip()
             return self.state
-        with self.lock:
-            if found.state == "RUNNING" and self.running_at is None:
-                self.running_at = time.monotonic()
-            self.state = found
+        self.tool_error = ""
+        self.state = found
         return found
 
     def _after_end(self, seen: JobState) -> JobState:
@@ -378,14 +374,24 @@ class SlurmLauncher(Launcher):
         self.attach: AttachLauncher | None = None
         self.said: list[str] = []  # every progress line, in order
         self._released = threading.Event()
+        self._starting = False
         self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------------ submission
     def tf_addresses(self, tasks: Sequence[TaskId],
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
+        self._starting = True
+        try:
+            return self._start_job(tasks, avoid)
+        finally:
+            self._starting = False
+
+    def _start_job(self, tasks: Sequence[TaskId],
+                   avoid: Mapping[TaskId, str] | None) -> dict[TaskId, str]:
         if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
-            self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in (avoid or {}).items())}"
-                      f"); cancelling SLURM job {self.job.id} and submitting another")
+            if avoid:
+                self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in avoid.items())}"
+                          f"); cancelling SLURM job {self.job.id} and submitting another")
             self.release()
         self._released.clear()
         self.started.clear()
@@ -399,10 +405,14 @@ class SlurmLauncher(Launcher):
             raise ClusterStartError(
                 f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
                 f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
-                f"cancelled it{self.attach.ignored_note(missing)}" + _tail_note(job))
-        self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {job.state.nodes or '?'} "
+                f"cancelled it{self.attach.ignored_note(missing)}"
+                + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
+                + _tail_note(job))
+        addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
+        nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
+        self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
                   f"{time.monotonic() - job.submitted:.1f}s after submission")
-        return {t: self.attach.found[t]["tf_address"] for t in tasks}
+        return addresses
 
     def _submit(self, tasks: Sequence[TaskId]) -> SlurmJob:
         directory = self.base / f"slurm-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -508,9 +518,12 @@ class SlurmLauncher(Launcher):
             self._watcher.join(timeout=5)
 
     def _say(self, text: str) -> None:
+        """Progress while the job starts goes to ``progress`` (the cell); later changes are
+        kept in ``said`` only: a task's crash report gives them where they matter."""
         self.said.append(text)
-        with contextlib.suppress(Exception):
-            self.progress(text)
+        if self._starting:
+            with contextlib.suppress(Exception):
+                self.progress(text)
 
 
 def _print(text: str) -> None:
