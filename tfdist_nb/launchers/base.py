@@ -77,6 +77,8 @@ class Launcher(abc.ABC):
     env_at_launch: bool = True
     #: The core may stop and start a task again (attached tasks belong to their scheduler).
     restartable: bool = True
+    #: What to do instead, said when a restart is refused (``restartable`` False).
+    restart_instead: str = "restart them where they were started, then attach again"
 
     def base_environment(self) -> Mapping[str, str] | None:
         """What each task's environment starts from; None: this process's own environment."""

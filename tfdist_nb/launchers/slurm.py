@@ -348,6 +348,8 @@ class SlurmLauncher(Launcher):
     remote = True  # the interpreter path is the one the nodes run
     env_at_launch = False
     restartable = False
+    restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
+                       "new job)")
 
     def __init__(self, sbatch_args: Any = None, connection_dir: str | os.PathLike[str] |
                  None = None, wait_timeout: float = 100.0, python: str | None = None,
