@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import adopt, agent, numerics, probes, profiling
+from tfdist_nb.worker import adopt, agent, consistency, numerics, probes, profiling
 
 
 class JsonReply:
@@ -63,6 +63,9 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "connect_peers": probes.connect_peers,
     "allreduce_bandwidth": probes.allreduce_bandwidth,
     "env_report": probes.env_report,
+    "sharding_describe": consistency.sharding_describe,
+    "sharding_fingerprints": consistency.sharding_fingerprints,
+    "variable_checksums": consistency.variable_checksums,
     "set_numerics": numerics.set_numerics,
     "profiler_server": profiling.start_server,
     "profile_capture": profiling.start_capture,

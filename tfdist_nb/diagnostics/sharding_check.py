@@ -1,0 +1,357 @@
+"""``%tfdist_check sharding EXPR``: which examples each task reads, which of them more than one
+task reads, which no task reads, and the auto-shard policy in effect and why (pure: the tasks
+fingerprinted their elements, :mod:`tfdist_nb.worker.consistency`).
+
+``missing`` is measured against the undistributed dataset: for a distributed dataset made by
+``strategy.experimental_distribute_dataset(ds)`` that is ``ds`` itself, for
+``distribute_datasets_from_function(fn)`` it is ``fn`` called with an input context of one
+pipeline, and a ``reference`` expression replaces either (a plain ``tf.data.Dataset`` has no
+source to find, so its missing elements are known only with a ``reference``). One task reads it,
+bounded by the element bound times the number of workers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from tfdist_nb.diagnostics.report import CheckReport
+
+#: examples of the undistributed dataset, from the per-task reads, quoted in a summary
+QUOTED = 5
+IMBALANCE_NOTE = 1.5  # max/min above this is said in the details
+
+
+def _order(task: str) -> tuple[str, int]:
+    role, _, index = task.partition(":")
+    return ({"chief": "0", "worker": "1", "ps": "2", "evaluator": "3"}.get(role, role),
+            int(index) if index.isdigit() else 0)
+
+
+def _names(tasks: list[str]) -> str:
+    tasks = sorted(tasks, key=_order)
+    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
+
+
+def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport | None:
+    """A report when EXPR cannot be read on some task (raised, or is not a dataset) or the tasks
+    disagree about what it is: nothing is iterated then, so no task waits in a collective for
+    another that will never join."""
+    failed = {t: str(d["error"]) for t, d in described.items() if "error" in d}
+    if failed:
+        errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=_order)]
+        by_text: dict[str, list[str]] = {}
+        for t, text in failed.items():
+            by_text.setdefault(text, []).append(t)
+        summary = "; ".join(f"{_names(ts)}: {text}" for text, ts in by_text.items())
+        return CheckReport("sharding", False, summary, details=errors,
+                           fields={"errors": errors, "overlap": None, "missing": None,
+                                   "per_task": {}})
+    kinds = {t: d.get("kind") for t, d in described.items()}
+    if len(set(kinds.values())) > 1:
+        text = "the tasks disagree about the expression: " + ", ".join(
+            f"{t} has a {'distributed dataset' if k == 'distributed' else 'tf.data.Dataset'}"
+            for t, k in sorted(kinds.items(), key=lambda x: _order(x[0])))
+        return CheckReport("sharding", False, text + " (a per-task code path)", details=[text],
+                           fields={"errors": [text], "overlap": None, "missing": None,
+                                   "per_task": {}})
+    return None
+
+
+def policy_explained(desc: Mapping[str, Any]) -> tuple[str | None, str, str]:
+    """``(policy set, sharding in effect, why)`` from one task's description of EXPR."""
+    policy = desc.get("policy")
+    pipe = desc.get("pipeline") or {}
+    workers = desc.get("workers")
+    w = f"{workers} workers" if workers else "the workers"
+    shards = [s for s in pipe.get("shards", [])]
+    own = ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in shards)
+    files, file_based = pipe.get("files"), pipe.get("file_based")
+    if desc.get("kind") == "dataset":
+        if own:
+            return policy, "shard()", (f"a plain tf.data.Dataset: no auto-sharding applies (only "
+                                       f"a strategy's experimental_distribute_dataset shards); "
+                                       f"its pipeline calls {own}")
+        return policy, "none", ("a plain tf.data.Dataset without dataset.shard(): no "
+                                "auto-sharding applies (only a strategy's "
+                                "experimental_distribute_dataset shards), so each task reads "
+                                "all of it")
+    if desc.get("made_by") == "distribute_datasets_from_function":
+        return None, "function", ("distribute_datasets_from_function: no auto-sharding; your "
+                                  "function gets an InputContext and must shard itself "
+                                  "(dataset.shard(ctx.num_input_pipelines, "
+                                  "ctx.input_pipeline_id))")
+    file_text = ("reads no files (range, from_tensor_slices, a generator ...)"
+                 if file_based is False else
+                 f"reads {files} file(s)" if files is not None else
+                 "reads files (how many could not be told from its graph)"
+                 if file_based else "could not be inspected")
+    if policy == "OFF":
+        return policy, "shard()" if own else "none", (
+            "auto_shard_policy OFF: no auto-sharding, " + (
+                f"the pipeline's own {own} splits the data" if own else
+                "and no dataset.shard() in the pipeline: every task reads the whole dataset"))
+    if policy == "DATA":
+        return policy, "DATA", (f"auto_shard_policy DATA: every task reads the whole input and "
+                                f"keeps every n-th element for itself (n = {w}); it needs a "
+                                f"deterministic order, and costs each task a full read")
+    if policy == "FILE":
+        enough = (f"; {files} file(s) for {w}: too few, TensorFlow raises an error when "
+                  f"iterating" if files is not None and workers and files < workers else "")
+        return policy, "FILE", (f"auto_shard_policy FILE: each task reads its own subset of the "
+                                f"input files; FILE needs at least as many files as workers "
+                                f"(AUTO would fall back to DATA); the source {file_text}"
+                                f"{enough}")
+    if policy == "AUTO":
+        if file_based and files is not None and workers and files >= workers:
+            return policy, "FILE", (f"auto_shard_policy AUTO -> FILE: the source {file_text}, "
+                                    f"at least one per worker ({w}), so each task reads its "
+                                    f"own files")
+        if file_based and files is not None and workers:
+            return policy, "DATA", (f"auto_shard_policy AUTO -> DATA: the source {file_text}, "
+                                    f"fewer than the {w}; FILE sharding needs at least as many "
+                                    f"files as workers, so AUTO falls back to DATA (each task "
+                                    f"reads everything and keeps its share)")
+        if file_based:
+            return policy, "FILE or DATA", (f"auto_shard_policy AUTO: the source {file_text}; "
+                                            f"FILE when there are at least as many files as "
+                                            f"workers, else AUTO falls back to DATA")
+        return policy, "DATA", (f"auto_shard_policy AUTO -> DATA: the source {file_text}, so "
+                                f"FILE sharding is impossible and AUTO falls back to DATA "
+                                f"(each task reads every element and keeps its share)")
+    if policy == "HINT":
+        return policy, "HINT", ("auto_shard_policy HINT: shard(SHARD_HINT, ...) placeholders "
+                                "in the pipeline become shard(num_workers, worker_index)")
+    return policy, "unknown", f"auto_shard_policy {policy} (the source {file_text})"
+
+
+def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapping[str, Any]],
+            reference: Mapping[str, Any] | None = None) -> CheckReport:
+    """``described[task]``: what EXPR is there (kind, policy, pipeline); ``reads[task]``: its
+    fingerprint counts, previews and bound; ``reference``: the undistributed dataset's read
+    (counts), or ``{"skipped"|"error": why}``."""
+    problem = describe_problem(described)
+    if problem is not None:
+        return problem
+    tasks = sorted(reads, key=_order)
+    failed = {t: _short(str(r["error"])) for t, r in reads.items() if "error" in r}
+    good = [t for t in tasks if t not in failed]
+    first = described[sorted(described, key=_order)[0]]
+    policy, effective, why = policy_explained(first)
+    if first.get("kind") == "dataset":
+        policy = None  # set on it, but only distributing it would apply it
+    details: list[str] = [f"sharding: {why}"]
+    fields: dict[str, Any] = {"policy": policy, "effective": effective, "why": why,
+                              "kind": first.get("kind"), "errors": []}
+    if failed:
+        errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: _order(x[0]))]
+        fields["errors"] = errors
+        details = errors + details
+        # a task released from the collective it waited in is a consequence, not the cause
+        causes = {t: e for t, e in failed.items() if ABORTED not in e} or failed
+        if any(RELEASED in str(r.get("error")) for r in reads.values()):
+            details.append("collectives were aborted on the tasks still reading, so that none "
+                           "waits forever: %tfdist_restart gives working collectives again")
+        same: dict[str, list[str]] = {}
+        for t, e in causes.items():
+            same.setdefault(e, []).append(t)
+        summary = "; ".join(f"{_names(ts)} could not read the dataset: {e}"
+                            for e, ts in same.items())
+        released = sorted(set(failed) - set(causes), key=_order)
+        if all(ABORTED in e for e in causes.values()):
+            summary += ("; the collectives were aborted (by an earlier failed read or an "
+                        "interrupt): %tfdist_restart gives working collectives again")
+        if released:
+            summary += (f"; {_names(released)} waited for it in a collective and was released "
+                        f"(%tfdist_restart gives working collectives again)")
+        if not good:
+            return CheckReport("sharding", False, summary, details=details,
+                               fields={**fields, "overlap": None, "missing": None,
+                                       "per_task": {}})
+    previews: dict[str, str] = {}
+    for t in good:
+        previews.update(reads[t].get("previews") or {})
+    counts = {t: dict(reads[t].get("counts") or {}) for t in good}
+    per_task = {t: int(reads[t].get("examples", sum(counts[t].values()))) for t in good}
+    seen_by: dict[str, list[str]] = {}
+    for t in good:
+        for fp in counts[t]:
+            seen_by.setdefault(fp, []).append(t)
+
+    overlap_rows = []
+    for fp, who in seen_by.items():
+        if len(who) > 1:
+            row: dict[str, Any] = {"fingerprint": fp, "element": previews.get(fp, ""),
+                                   "tasks": ", ".join(who)}
+            row.update({t: counts[t].get(fp, 0) for t in good})
+            row["seen"] = sum(counts[t].get(fp, 0) for t in good)
+            overlap_rows.append(row)
+    overlap = pd.DataFrame(overlap_rows, columns=["fingerprint", "element", "tasks", *good,
+                                                  "seen"])
+    overlap = overlap.sort_values("element", key=_natural).reset_index(drop=True)
+
+    cut = {t: reads[t].get("cut") for t in good if reads[t].get("cut")}
+    missing: pd.DataFrame | None = None
+    extra = 0
+    ref_note = None
+    if reference and "counts" in reference:
+        ref = reference["counts"]
+        ref_previews = reference.get("previews") or {}
+        extra = sum(1 for fp in seen_by if fp not in ref)
+        if cut:
+            ref_note = ("missing not measured: the tasks' reading was cut short by a bound "
+                        "(elements past it would count as missing)")
+        else:
+            missing = pd.DataFrame(
+                [{"fingerprint": fp, "element": ref_previews.get(fp, ""), "in reference": n}
+                 for fp, n in ref.items() if fp not in seen_by],
+                columns=["fingerprint", "element", "in reference"])
+            missing = missing.sort_values("element", key=_natural).reset_index(drop=True)
+            ref_note = (f"reference: {reference.get('origin', 'the undistributed dataset')}, "
+                        f"{reference.get('examples', sum(ref.values()))} example(s)")
+            if reference.get("cut"):
+                ref_note += (f", cut short by its {reference['cut']}: missing counts only the "
+                             f"part read")
+        if extra:
+            details.append(f"{extra} element(s) the tasks read are not in the reference: the "
+                           "pipeline is not deterministic (random maps or augmentation, "
+                           "unseeded shuffles before a map) or the reference is another "
+                           "dataset; missing and overlap compare fingerprints, so they are "
+                           "unreliable then")
+    elif reference and ("skipped" in reference or "error" in reference):
+        ref_note = ("missing not measured: " + str(reference.get("skipped") or
+                                                    reference.get("error")))
+    else:
+        ref_note = "missing not measured: no undistributed dataset (give reference=EXPR)"
+    if ref_note:
+        details.append(ref_note)
+
+    distinct = {t: len(counts[t]) for t in good}
+    dupes = {t: per_task[t] - distinct[t] for t in good}
+    nonzero = [n for n in per_task.values()]
+    imbalance = (max(nonzero) / min(nonzero) if nonzero and min(nonzero) > 0 else
+                 float("inf") if nonzero and max(nonzero) > 0 else 1.0)
+    empty = [t for t in good if per_task[t] == 0 and max(per_task.values()) > 0]
+    table = pd.DataFrame([{
+        "task": t, "examples": per_task[t], "distinct": distinct[t],
+        "shared": sum(1 for fp in counts[t] if len(seen_by[fp]) > 1),
+        "only_here": sum(1 for fp in counts[t] if len(seen_by[fp]) == 1),
+        "repeated": dupes[t], "steps": reads[t].get("steps"),
+        "cut_short_by": reads[t].get("cut") or "",
+        "seconds": reads[t].get("seconds"),
+        "auto_shard_policy": _policy_cell(described.get(t, {})),
+        "own_shard": ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in
+                               (described.get(t, {}).get("pipeline") or {}).get("shards", [])),
+    } for t in good]).set_index("task")
+    for t, why in cut.items():
+        details.append(f"{t}: reading cut short by the {why}; the counts cover what was read")
+    if any(dupes.values()):
+        details.append("read more than once by the same task: " + ", ".join(
+            f"{t} {n}" for t, n in dupes.items() if n) + " (repeat(), or duplicates in the "
+            "data)")
+    if imbalance > IMBALANCE_NOTE:
+        details.append(f"imbalance: {_ratio(imbalance)} (max/min examples per task) - the "
+                       "tasks with more data set the pace of every synchronous step")
+
+    fields.update(overlap=overlap, missing=missing, per_task=per_task, imbalance=imbalance,
+                  extra=extra, cut=cut)
+    shared = len(overlap)
+    everywhere = int(sum(1 for who in seen_by.values() if len(who) == len(good)))
+    problems: list[str] = []
+    if shared:
+        if everywhere == len(seen_by) and len(good) > 1:
+            whole = missing is None or not len(missing)
+            what = (f"{_names(good)} read the same {shared} element(s)" +
+                    (": every task reads the whole dataset" if whole else ""))
+        else:
+            busiest = sorted({t for r in overlap_rows for t in r["tasks"].split(", ")},
+                             key=_order)
+            what = (f"{shared} element(s) read by more than one task ({_names(busiest)}), "
+                    f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")
+        problems.append(f"{what}; cause: {_cause(described, effective)}")
+    if missing is not None and len(missing):
+        problems.append(f"{len(missing)} element(s) of the undistributed dataset read by no "
+                        f"task, e.g. {', '.join(map(str, missing['element'].head(QUOTED)))}")
+    if empty:
+        problems.append(f"{_names(empty)} read no element while the others did")
+    if failed:
+        problems.insert(0, summary)
+    if problems:
+        return CheckReport("sharding", False, "; ".join(problems), table, details=details,
+                           fields=fields)
+    total = sum(per_task.values())
+    split = "/".join(str(per_task[t]) for t in good)
+    text = (f"{total} element(s) split {split} across {_names(good)} without overlap"
+            + ("" if missing is None else ", none missing")
+            + f" (sharding: {effective})")
+    if cut:
+        text += f"; cut short by a bound on {_names(list(cut))}"
+    return CheckReport("sharding", True, text, table, details=details, fields=fields)
+
+
+def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
+    """The likely reason several tasks read the same elements."""
+    first = described[sorted(described, key=_order)[0]]
+    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in
+                       (d.get("pipeline") or {}).get("shards", [])) for t, d in described.items()}
+    if effective == "shard()" and len(shards) > 1 and len(set(shards.values())) == 1:
+        call = ", ".join(f"shard({n}, {i})" for n, i in next(iter(shards.values())))
+        return (f"every task calls {call}: the index must be the task's own, e.g. "
+                f"dataset.shard(num_workers, tw.task[1])")
+    if effective == "shard()":
+        return "the pipeline's own shard() calls do not split it: check num_shards and index"
+    if effective == "none" and first.get("kind") == "dataset":
+        return ("a plain tf.data.Dataset without dataset.shard(): shard it with "
+                "dataset.shard(num_workers, task index), or distribute it with the strategy")
+    if effective == "none":
+        return ("auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
+                "FILE), or shard it yourself")
+    if effective == "function":
+        return ("the dataset function does not shard by its InputContext: "
+                "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
+    if effective == "DATA":
+        return ("DATA sharding keeps every n-th element by position, so an order that differs "
+                "between tasks (an unseeded shuffle before the split) overlaps")
+    return f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)"
+
+
+ABORTED = "Collective ops is aborted by"
+
+
+RELEASED = " (the tasks still reading had their collectives aborted"
+
+
+def _short(error: str) -> str:
+    """An agent error without the call's own prefix, TensorFlow's function-node noise and
+    the runner's note on aborted collectives; its first line."""
+    text = error.split(RELEASED)[0]
+    text = text.split(" failed: ", 1)[1] if " failed: " in text else text
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
+    first = text.strip().splitlines()[0].strip() if text.strip() else text
+    return first if len(first) <= 240 else first[:237] + "..."
+
+
+def _policy_cell(desc: Mapping[str, Any]) -> str:
+    if desc.get("kind") != "distributed":
+        return "n/a (not distributed)"
+    if desc.get("made_by") == "distribute_datasets_from_function":
+        return "n/a (from a function)"
+    return str(desc.get("policy") or "")
+
+
+def _ratio(x: float) -> str:
+    return "inf (a task read nothing)" if x == float("inf") else f"{x:.2f}x"
+
+
+def _natural(col: pd.Series) -> pd.Series:
+    """Sort previews of numbers as numbers, the rest as text."""
+    def key(v: Any) -> tuple[int, float, str]:
+        try:
+            return (0, float(v), "")
+        except (TypeError, ValueError):
+            return (1, 0.0, str(v))
+
+    return col.map(key)

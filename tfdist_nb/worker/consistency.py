@@ -1,0 +1,524 @@
+"""What the consistency checks ask of each task (docs/reference.md, Checks): the elements of a
+dataset as this task reads them, and checksums of variables as this task holds them.
+
+``EXPR`` is evaluated in the task's user namespace (what the user's cells defined). Everything
+returned is plain JSON: fingerprints, counts and summaries; the controller lines the tasks up
+and :mod:`tfdist_nb.diagnostics.sharding_check` / :mod:`~tfdist_nb.diagnostics.variables_check`
+say what is wrong.
+
+Sharding. Every element is fingerprinted: a 64-bit BLAKE2b hash of its tensors' dtype, shape
+and bytes. Batched elements are unbatched first so that single examples are compared: a
+distributed dataset's per-replica local values always (the strategy splits the global batch
+along its first dimension), a plain dataset's elements when its graph ends in a batch.
+Iterating a distributed dataset runs collectives under MultiWorkerMirroredStrategy (the
+iterator's "has data" all-reduce), so every task must take the same number of steps: after each
+step the tasks agree through one all-reduce whether any of them reached a bound, and all stop
+together.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from typing import Any
+
+from tfdist_nb.worker.probes import _user_ns, find_strategy
+
+MAX_ELEMENTS = 10_000
+MAX_SECONDS = 30.0
+PREVIEWS = 2000  # distinct elements whose short text is sent (for the evidence table)
+PREVIEW_CHARS = 40
+READER_OPS = frozenset({
+    "TFRecordDataset", "TFRecordDatasetV2", "TextLineDataset", "FixedLengthRecordDataset",
+    "FixedLengthRecordDatasetV2", "CSVDataset", "CSVDatasetV2", "ExperimentalCSVDataset",
+    "ArrayRecordDataset", "RecordIODataset", "SSTableDataset"})
+BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
+                       "PaddedBatchDatasetV2", "ParallelBatchDataset", "MapAndBatchDataset",
+                       "ExperimentalMapAndBatchDataset", "RebatchDataset", "RebatchDatasetV2"})
+UNBATCH_OPS = frozenset({"UnbatchDataset", "ExperimentalUnbatchDataset"})
+POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
+
+
+def _evaluate(expr: str) -> Any:
+    # the user's own expression in the user's own namespace, as a cell of theirs would
+    return eval(expr, _user_ns())
+
+
+# --- sharding ------------------------------------------------------------------------------
+
+def _graph(dataset: Any) -> Any:
+    """The dataset's GraphDef, or None when it cannot be serialized (py_function, say)."""
+    import tensorflow as tf
+
+    try:
+        graph = tf.compat.v1.GraphDef()
+        graph.ParseFromString(dataset._as_serialized_graph(
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE).numpy())
+        return graph
+    except Exception:
+        return None
+
+
+def _const_strings(node: Any) -> int | None:
+    """How many strings a Const node holds (a file list), None when it is not one."""
+    if node is None or node.op != "Const" or "value" not in node.attr:
+        return None
+    tensor = node.attr["value"].tensor
+    if tensor.dtype != 7:  # DT_STRING
+        return None
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    count = 1
+    for d in dims:
+        count *= d
+    return count
+
+
+def describe_pipeline(dataset: Any) -> dict[str, Any]:
+    """What the dataset's graph says: batched at the end, its own ``shard()`` calls, and
+    whether (and from how many files) it reads files."""
+    graph = _graph(dataset)
+    if graph is None:
+        return {"graph": False, "batched": None, "shards": [], "file_based": None,
+                "files": None, "readers": []}
+    nodes = {n.name: n for n in graph.node}
+
+    def source(name: str) -> Any:
+        return nodes.get(name.split(":")[0].lstrip("^"))
+
+    def const_int(name: str) -> int | None:
+        node = source(name)
+        if node is None or node.op != "Const":
+            return None
+        vals = list(node.attr["value"].tensor.int64_val)
+        return int(vals[0]) if vals else None
+
+    batched: bool | None = False
+    node = next((n for n in graph.node if n.op == "_Retval"), None)
+    node = source(node.input[0]) if node is not None and node.input else None
+    while node is not None:
+        if node.op in BATCH_OPS:
+            batched = True
+            break
+        if node.op in UNBATCH_OPS or not node.input:
+            break
+        node = source(node.input[0])
+    shards = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2])}
+              for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
+    every = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    readers = sorted({n.op for n in every if n.op in READER_OPS})
+    files = None
+    if readers:
+        counts = [c for n in graph.node if n.op in READER_OPS | {"TensorSliceDataset"}
+                  and n.input for c in [_const_strings(source(n.input[0]))] if c is not None]
+        files = max(counts) if counts else None
+    return {"graph": True, "batched": batched, "shards": shards,
+            "file_based": bool(readers), "files": files, "readers": readers}
+
+
+def _policy(dataset: Any) -> str | None:
+    try:
+        value = dataset.options().experimental_distribute.auto_shard_policy
+    except Exception:
+        return None
+    return POLICIES.get(int(value), str(value))
+
+
+def _num_workers(strategy: Any) -> int | None:
+    try:
+        return int(strategy.extended._num_workers)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def _resolve_dataset(obj: Any) -> dict[str, Any]:
+    """``{"kind", ...}`` of what EXPR evaluated to, with the undistributed source when found."""
+    import tensorflow as tf
+
+    if isinstance(obj, tf.data.Dataset):
+        return {"kind": "dataset", "dataset": obj, "source": None}
+    if isinstance(obj, tf.distribute.DistributedDataset):
+        strategy = getattr(obj, "_strategy", None)
+        info: dict[str, Any] = {"kind": "distributed", "strategy": strategy, "dataset": obj,
+                                "strategy_name": type(strategy).__name__,
+                                "workers": _num_workers(strategy),
+                                "replicas": getattr(strategy, "num_replicas_in_sync", None)}
+        original = getattr(obj, "_original_dataset", None)
+        if isinstance(original, tf.data.Dataset):
+            info.update(made_by="experimental_distribute_dataset", source=original)
+            return info
+        fn = getattr(obj, "_dataset_fn", None)
+        info.update(made_by="distribute_datasets_from_function", source=None, dataset_fn=fn)
+        return info
+    raise TypeError(f"{type(obj).__module__}.{type(obj).__name__} is neither a tf.data.Dataset "
+                    "nor a distributed dataset (strategy.experimental_distribute_dataset / "
+                    "distribute_datasets_from_function)")
+
+
+def _whole_from_function(info: dict[str, Any]) -> Any:
+    """The undistributed dataset of ``distribute_datasets_from_function``: the function called
+    with a context of one input pipeline (its ``shard(1, 0)`` keeps everything)."""
+    import tensorflow as tf
+
+    fn = info.get("dataset_fn")
+    if fn is None:
+        return None
+    ctx = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                     num_replicas_in_sync=info.get("replicas") or 1)
+    made = fn(ctx)
+    return made if isinstance(made, tf.data.Dataset) else None
+
+
+def sharding_describe(expr: str) -> dict[str, Any]:
+    """EXPR's kind, its auto-shard policy and pipeline facts, without reading an element (asked
+    first, so that a task where EXPR fails is known before any collective starts)."""
+    import tensorflow as tf
+
+    try:
+        info = _resolve_dataset(_evaluate(expr))
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    out = {k: v for k, v in info.items() if k in ("kind", "made_by", "strategy_name",
+                                                   "workers", "replicas")}
+    base = info.get("dataset") if info["kind"] == "dataset" else info.get("source")
+    if base is not None:
+        out["policy"] = _policy(base)
+        out["pipeline"] = describe_pipeline(base)
+    elif info["kind"] == "distributed":  # from a function: this task's own dataset
+        own = (getattr(info["dataset"], "_datasets", None) or [None])[0]
+        if isinstance(own, tf.data.Dataset):
+            out["pipeline"] = describe_pipeline(own)
+    if info["kind"] == "dataset":
+        strategy = find_strategy()
+        out["workers"] = _num_workers(strategy) if strategy is not None else None
+    return out
+
+
+def _rows(value: Any, unbatch: bool) -> list[Any]:
+    """``value`` (one tensor or composite) as a list of per-example numpy values."""
+    import numpy as np
+    import tensorflow as tf
+
+    if isinstance(value, tf.SparseTensor):
+        value = tf.sparse.to_dense(value)
+    if isinstance(value, tf.RaggedTensor):
+        rows = [r.numpy() if hasattr(r, "numpy") else np.asarray(r) for r in value]
+        return rows if unbatch else [np.asarray(value.to_list(), dtype=object)]
+    arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
+    if unbatch and arr.ndim >= 1:
+        return list(arr)
+    return [arr]
+
+
+def _fingerprint(parts: list[Any]) -> str:
+    import numpy as np
+
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        arr = np.asarray(part)
+        h.update(f"{arr.dtype.str}{arr.shape}".encode())
+        if arr.dtype == object:
+            for item in arr.ravel():
+                b = item if isinstance(item, bytes) else repr(item).encode()
+                h.update(len(b).to_bytes(8, "little") + b)
+        else:
+            h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()
+
+
+def _preview(parts: list[Any]) -> str:
+    import numpy as np
+
+    def one(p: Any) -> str:
+        arr = np.asarray(p)
+        if arr.ndim == 0:
+            item = arr.item()
+            return item.decode(errors="replace") if isinstance(item, bytes) else repr(item)
+        return np.array2string(arr, threshold=6, edgeitems=2, separator=",")
+
+    text = one(parts[0]) if len(parts) == 1 else "(" + ", ".join(one(p) for p in parts) + ")"
+    text = " ".join(text.split())
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 3] + "..."
+
+
+class _Tally:
+    def __init__(self, max_elements: int) -> None:
+        self.counts: dict[str, int] = {}
+        self.previews: dict[str, str] = {}
+        self.examples = 0
+        self.max_elements = max_elements
+
+    def add(self, components: list[Any], unbatch: bool) -> None:
+        rows = [_rows(c, unbatch) for c in components]
+        n = min((len(r) for r in rows), default=0)
+        for i in range(n):
+            parts = [r[i] for r in rows]
+            fp = _fingerprint(parts)
+            self.counts[fp] = self.counts.get(fp, 0) + 1
+            if fp not in self.previews and len(self.previews) < PREVIEWS:
+                self.previews[fp] = _preview(parts)
+        self.examples += n
+
+    def full(self) -> bool:
+        return self.examples >= self.max_elements
+
+
+def _read_plain(dataset: Any, unbatch: bool, max_elements: int,
+                max_seconds: float) -> dict[str, Any]:
+    import tensorflow as tf
+
+    tally = _Tally(max_elements)
+    started = time.monotonic()
+    cut = None
+    steps = 0
+    for element in dataset:
+        tally.add(tf.nest.flatten(element), unbatch)
+        steps += 1
+        if tally.full():
+            cut = f"element bound ({max_elements})"
+            break
+        if time.monotonic() - started > max_seconds:
+            cut = f"time bound ({max_seconds:g} s)"
+            break
+    else:
+        cut = None
+    return {"examples": tally.examples, "steps": steps, "counts": tally.counts,
+            "previews": tally.previews, "cut": cut,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def _read_distributed(dist: Any, strategy: Any, max_elements: int,
+                      max_seconds: float) -> dict[str, Any]:
+    """Every task takes the same steps: after each one, an all-reduce (sum) of "I reached a
+    bound" tells all of them whether to stop, so none is left alone in a collective."""
+    import tensorflow as tf
+
+    def any_task(bound: bool, ended: bool) -> tuple[bool, bool]:
+        """Whether any task reached a bound, and whether any ran out of data."""
+        def reduce() -> Any:
+            return tf.distribute.get_replica_context().all_reduce(
+                "sum", tf.constant([float(bound), float(ended)], tf.float32))
+
+        got = strategy.experimental_local_results(strategy.run(reduce))[0].numpy()
+        return bool(got[0] > 0), bool(got[1] > 0)
+
+    tally = _Tally(max_elements)
+    started = time.monotonic()
+    cut = None
+    steps = 0
+    iterator = iter(dist)
+    while True:
+        try:
+            element = next(iterator)
+        except (StopIteration, tf.errors.OutOfRangeError):
+            # the others may still have a step: tell them this task is done
+            any_task(False, True)
+            break
+        for local in range(len(strategy.experimental_local_results(
+                tf.nest.flatten(element)[0]))):
+            parts = [strategy.experimental_local_results(c)[local]
+                     for c in tf.nest.flatten(element)]
+            tally.add(parts, unbatch=True)
+        steps += 1
+        over_time = time.monotonic() - started > max_seconds
+        bound, ended = any_task(tally.full() or over_time, False)
+        if bound or ended:
+            cut = (f"element bound ({max_elements})" if tally.full() else
+                   f"time bound ({max_seconds:g} s)" if over_time else
+                   "another task's bound" if bound else
+                   "another task ran out of data first (uneven shards; no get_next_as_optional)")
+            break
+    return {"examples": tally.examples, "steps": steps, "counts": tally.counts,
+            "previews": tally.previews, "cut": cut,
+            "seconds": round(time.monotonic() - started, 3)}
+
+
+def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,
+                          max_seconds: float = MAX_SECONDS, unbatch: bool | None = None,
+                          reference: str | None = None, with_reference: bool = False,
+                          ) -> dict[str, Any]:
+    """This task's view of EXPR: per-example fingerprint counts, previews and which bound cut
+    the reading short. ``with_reference``: also read the undistributed dataset (``reference``,
+    an expression, or the distributed dataset's source) after the task's own reading, with
+    ``max_elements`` times the number of workers as its bound."""
+    info = _resolve_dataset(_evaluate(expr))
+    if info["kind"] == "dataset":
+        dataset = info["dataset"]
+        batched = describe_pipeline(dataset)["batched"] if unbatch is None else unbatch
+        out = _read_plain(dataset, bool(batched), max_elements, max_seconds)
+        out["unbatched"] = bool(batched)
+    else:
+        out = _read_distributed(info["dataset"], info["strategy"], max_elements, max_seconds)
+        out["unbatched"] = True
+    out["kind"] = info["kind"]
+    if with_reference:
+        out["reference"] = _read_reference(info, reference, out["unbatched"], max_elements,
+                                           max_seconds)
+    return out
+
+
+def _read_reference(info: dict[str, Any], reference: str | None, unbatch: bool,
+                    max_elements: int, max_seconds: float) -> dict[str, Any]:
+    import tensorflow as tf
+
+    try:
+        if reference is not None:
+            whole = _evaluate(reference)
+            if isinstance(whole, tf.distribute.DistributedDataset):
+                raise TypeError("the reference must be a plain tf.data.Dataset (the "
+                                "undistributed one), not a distributed dataset")
+            origin = f"reference {reference}"
+        elif info["kind"] == "distributed" and info.get("source") is not None:
+            whole, origin = info["source"], "the dataset given to experimental_distribute_dataset"
+        elif info["kind"] == "distributed":
+            whole = _whole_from_function(info)
+            origin = "the dataset function called with one input pipeline"
+        else:
+            return {"skipped": "a plain tf.data.Dataset has no undistributed source to compare "
+                               "with: give one as reference"}
+        if not isinstance(whole, tf.data.Dataset):
+            return {"skipped": f"no undistributed dataset found ({origin} is "
+                               f"{type(whole).__name__})"}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    batched = describe_pipeline(whole)["batched"]
+    workers = info.get("workers") or 1
+    got = _read_plain(whole, unbatch if batched is None else batched,
+                      max_elements * max(workers, 1), max_seconds)
+    got["origin"] = origin
+    return got
+
+
+# --- variables -----------------------------------------------------------------------------
+
+FULL_VALUES = 1024  # a variable this small is sent whole (exact max abs difference)
+FULL_TOTAL = 16384  # at most this many values in full per task; the rest as summaries
+SAMPLES = 16
+
+
+def _collect(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(name, variable)`` of a Keras model, a tf.Module, a list/tuple or dict of variables,
+    or one variable."""
+    import tensorflow as tf
+
+    if isinstance(obj, dict):
+        out = []
+        for key, value in obj.items():
+            out += _collect(value, f"{prefix}{key}") if not _is_variable(value) else [
+                (f"{prefix}{key}", value)]
+        return out
+    if isinstance(obj, list | tuple):
+        out = []
+        for i, value in enumerate(obj):
+            out += _collect(value, f"{prefix}[{i}]") if not _is_variable(value) else [
+                (_name(value, f"{prefix}[{i}]"), value)]
+        return out
+    if _is_variable(obj):
+        return [(_name(obj, prefix or "variable"), obj)]
+    weights = getattr(obj, "weights", None)  # Keras 3 and tf_keras models and layers
+    if weights is None and isinstance(obj, tf.Module):
+        weights = obj.variables
+    if weights is None:
+        weights = getattr(obj, "variables", None)
+    if weights is None:
+        raise TypeError(f"{type(obj).__name__} is not a model, a tf.Module, a variable or a "
+                        "list/dict of variables")
+    return [(_name(v, f"{prefix}[{i}]"), v) for i, v in enumerate(list(weights))]
+
+
+def _is_variable(value: Any) -> bool:
+    import tensorflow as tf
+
+    if isinstance(value, tf.Variable):
+        return True
+    keras_variable = getattr(sys.modules.get("keras"), "Variable", None)  # Keras 3
+    return isinstance(keras_variable, type) and isinstance(value, keras_variable)
+
+
+def _name(var: Any, fallback: str) -> str:
+    for attr in ("path", "name"):
+        value = getattr(var, attr, None)
+        if isinstance(value, str) and value:
+            return value
+    return fallback
+
+
+def _local(var: Any) -> tuple[Any, bool]:
+    """This task's own copy of ``var`` (no collective: a mirrored or sync-on-read variable's
+    first local component) and whether it is a distributed variable (made in a strategy's
+    scope)."""
+    import tensorflow as tf
+
+    inner = getattr(var, "_value", None) if not isinstance(var, tf.Variable) else var
+    inner = var if inner is None else inner
+    if isinstance(inner, tf.distribute.DistributedValues):
+        return inner.values[0], True
+    return inner, False
+
+
+def _summary(name: str, var: Any, budget: list[int], full_values: int) -> dict[str, Any]:
+    import numpy as np
+    import tensorflow as tf
+
+    local, mirrored = _local(var)
+    arr = np.asarray(local.numpy() if hasattr(local, "numpy") else local)
+    inner = var if isinstance(var, tf.Variable) else getattr(var, "_value", var)
+    out = summarise(name, arr, budget, full_values)
+    out.update(mirrored=mirrored, variable_type=type(inner).__name__)
+    return out
+
+
+def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> dict[str, Any]:
+    """One array's checksums (numpy only): exact hash, float64 sum / sum of squares / min /
+    max, values at fixed positions, and all values when it is small enough (``budget[0]``:
+    how many values this task may still send whole)."""
+    import numpy as np
+
+    arr = np.asarray(arr)
+    out: dict[str, Any] = {
+        "name": name, "dtype": str(arr.dtype), "shape": list(arr.shape), "size": int(arr.size),
+        "sha": hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode() +
+                              np.ascontiguousarray(arr).tobytes()).hexdigest()[:16],
+    }
+    if arr.dtype.kind not in "fiub":
+        return out
+    flat = arr.astype(np.float64).ravel()
+    finite = flat[np.isfinite(flat)]
+    out["nonfinite"] = int(flat.size - finite.size)
+    if finite.size:
+        out.update(sum=float(finite.sum()), sumsq=float((finite * finite).sum()),
+                   min=float(finite.min()), max=float(finite.max()))
+    if flat.size:
+        idx = np.unique(np.linspace(0, flat.size - 1, min(SAMPLES, flat.size)).astype(int))
+        out["samples"] = [[int(i), _num(flat[i])] for i in idx]
+    if flat.size <= full_values and flat.size <= budget[0]:
+        budget[0] -= flat.size
+        out["values"] = [_num(x) for x in flat]
+    return out
+
+
+def _num(x: float) -> float | str:
+    import math
+
+    return float(x) if math.isfinite(x) else str(x)  # JSON has no NaN / Infinity
+
+
+def variable_checksums(expr: str, full_values: int = FULL_VALUES) -> dict[str, Any]:
+    """Per variable of EXPR on this task: name, dtype, shape, whether it is mirrored, an exact
+    hash of its bytes, float64 sum / sum of squares / min / max, a few values at fixed
+    positions, and the whole value when it has at most ``full_values`` elements (and the
+    task's total stays within 16 times that)."""
+    try:
+        found = _collect(_evaluate(expr))
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    seen: dict[str, int] = {}
+    budget = [max(FULL_TOTAL, 16 * full_values)]
+    rows = []
+    for name, var in found:
+        seen[name] = seen.get(name, 0) + 1
+        key = name if seen[name] == 1 else f"{name} #{seen[name]}"
+        rows.append(_summary(key, var, budget, full_values))
+    strategy = find_strategy()
+    return {"variables": rows,
+            "strategy": type(strategy).__name__ if strategy is not None else None}
