@@ -5,22 +5,33 @@ pure analysis in :mod:`tfdist_nb.diagnostics`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.diagnostics import env_check, network_check, tfconfig_check
+from tfdist_nb.diagnostics import (
+    env_check,
+    network_check,
+    sharding_check,
+    tfconfig_check,
+    variables_check,
+)
 from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
-from tfdist_nb.worker import probes
+from tfdist_nb.worker import consistency, probes
 
-KINDS = ("tfconfig", "network", "env", "all")
+KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
+#: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
+EXPR_KINDS = ("sharding", "variables")
 PROBE_TIMEOUT_S = 15.0
 BANDWIDTH_TIMEOUT_S = 120.0
 BANDWIDTH_SIZES_MB = (1.0, 16.0, 64.0)
+READ_MARGIN_S = 60.0  # beyond the sharding check's time bounds: iterator set-up, tracing
+VARIABLES_TIMEOUT_S = 60.0
 
 
 def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
@@ -53,7 +64,13 @@ class CheckRunner:
         answers = await asyncio.gather(*(one(rt) for rt in self.targets))
         return {rt.name: a for rt, a in zip(self.targets, answers, strict=True)}
 
-    async def run(self, kind: str, expr: Any = None) -> CheckReport:
+    async def run(self, kind: str, expr: Any = None, **options: Any) -> CheckReport:
+        if kind == "sharding":
+            return await self.sharding(_expression(kind, expr), **options)
+        if kind == "variables":
+            return await self.variables(_expression(kind, expr), **options)
+        if options:
+            raise SpecError(f"the {kind} check takes no options ({', '.join(options)})")
         if kind == "tfconfig":
             return await self.tfconfig(expr)
         if kind == "network":
@@ -103,6 +120,87 @@ class CheckRunner:
                                      "error": f"{rt.name} did not answer ({exc or 'timeout'})"}
                               for peer in args.get("addresses", {})}}
 
+    async def sharding(self, expr: str, reference: str | None = None,
+                       max_elements: int = consistency.MAX_ELEMENTS,
+                       max_seconds: float = consistency.MAX_SECONDS,
+                       unbatch: bool | None = None) -> CheckReport:
+        """EXPR (a tf.data.Dataset or a distributed dataset) read on every task: what is EXPR
+        there first (on the inspection subshells, nothing read), then every task reads it at
+        once on its main shell, the first task also reading the undistributed dataset
+        (docs/reference.md, Checks)."""
+        described = await self._ask("sharding_describe", expr=expr)
+        problem = sharding_check.describe_problem(described)
+        if problem is not None:
+            return problem
+        distributed = any(d.get("kind") == "distributed" for d in described.values())
+        workers = max((int(d.get("workers") or 0) for d in described.values()), default=0)
+        if distributed and workers > len(self.targets):
+            raise SpecError(f"a distributed dataset is read by all {workers} workers at once "
+                            f"(its iterator runs collectives): check it on every task, not "
+                            f"on {len(self.targets)}")
+        timeout = 2 * float(max_seconds) + READ_MARGIN_S
+        first = self.targets[0].name
+        reads = await self._ask_each(
+            "sharding_fingerprints", timeout, lambda rt: {
+                "expr": expr, "max_elements": int(max_elements),
+                "max_seconds": float(max_seconds), "unbatch": unbatch,
+                "reference": reference, "with_reference": rt.name == first},
+            release=distributed)
+        ref = reads[first].pop("reference", None) if "error" not in reads[first] else None
+        return sharding_check.analyse(described, reads, ref)
+
+    async def variables(self, expr: str, atol: float = variables_check.ATOL,
+                        rtol: float = variables_check.RTOL,
+                        full_values: int = consistency.FULL_VALUES) -> CheckReport:
+        """Checksums of EXPR's variables from every task, read on the main shells between cells
+        (so every task is at the same step), compared exactly and within atol/rtol."""
+        answers = await self._ask("variable_checksums", inspect=False,
+                                  timeout=VARIABLES_TIMEOUT_S, expr=expr,
+                                  full_values=int(full_values))
+        return variables_check.analyse(answers, atol=float(atol), rtol=float(rtol))
+
+    async def _ask_each(self, op: str, timeout: float,
+                        args: Callable[[TaskRuntime], dict[str, Any]],
+                        release: bool = False) -> dict[str, Any]:
+        """Like ``_ask`` on the main shells, every task at once, with arguments per task.
+        ``release``: the op runs collectives, so once one task failed or did not answer, the
+        collectives of those still running are aborted at once (they would wait for it
+        forever)."""
+        async def one(rt: TaskRuntime) -> Any:
+            assert rt.agent is not None
+            try:
+                return await rt.agent.call(op, inspect=False, timeout=timeout, **args(rt))
+            except asyncio.TimeoutError:
+                return {"error": f"no answer within {timeout:.0f}s"}
+            except AgentError as exc:
+                return {"error": str(exc)}
+
+        pending = {asyncio.ensure_future(one(rt)): rt for rt in self.targets}
+        answers: dict[str, Any] = {}
+        aborted = False
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                answers[pending.pop(fut).name] = fut.result()
+            failed = any(isinstance(a, dict) and "error" in a for a in answers.values())
+            stuck = [*pending.values(), *(rt for rt in self.targets if str(
+                answers.get(rt.name, {}).get("error", "")).startswith("no answer"))]
+            if release and failed and stuck and not aborted:
+                aborted = True  # those still reading wait in a collective for the failed one
+                await asyncio.gather(*(self._abort(rt) for rt in stuck))
+        if aborted:
+            note = sharding_check.RELEASED + "; %tfdist_restart gives working ones again)"
+            for answer in answers.values():
+                if isinstance(answer, dict) and "error" in answer:
+                    answer["error"] = str(answer["error"]) + note
+        return {rt.name: answers[rt.name] for rt in self.targets}
+
+    async def _abort(self, rt: TaskRuntime) -> None:
+        assert rt.agent is not None
+        with contextlib.suppress(asyncio.TimeoutError, AgentError):
+            await rt.agent.abort_collectives("a task failed while reading the dataset "
+                                             "for the sharding check")
+
     async def env(self) -> pd.DataFrame:
         reports = await self._ask("env_report")
         return env_check.env_frame({t: r for t, r in reports.items() if "props" in r})
@@ -119,6 +217,14 @@ def env_report(df: pd.DataFrame) -> CheckReport:
     critical = env_check.critical_mismatch(df)
     return CheckReport("env", False, critical or f"{len(differing)} difference(s): {names}",
                        differing, fields={"mismatches": list(differing.index)})
+
+
+def _expression(kind: str, expr: Any) -> str:
+    if not isinstance(expr, str) or not expr.strip():
+        example = "'dist_dataset'" if kind == "sharding" else "'model'"
+        raise SpecError(f"the {kind} check needs an expression evaluated in every task, e.g. "
+                        f"cluster.check({kind!r}, {example})")
+    return expr
 
 
 def _no_errors(views: dict[str, Any]) -> dict[str, Any]:

@@ -423,12 +423,15 @@ class Cluster:
         targets = self._runtimes("all")
         return self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
 
-    def check(self, kind: str, expr: Any = None, on: Any = None) -> CheckReport:
+    def check(self, kind: str, expr: Any = None, on: Any = None, **options: Any) -> CheckReport:
         """A preflight or consistency check (docs/reference.md, Checks): ``"tfconfig"`` (with
         ``expr`` a TF_CONFIG to check instead of the tasks' own: JSON text, dict or file path),
-        ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env)."""
+        ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env); ``"sharding"`` and
+        ``"variables"`` with ``expr`` an expression evaluated in every task and their
+        ``options`` (``reference``, ``max_elements``, ``max_seconds``; ``atol``, ``rtol``)."""
         targets = self._runtimes(on)
-        return self._require_loop().run(CheckRunner(targets).run(kind, expr), CHECK_TIMEOUT_S)
+        limit = CHECK_TIMEOUT_S + 2 * float(options.get("max_seconds", 0))
+        return self._require_loop().run(CheckRunner(targets).run(kind, expr, **options), limit)
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""

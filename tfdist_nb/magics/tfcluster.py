@@ -34,6 +34,19 @@ def _parse(magic: Any, line: str, example: str = EXAMPLE) -> Any:
         raise _usage(exc, example) from None
 
 
+def _check_options(args: Any) -> dict[str, Any]:
+    """``%tfdist_check``'s options that were given, by the name ``Cluster.check`` takes."""
+    wanted = {"sharding": ("reference", "max_elements", "max_seconds"),
+              "variables": ("atol", "rtol")}.get(args.kind, ())
+    given = {k: getattr(args, k) for k in ("reference", "max_elements", "max_seconds", "atol",
+                                           "rtol") if getattr(args, k) is not None}
+    extra = [f"--{k.replace('_', '-')}" for k in given if k not in wanted]
+    if extra:
+        raise _usage(f"the {args.kind} check takes no {', '.join(extra)}",
+                     "example: %tfdist_check sharding dist_dataset --max-elements 1000")
+    return given
+
+
 def _on_option(fn: Any) -> Any:
     return argument("--on", metavar="TASKS", default=None,
                     help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
@@ -426,10 +439,20 @@ class TfdistMagics(Magics):
         return differing
 
     @magic_arguments()
-    @argument("kind", help="tfconfig | network | env | all")
+    @argument("kind", help="tfconfig | network | env | all | sharding | variables")
     @argument("expr", nargs="*",
               help="tfconfig: a TF_CONFIG to check instead of the tasks' own (JSON text, a "
-                   "file path, or a variable of this notebook holding either or a dict)")
+                   "file path, or a variable of this notebook holding either or a dict); "
+                   "sharding / variables: an expression evaluated in every task")
+    @argument("--reference", metavar="EXPR", default=None,
+              help="sharding: the undistributed dataset, evaluated in the first task, that "
+                   "missing elements are counted against")
+    @argument("--max-elements", type=int, default=None, metavar="N",
+              help="sharding: stop after N examples per task (default 10000)")
+    @argument("--max-seconds", type=float, default=None, metavar="S",
+              help="sharding: stop reading after S seconds (default 30)")
+    @argument("--atol", type=float, default=None, help="variables: absolute tolerance (1e-6)")
+    @argument("--rtol", type=float, default=None, help="variables: relative tolerance (1e-5)")
     @_on_option
     @line_magic
     def tfdist_check(self, line: str) -> Any:
@@ -444,23 +467,48 @@ class TfdistMagics(Magics):
           64 MB) when a cell made one.
         - ``env``: differences between the tasks' environments.
         - ``all``: tfconfig, network and env.
+        - ``sharding EXPR``: EXPR (a ``tf.data.Dataset`` or a distributed dataset) is read on
+          every task at once, bounded by ``--max-elements`` and ``--max-seconds`` (the report
+          says when a bound cut it short), every example fingerprinted: ``.overlap`` (read by
+          more than one task), ``.missing`` (read by none, against the undistributed dataset:
+          the one given to ``experimental_distribute_dataset``, the function of
+          ``distribute_datasets_from_function`` called with one input pipeline, or
+          ``--reference EXPR``), ``.per_task``, ``.imbalance``, and the AutoShardPolicy in
+          effect and why.
+        - ``variables EXPR``: a Keras model, a ``tf.Module``, a variable, or a list / dict of
+          them: per-variable checksums on every task, exact and within ``--atol`` /
+          ``--rtol``; ``.diverged`` names the variables that differ with their max abs
+          difference, and the likely cause.
+
+        EXPR is evaluated in each task, not here; quote it when it holds quotes or spaces.
 
         Examples::
 
             %tfdist_check all
             %tfdist_check network
             %tfdist_check tfconfig '{"cluster": {"worker": ["a:1", "a:1"]}, "task": {...}}'
+            %tfdist_check sharding dist_dataset
+            %tfdist_check sharding 'dataset.batch(8)' --reference 'tf.data.Dataset.range(64)'
+            %tfdist_check variables model
         """
-        from tfdist_nb.cluster.checks import KINDS, check_tf_config
+        from tfdist_nb.cluster.checks import EXPR_KINDS, KINDS, check_tf_config
 
-        example = "example: %tfdist_check network   (kinds: tfconfig, network, env, all)"
+        example = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
+                   "sharding EXPR, variables EXPR)")
         args = _parse(self.tfdist_check, line, example)
         if args.kind not in KINDS:
             raise _usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", example)
         expr = " ".join(args.expr) or None
-        if expr is not None and args.kind != "tfconfig":
+        options = _check_options(args)
+        if args.kind in EXPR_KINDS:
+            if expr is None:
+                raise _usage(f"the {args.kind} check needs an expression evaluated in every "
+                             f"task", f"example: %tfdist_check {args.kind} "
+                             f"{'dist_dataset' if args.kind == 'sharding' else 'model'}")
+        elif expr is not None and args.kind != "tfconfig":
             raise _usage(f"the {args.kind} check takes no argument", example)
-        if expr is not None and expr.isidentifier() and expr in self.shell.user_ns:
+        if (expr is not None and args.kind == "tfconfig" and expr.isidentifier()
+                and expr in self.shell.user_ns):
             expr = self.shell.user_ns[expr]
         from tfdist_nb.cluster.facade import current
 
@@ -472,7 +520,7 @@ class TfdistMagics(Magics):
                              "(a TF_CONFIG of your own is checked without one: "
                              "%tfdist_check tfconfig cfg.json)")
         try:
-            return cluster.check(args.kind, expr, on=args.on)
+            return cluster.check(args.kind, expr, on=args.on, **options)
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc, example) from None
 

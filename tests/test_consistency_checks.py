@@ -1,0 +1,242 @@
+"""The consistency checks (docs/reference.md, Checks): ``sharding EXPR`` and ``variables EXPR``,
+on a real 2-worker MultiWorkerMirroredStrategy cluster with deliberate bugs, and their pure
+analysis on numbers made here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tfdist_nb import Cluster
+from tfdist_nb.cluster import registry
+from tfdist_nb.diagnostics import sharding_check, variables_check
+from tfdist_nb.worker.consistency import FULL_VALUES, summarise
+
+BOTH = "worker:0 and worker:1"
+
+SETUP = """
+import tensorflow as tf
+import tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+def distributed(policy):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = policy
+    data = tf.data.Dataset.range(64).batch(8).with_options(options)
+    return strategy.experimental_distribute_dataset(data)
+
+by_data = distributed(tf.data.experimental.AutoShardPolicy.DATA)
+unsharded = distributed(tf.data.experimental.AutoShardPolicy.OFF)
+by_hand = tf.data.Dataset.range(64).shard(2, tw.task[1]).batch(8)
+everything = tf.data.Dataset.range(64).batch(8)
+# a dataset function that ignores its InputContext: every task reads all 40
+ignores_context = strategy.distribute_datasets_from_function(
+    lambda ctx: tf.data.Dataset.range(40).batch(ctx.get_per_replica_batch_size(8)))
+
+def fails_on_worker_1(x):
+    if tw.task[1] == 1:
+        tf.debugging.assert_less(x, tf.constant(20, tf.int64))
+    return x
+
+fails_midway = strategy.experimental_distribute_dataset(
+    tf.data.Dataset.range(64).map(fails_on_worker_1).batch(8))
+
+# unseeded random initial values: outside the scope each task draws its own
+outside = tf.Variable(tf.random.uniform([3, 4]), name="outside")
+big_outside = tf.Variable(tf.random.uniform([40, 40]), name="big_outside")
+with strategy.scope():
+    inside = tf.Variable(tf.random.uniform([3, 4]), name="inside")
+    module = tf.Module()
+    module.w = tf.Variable(tf.random.uniform([40, 40]), name="module_w")
+"""
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(workers=2) as c:
+        made = c.run(SETUP)
+        assert made.ok, made.summary()
+        yield c
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
+    c = cluster
+
+    # AutoShardPolicy DATA: 64 elements, 32 per task, no overlap, nothing missing
+    data = c.check("sharding", "by_data")
+    assert data.ok, data
+    assert data.per_task == {"worker:0": 32, "worker:1": 32}
+    assert data.overlap.empty and data.missing is not None and data.missing.empty
+    assert data.policy == "DATA" and data.effective == "DATA" and data.imbalance == 1.0
+    assert "64 element(s) split 32/32 across worker:0 and worker:1" in data.summary
+    assert list(data.table.index) == ["worker:0", "worker:1"]
+
+    # OFF: every element is read by both tasks
+    off = c.check("sharding", "unsharded")
+    assert not off.ok
+    assert off.per_task == {"worker:0": 64, "worker:1": 64}
+    assert len(off.overlap) == 64 and off.missing is not None and off.missing.empty
+    assert (off.overlap["worker:0"] == 1).all() and (off.overlap["seen"] == 2).all()
+    assert sorted(int(e) for e in off.overlap["element"]) == list(range(64))
+    assert off.summary.startswith(f"{BOTH} read the same 64 element(s)")
+    assert "auto_shard_policy OFF and no dataset.shard()" in off.summary
+    assert off.policy == "OFF" and "OFF" in str(off) and "PROBLEM" in off._repr_html_()
+
+    # a bound cuts the reading short on both tasks at the same step (no task left in the
+    # iterator's all-reduce), the report says so, and missing is not claimed
+    cut = c.check("sharding", "unsharded", max_elements=20)
+    assert cut.per_task == {"worker:0": 20, "worker:1": 20}
+    assert cut.cut == {"worker:0": "element bound (20)", "worker:1": "element bound (20)"}
+    assert cut.missing is None and any("cut short" in d for d in cut.details)
+
+    # a plain tf.data.Dataset sharded by hand passes; unsharded it names both tasks
+    hand = c.check("sharding", "by_hand", reference="tf.data.Dataset.range(64)")
+    assert hand.ok, hand
+    assert hand.per_task == {"worker:0": 32, "worker:1": 32} and hand.missing.empty
+    assert list(hand.table["own_shard"]) == ["shard(2, 0)", "shard(2, 1)"]
+    plain = c.check("sharding", "everything")
+    assert not plain.ok and plain.summary.startswith(f"{BOTH} read the same 64 element(s)")
+    assert "without dataset.shard()" in plain.summary and plain.missing is None
+
+    # distribute_datasets_from_function: the function must shard by its InputContext
+    fn = c.check("sharding", "ignores_context")
+    assert not fn.ok and fn.per_task == {"worker:0": 40, "worker:1": 40}
+    assert fn.missing.empty and "does not shard by its InputContext" in fn.summary
+
+    # EXPR that exists on one task only: named, and nothing is read (no collective waits)
+    c.run("only_here = by_data", on="worker:0")
+    one = c.check("sharding", "only_here")
+    assert not one.ok and one.summary == "worker:1: NameError: name 'only_here' is not defined"
+
+    # variables outside the scope differ (by their true max abs difference), inside are equal
+    values = c.run("import json; print(json.dumps(outside.numpy().tolist()))")
+    arrays = [np.array(json.loads(values.tasks[t].stdout)) for t in ("worker:0", "worker:1")]
+    true_diff = float(np.abs(arrays[0] - arrays[1]).max())
+    var = c.check("variables", "[outside, big_outside, inside, module]")
+    assert not var.ok
+    assert set(var.diverged) == {"outside:0", "big_outside:0"}
+    assert var.diverged["outside:0"] == pytest.approx(true_diff, abs=1e-6)
+    assert "outside:0" not in var.bounds  # 12 values travel whole: exact
+    lo, hi = var.bounds["big_outside:0"]  # 1600 values: summaries, an honest bound
+    assert 0 < lo <= hi and var.diverged["big_outside:0"] == lo
+    assert var.summary.startswith(f"2 of 4 variable(s) differ between {BOTH}: outside:0")
+    assert "created outside strategy.scope()" in var.summary
+    assert var.table.loc["outside:0", "mirrored"] == "no"
+    assert var.table.loc["inside:0", "verdict"] == "equal"
+    assert var.table.loc["module_w:0", "mirrored"] == "yes"
+    same = c.check("variables", "{'inside': inside, 'module': module}")
+    assert same.ok and same.diverged == {}, same
+
+    # the magic: EXPR is evaluated in the tasks; the strategy still works after the checks
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.extension_manager.load_extension("tfdist_nb")
+    registry.set_current(c)
+    try:
+        report = ip.run_line_magic("tfdist_check", "sharding by_data --max-elements 1000")
+        assert report.ok and report.per_task == {"worker:0": 32, "worker:1": 32}
+        report = ip.run_line_magic("tfdist_check", "variables '[outside]' --atol 10")
+        assert report.ok and report.within_tolerance == ["outside:0"]
+        with pytest.raises(UsageError, match="needs an expression"):
+            ip.run_line_magic("tfdist_check", "variables")
+        with pytest.raises(UsageError, match="takes no --reference"):
+            ip.run_line_magic("tfdist_check", "network --reference x")
+    finally:
+        registry.set_current(None)
+    again = c.run("print(float(strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.)), "
+                  "axis=None)))")
+    assert again.ok and again.tasks["worker:1"].stdout.strip() == "2.0"
+
+    # a task that fails mid-read: it is named, and the task left waiting in the iterator's
+    # all-reduce is released at once instead of at the timeout (this breaks the collectives,
+    # so it comes last)
+    failing = c.check("sharding", "fails_midway")
+    assert not failing.ok
+    assert failing.summary.startswith("worker:1 could not read the dataset: "
+                                      "InvalidArgumentError: assertion failed"), failing
+    assert "worker:0 waited for it in a collective and was released" in failing.summary
+
+
+def test_auto_shard_policy_follows_the_files_of_the_source(tmp_path: Path) -> None:
+    import tensorflow as tf
+
+    from tfdist_nb.worker.consistency import describe_pipeline
+
+    for i in range(3):
+        with tf.io.TFRecordWriter(str(tmp_path / f"part-{i}.tfrecord")) as w:
+            w.write(b"x")
+    listed = tf.data.Dataset.list_files(str(tmp_path / "*.tfrecord")).interleave(
+        tf.data.TFRecordDataset).batch(4)
+    one = tf.data.TFRecordDataset([str(tmp_path / "part-0.tfrecord")])
+    facts = describe_pipeline(listed)
+    assert facts["file_based"] and facts["files"] == 3 and facts["batched"]
+    assert describe_pipeline(one)["files"] == 1 and not describe_pipeline(one)["batched"]
+    assert not describe_pipeline(tf.data.Dataset.range(8).shard(2, 1))["file_based"]
+    assert describe_pipeline(tf.data.Dataset.range(8).shard(2, 1))["shards"] == [
+        {"num_shards": 2, "index": 1}]
+
+    def explain(pipeline: dict[str, Any], policy: str, workers: int = 2) -> tuple[str, str]:
+        _, effective, why = sharding_check.policy_explained(
+            {"kind": "distributed", "made_by": "experimental_distribute_dataset",
+             "policy": policy, "workers": workers, "pipeline": pipeline})
+        return effective, why
+
+    assert explain(facts, "AUTO")[0] == "FILE"
+    effective, why = explain(describe_pipeline(one), "AUTO")
+    assert effective == "DATA" and "FILE sharding needs at least as many files" in why
+    effective, why = explain(describe_pipeline(one), "FILE")
+    assert "too few, TensorFlow raises an error" in why
+    assert explain(describe_pipeline(tf.data.Dataset.range(8)), "AUTO")[0] == "DATA"
+
+
+def _answer(arrays: dict[str, Any], mirrored: bool = True,
+            full_values: int = FULL_VALUES) -> dict[str, Any]:
+    out = {}
+    for task, arr in arrays.items():
+        row = summarise("w", np.asarray(arr, np.float32), [10**6], full_values)
+        row["mirrored"] = mirrored
+        out[task] = {"variables": [row], "strategy": "MultiWorkerMirroredStrategy"}
+    return out
+
+
+def test_variables_bounds_are_honest_when_only_summaries_travel() -> None:
+    rng = np.random.default_rng(0)
+    a = rng.uniform(size=5000).astype(np.float32)
+    b = a.copy()
+    b[1234] += 0.25  # one element, not at a sampled position
+    report = variables_check.analyse(_answer({"worker:0": a, "worker:1": b}))
+    lo, hi = report.bounds["w"]
+    assert lo <= 0.25 <= hi and not report.ok
+    exact = variables_check.analyse(_answer({"worker:0": a, "worker:1": b}, full_values=8192))
+    assert exact.diverged["w"] == pytest.approx(0.25, abs=1e-6) and "w" not in exact.bounds
+    # bitwise different but within the tolerance
+    near = variables_check.analyse(_answer({"worker:0": a[:10], "worker:1": a[:10] + 1e-7}))
+    assert near.ok and near.within_tolerance == ["w"] and "bitwise" in " ".join(near.details)
+    # three tasks: the odd one is named
+    odd = variables_check.analyse(_answer({"worker:0": a[:10], "worker:1": a[:10],
+                                           "worker:2": a[:10] * 2}))
+    assert "differ on worker:2 (the others agree)" in odd.summary
+
+
+def test_sharding_analysis_names_overlap_missing_and_empty_tasks() -> None:
+    described = {t: {"kind": "distributed", "made_by": "experimental_distribute_dataset",
+                     "policy": "DATA", "workers": 2, "pipeline": {"file_based": False}}
+                 for t in ("worker:0", "worker:1")}
+    reads = {"worker:0": {"examples": 3, "counts": {"a": 1, "b": 1, "c": 1},
+                          "previews": {"a": "1", "b": "2", "c": "3"}, "steps": 3},
+             "worker:1": {"examples": 0, "counts": {}, "previews": {}, "steps": 3}}
+    ref = {"counts": {"a": 1, "b": 1, "c": 1, "d": 1}, "previews": {"d": "4"}, "examples": 4}
+    report = sharding_check.analyse(described, reads, ref)
+    assert not report.ok and report.overlap.empty
+    assert list(report.missing["element"]) == ["4"]
+    assert "worker:1 read no element while the others did" in report.summary
+    assert report.imbalance == float("inf")
