@@ -24,10 +24,13 @@ import pandas as pd
 from tfdist_nb.cluster import registry
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import resolve_python
+from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.cluster.export import restart_times
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
+from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.spares import SparePool, supports_spares
@@ -36,6 +39,7 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
 from tfdist_nb.diagnostics.env_check import critical_mismatch
 from tfdist_nb.diagnostics.env_check import env_frame as env_table
+from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.diagnostics.straggler import Straggler
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError, TfdistError
@@ -53,6 +57,9 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_TIMEOUT_S = 30.0
 INSPECT_CALL_S = 15.0
 CHECK_TIMEOUT_S = 300.0
+START_HINT = ("tfdist_nb: check what the tasks need before they start: tfdist_nb."
+              "check_tf_config(...) for a TF_CONFIG of your own; once a cluster runs, "
+              "%tfdist_check all (TF_CONFIG, network, environment)")
 
 
 def current() -> Cluster | None:
@@ -107,6 +114,7 @@ class Cluster:
         self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
         self.last_stop: list[StopReport] = []
         self.running = False
+        self._armed_profile: Capture | None = None
 
     # what the cluster was made with (the magics compare a new line against these)
     spec = property(lambda self: self.setup.spec)
@@ -132,9 +140,11 @@ class Cluster:
             self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
         except BaseException as exc:
             self._teardown()
-            if isinstance(exc, ClusterStartError):
+            if isinstance(exc, KeyboardInterrupt):
                 raise
-            raise ClusterStartError(f"cluster of {self.spec} did not start: {exc}") from exc
+            text = str(exc) if isinstance(exc, ClusterStartError) else (
+                f"cluster of {self.spec} did not start: {exc}")
+            raise ClusterStartError(f"{text}\n{START_HINT}") from exc
         self.running = True
         if self._lifecycle.spares is not None:  # refilled in the background, when idle
             self._loop.call_soon(self._lifecycle.spares.start_refill)
@@ -173,6 +183,7 @@ class Cluster:
 
     def _teardown(self) -> None:
         self.running = False
+        self._armed_profile = None  # an armed capture does not outlive the tasks
         if self._dashboard is not None:
             with contextlib.suppress(Exception):
                 self._dashboard.stop()
@@ -207,8 +218,8 @@ class Cluster:
         cold, and ``warm_note`` says why in one line."""
         targets = self._runtimes(on, allow_dead=True)
         if not self.launcher.restartable:
-            raise TfdistError(f"the {self.launcher.name} launcher cannot restart tasks: their "
-                              "scheduler started them; restart them there, then attach again")
+            raise TfdistError(f"the {self.launcher.name} launcher cannot restart single tasks: "
+                              f"their scheduler started them; {self.launcher.restart_instead}")
         assert self._lifecycle is not None
         self._require_loop().run(self._lifecycle.restart(targets),
                                  self.start_timeout + STOP_TIMEOUT_S)
@@ -383,13 +394,40 @@ class Cluster:
                                    stall_timeout=stall_timeout or self.stall_timeout))
         fut.add_done_callback(lambda _: events.put(RUN_DONE))
         self._active_runs[control] = fut
+        capture, self._armed_profile = self._armed_profile, None
+        profiling = self._profile_cell(capture) if capture is not None else None
         try:
             relay(events, on_event, fut, lambda: loop.call_soon(control.stop, "interrupt"),
                   alive=lambda: self._loop is not None)
         finally:
             self.hub.remove_listener(listener)
             self._active_runs.pop(control, None)
-        return RunResult(cell=cell, tasks=fut.result(timeout=10))
+        result = RunResult(cell=cell, tasks=fut.result(timeout=10))
+        if profiling is not None and capture is not None:
+            result.profile = self._profile_text(*profiling, capture)
+        if origin := first_nan(result.failed):
+            self._note("cluster", origin.splitlines()[0], "WARNING")
+        return result
+
+    def _profile_cell(self, capture: Capture) -> tuple[TaskRuntime | None, str | None]:
+        """Start an armed capture as the cell starts; a failure is said, not raised."""
+        targets = [rt for rt in self.tasks.values() if rt.agent]
+        try:
+            return self._require_loop().run(start_capture(targets, capture), 120), None
+        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
+            return None, f"the profile capture did not start: {exc}"
+
+    def _profile_text(self, lead: TaskRuntime | None, failed: str | None,
+                      capture: Capture) -> str:
+        if lead is None:
+            return str(failed)
+        try:
+            summary = self._require_loop().run(
+                finish_capture(lead, capture),
+                (capture.delay_ms + capture.duration_ms) / 1000 + 120)
+        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
+            return f"the profile capture failed: {exc}"
+        return describe(summary, capture)
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
@@ -432,6 +470,60 @@ class Cluster:
         targets = self._runtimes(on)
         limit = CHECK_TIMEOUT_S + 2 * float(options.get("max_seconds", 0))
         return self._require_loop().run(CheckRunner(targets).run(kind, expr, **options), limit)
+
+    def numerics(self, on: bool, dump_dir: str | os.PathLike[str] | None = None) -> str:
+        """NaN/Inf checking on every task (``%tfdist_numerics``): the first op whose output
+        holds NaN or Inf raises, and the cell names the first task and op across tasks.
+        ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
+        targets = self._runtimes("all")
+        root = Path(dump_dir).absolute() if dump_dir else None
+        said = self._require_loop().run(_gather(*(
+            rt.agent.call("set_numerics", timeout=60, on=on,
+                          dump_root=str(root / rt.task.slug) if root else None)
+            for rt in targets if rt.agent)), 120)
+        text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
+        if root and on:
+            text += (f"; Debugger V2 dumps in {root}/<task> (one root per task: open each with "
+                     f"%tensorboard --logdir {root}/worker-0, Debugger V2 tab)")
+        return text
+
+    def profile(self, duration_ms: int = 2000, logdir: str | os.PathLike[str] | None = None,
+                now: bool = False, delay_ms: int = 500) -> str:
+        """A profiler trace of every task at once into one logdir (``%tfdist_profile``).
+
+        ``now``: capture what the tasks do now and wait for it; otherwise the capture is armed
+        and starts with the next cell (``delay_ms`` after it is sent) and is read when that cell
+        ends. Returns what to tell the user (where the trace is and how to open it)."""
+        if duration_ms <= 0:
+            raise SpecError("--duration-ms must be a positive number of milliseconds")
+        self._runtimes("all")
+        assert self.rundir is not None
+        where = Path(logdir).absolute() if logdir else self.rundir.path / "profile"
+        capture = Capture(where, int(duration_ms), 0 if now else int(delay_ms))
+        if not now:
+            self._armed_profile = capture
+            return (f"profile of {duration_ms} ms armed: it starts with the next cell and is "
+                    f"written to {where}")
+        return self._take_profile(capture)
+
+    def _take_profile(self, capture: Capture) -> str:
+        lead, failed = self._profile_cell(capture)
+        if lead is None:
+            raise TfdistError(str(failed))
+        return self._profile_text(lead, None, capture)
+
+    def export(self, directory: str | os.PathLike[str]) -> Path:
+        """A standalone reproducer of what the cluster ran (``%tfdist_export``): ``train.py``
+        (the cells, in order) and ``launch.sh`` (the same tasks here, same TF_CONFIG layout and
+        env). Works on a stopped cluster too."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not run anything yet")
+        targets = self.default_targets()
+        return export_reproducer(
+            directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
+            env=self.extra_env, python=self.python,
+            restarts=restart_times(self.rundir.iter_events()),
+            default_targets=None if targets == "all" else targets.split(","))
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""

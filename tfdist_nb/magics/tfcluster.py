@@ -150,7 +150,7 @@ class TfdistMagics(Magics):
                 raise _usage(exc) from None
         if decided.action == "reuse":
             return active
-        if decided.action == "restart":
+        if decided.action == "restart" and active.launcher.restartable:
             active.restart()  # from spare kernels where they fit (docs/design.md)
             if active.warm_note:
                 print(f"tfdist_nb: {active.warm_note}")
@@ -209,6 +209,8 @@ class TfdistMagics(Magics):
                   f"{cluster.run_dir}/events.jsonl (%tfdist_logs)")
         if note := printer.held_back_note():
             print(note)
+        if result.profile:
+            print(f"tfdist_nb: {result.profile}")
         sys.stdout.flush()
         if not result.ok:
             sys.stderr.write(failure_report(result))
@@ -523,6 +525,101 @@ class TfdistMagics(Magics):
             return cluster.check(args.kind, expr, on=args.on, **options)
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc, example) from None
+
+
+    @magic_arguments()
+    @argument("directory", help="where train.py and launch.sh go (created if missing)")
+    @line_magic
+    def tfdist_export(self, line: str) -> None:
+        """Write a standalone reproducer of what the cluster ran: ``DIR/train.py`` (the cells,
+        in order, without notebook machinery) and ``DIR/launch.sh`` (the same tasks on this
+        machine, same TF_CONFIG layout with fresh ports, same ``--env``).
+        ``bash DIR/launch.sh`` runs it outside Jupyter and exits non-zero if a task fails.
+
+        Example::
+
+            %tfdist_export repro/
+        """
+        example = "example: %tfdist_export repro/"
+        args = _parse(self.tfdist_export, line, example)
+        out = _require_any().export(args.directory)
+        print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
+              f"bash {out / 'launch.sh'}")
+
+    @magic_arguments()
+    @argument("state", choices=["on", "off"], help="on | off")
+    @argument("--dump", metavar="DIR",
+              help="also write TensorBoard Debugger V2 dumps, one root per task (DIR/worker-0, "
+                   "DIR/worker-1, ...): a root shared by several tasks cannot be read")
+    @line_magic
+    def tfdist_numerics(self, line: str) -> None:
+        """NaN/Inf checking on every task (``tf.debugging.enable_check_numerics``).
+
+        The first op whose output holds NaN or Inf raises on its task; when a cell fails that
+        way, it names the task that produced NaN/Inf first (by time across tasks) and the op,
+        with where the op was created. It slows every op down: turn it off when done.
+
+        Examples::
+
+            %tfdist_numerics on
+            %tfdist_numerics on --dump /tmp/dbg
+            %tfdist_numerics off
+        """
+        example = "example: %tfdist_numerics on   (or: off, on --dump DIR)"
+        args = _parse(self.tfdist_numerics, line, example)
+        try:
+            print(f"tfdist_nb: {_require().numerics(args.state == 'on', args.dump)}")
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, example) from None
+
+    @magic_arguments()
+    @argument("--duration-ms", type=int, default=2000, metavar="N",
+              help="how long to trace (default 2000)")
+    @argument("--logdir", metavar="DIR", help="where the trace goes (default: the run "
+                                              "directory's profile/)")
+    @argument("--now", action="store_true",
+              help="trace what the tasks do now and wait for it, instead of arming the "
+                   "capture for the next cell")
+    @argument("--delay-ms", type=int, default=500, metavar="N",
+              help="with an armed capture: start this long after the next cell is sent")
+    @line_magic
+    def tfdist_profile(self, line: str) -> None:
+        """A TensorFlow profiler trace of every task at once, in one logdir for TensorBoard.
+
+        By default the capture is armed and starts with the next ``%%tfcluster`` cell (all tasks
+        together); when that cell ends, the cell says where the trace is, how to open it
+        (``%tensorboard --logdir ...``) and, per task, its busiest ops. ``--now`` traces what
+        the tasks are doing at once.
+
+        Examples::
+
+            %tfdist_profile --duration-ms 3000
+            %tfdist_profile --now --logdir /tmp/prof
+        """
+        example = "example: %tfdist_profile --duration-ms 3000"
+        args = _parse(self.tfdist_profile, line, example)
+        try:
+            said = _require().profile(args.duration_ms, args.logdir, now=args.now,
+                                      delay_ms=args.delay_ms)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, example) from None
+        print(f"tfdist_nb: {said}")
+
+
+def _require_any() -> Any:
+    """The active cluster, or the last one that ran (export works after a stop too)."""
+    from tfdist_nb.cluster.registry import last_cluster
+
+    cluster = _maybe_current() or last_cluster()
+    if cluster is None:
+        raise UsageError("no cluster has run here yet; start one with\n  %%tfcluster 2 workers")
+    return cluster
+
+
+def _maybe_current() -> Any:
+    from tfdist_nb.cluster.facade import current
+
+    return current()
 
 
 def _require() -> Any:
