@@ -239,6 +239,11 @@ def test_stream_sends_lines_appended_to_the_files_and_printed_by_a_cell(
             await stream.until(lambda m: "[worker:0] from the cell" in lines_of(m), 15,
                                "the cell's line")
             assert (await run).ok
+            # an alert: counted in the summary, its text in the stream's updates
+            cluster.hub.note("worker:1", "an alert for the panes", "WARNING")
+            msg = await stream.until(lambda m: m["type"] == "update"
+                                     and m["cluster"]["alerts"] == 1, 5, "the alert")
+            assert msg["cluster"]["alert_list"] == ["worker:1: an alert for the panes"]
 
     asyncio.run(scenario())
 
