@@ -78,7 +78,8 @@ def lab(tmp_path: Path) -> Iterator[dict[str, str]]:
             [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
              f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
              f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-             "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+             "--allow-root", "--KernelManager.shutdown_wait_time=20", "--LabApp.news_url=",
+             "--LabApp.check_for_updates_class="
              "jupyterlab.handlers.announcements.NeverCheckForUpdate"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -108,7 +109,7 @@ def api(lab: dict[str, str], path: str, method: str = "GET", body: Any = None) -
     req = urllib.request.Request(f"{lab['base']}{path}", method=method, data=data)
     req.add_header("Authorization", f"token {lab['token']}")
     req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=10) as resp:
+    with urllib.request.urlopen(req, timeout=30) as resp:
         body = resp.read()
     return json.loads(body) if body else None
 
@@ -198,8 +199,9 @@ def test_lab_pane_opens_survives_a_reload_and_turns_read_only(lab: dict[str, str
             expect(pane.locator("tr.tfdist-lab-task")).to_have_count(2, timeout=20_000)
             see_ticks_move(page)
 
-            # the notebook's kernel shut down: its atexit stops the cluster, the pane goes
-            # read-only with the final state
+            # the notebook's kernel shut down: its atexit stops the cluster (given the time to,
+            # shutdown_wait_time above, even on a loaded machine), the pane goes read-only with
+            # the final state
             kernels = api(lab, "/api/kernels")
             assert len(kernels) == 1
             api(lab, f"/api/kernels/{kernels[0]['id']}", method="DELETE")
