@@ -12,6 +12,9 @@
 (e) ``bench.detect``   crash detected within 2 s, stall within stall_timeout + 2 s.
 (f) ``bench.network``  ``%tfdist_check network``'s all-reduce bus bandwidth vs the same
     all-reduce in plain processes; goal within 0.9x-1.1x at 1, 16 and 64 MB.
+(g) ``bench.warm``     restart and resize from spare kernels, to a new MWMS strategy: restart
+    <= 0.15x of the cluster's cold start and <= 0.1x of ipyparallel's restart + import TF,
+    resize 2 -> 1 <= 0.2x of a cold start, a training step after it <= 1.02x of a cold task's.
 
 Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
 weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
@@ -42,6 +45,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "flood": (["--workers", "2", "--lines", "100000"], ["--quick"]),
     "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
     "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
+    "warm": (["--repeat", "3", "--steps", "300"], ["--quick"]),
 }
 BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5
@@ -172,12 +176,36 @@ def rows_network(res: dict[str, Any]) -> list[dict[str, str]]:
             for r in res["rows"]]
 
 
+def rows_warm(res: dict[str, Any]) -> list[dict[str, str]]:
+    from bench.warm import IPP_GOAL, RESIZE_GOAL, RESTART_GOAL, STEP_GOAL
+
+    m, r = res["median"], res["ratio"]
+    return [
+        _row("(g)", "restart to a new MWMS strategy, 2 workers, vs its cold start (s)",
+             f"{m['warm_restart_s']:.2f}", f"cold start {m['cold_start_2_s']:.2f}",
+             f"{r['restart_vs_cold_start']:.3f}x", f"<= {RESTART_GOAL:.2f}x",
+             r["restart_vs_cold_start"] <= RESTART_GOAL),
+        _row("(g)", "  same, vs ipyparallel restart engines + import TF (s)", "",
+             f"ipyparallel {m['ipyparallel_s']:.2f}", f"{r['restart_vs_ipyparallel']:.3f}x",
+             f"<= {IPP_GOAL:.2f}x", r["restart_vs_ipyparallel"] <= IPP_GOAL),
+        _row("(g)", "resize 2 -> 1 worker to a new strategy, vs a cold start (s)",
+             f"{m['warm_resize_s']:.2f}", f"cold start {m['cold_start_1_s']:.2f}",
+             f"{r['resize_vs_cold_start']:.3f}x", f"<= {RESIZE_GOAL:.2f}x",
+             r["resize_vs_cold_start"] <= RESIZE_GOAL),
+        _row("(g)", "MWMS step after a warm restart vs on cold tasks (ms)",
+             f"{m['step_warm_ms']:.2f}", f"cold {m['step_cold_ms']:.2f}",
+             f"{r['step_warm_vs_cold']:.3f}x", f"<= {STEP_GOAL:.2f}x",
+             r["step_warm_vs_cold"] <= STEP_GOAL),
+    ]
+
+
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
     "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
+    "warm": [rows_warm],
 }
 LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
-          "network": "(f)"}
+          "network": "(f)", "warm": "(g)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -194,7 +222,7 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
             except (KeyError, ZeroDivisionError, TypeError) as exc:
                 rows.append(_row(LETTER[part], f"bench.{part}: no result ({exc!r})", "", "",
                                  "", "", False))
-    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5}
+    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5, "(g)": 6}
     goal = ""
     for r in rows:  # continuation rows sort with the goal above them
         goal = r["goal"] or goal

@@ -297,3 +297,18 @@ def test_spares_die_with_a_sigkilled_controller(tmp_path: Path) -> None:
         proc.wait(10)
     wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
                              for p in pids), 15, "orphaned spares to exit")
+
+
+def test_the_benchmark_summary_has_the_warm_goals() -> None:
+    """``python -m bench`` reports part (g), bench.warm, goal by goal (canned results)."""
+    from bench.__main__ import PARTS, summary
+
+    assert "warm" in PARTS
+    res = {"median": {"warm_restart_s": 0.44, "cold_start_2_s": 4.0, "ipyparallel_s": 11.0,
+                      "warm_resize_s": 0.3, "cold_start_1_s": 3.0, "step_warm_ms": 6.1,
+                      "step_cold_ms": 6.0},
+           "ratio": {"restart_vs_cold_start": 0.11, "restart_vs_ipyparallel": 0.04,
+                     "resize_vs_cold_start": 0.1, "step_warm_vs_cold": 6.1 / 6.0}}
+    rows = summary({"warm": res})
+    assert [r["goal"] for r in rows] == ["(g)"] * 4
+    assert [r["result"] for r in rows] == ["met", "met", "met", "met"]
