@@ -263,6 +263,21 @@ def test_no_spare_when_memory_is_short(monkeypatch: pytest.MonkeyPatch) -> None:
         assert len(notes) == 1 and "600 MB" in notes[0]
 
 
+def test_a_spare_that_cannot_be_warmed_is_said_and_ended(tmp_path: Path) -> None:
+    (tmp_path / "spare_breaks.py").write_text(
+        "import os\nif os.environ.get('TFDIST_SPARE') == '1':\n"
+        "    raise ImportError('not in a spare')\n")
+    with Cluster(workers=1, preload=("spare_breaks",), warm=1,
+                 env={"PYTHONPATH": str(tmp_path)}) as c:
+        wait_for(lambda: any("could not be warmed" in a for a in c.alerts()), 60,
+                 "the failed warm-up to be said")
+        alert = next(a for a in c.alerts() if "could not be warmed" in a)
+        assert "not in a spare" in alert and "trying again" in alert
+        assert c.spares()["pids"] == [] and c.run("x = 1").ok
+        c.restart()
+        assert c.warm_note and c.warm_note.startswith("cold start")
+
+
 SLOW_IMPORT = "import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n    time.sleep(120)\n"
 CONTROLLER = textwrap.dedent("""
     import json, os, sys, time

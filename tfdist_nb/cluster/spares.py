@@ -208,11 +208,16 @@ class SparePool:
         cwd = cwd or os.getcwd()
         reasons: list[str] = []
         for spare in [s for s in self._spares if s.state == "ready"]:
-            if spare.handle is None or (code := await spare.handle.poll()) is not None:
-                await self._lost(spare, code if spare.handle else None)
+            spare.state = "taking"  # the background check leaves it alone meanwhile
+            code = await spare.handle.poll() if spare.handle is not None else None
+            if spare.state != "taking" or spare not in self._spares:
+                continue  # stopped while we looked
+            if spare.handle is None or code is not None:
+                await self._lost(spare, code)
                 continue
             why = mismatch(spare, env, python, preload, cwd)
             if why:
+                spare.state = "ready"
                 reasons.append(why)
                 continue
             self._spares.remove(spare)
@@ -263,22 +268,12 @@ class SparePool:
             if self._failures >= MAX_FAILURES or not self._memory_allows():
                 continue
             spare = self._new_spare()
-            spare.warming = asyncio.ensure_future(self._warm(spare))
-            try:  # one at a time; cancelling this loop leaves the warm-up running
-                await asyncio.shield(spare.warming)
+            spare.warming = asyncio.ensure_future(self._warm_or_drop(spare))
+            # one at a time; cancelling this loop (a handover) leaves the warm-up running
+            if await asyncio.shield(spare.warming):
                 self._failures = 0
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
+            else:
                 self._failures += 1
-                tail = _tail(spare.log_path)
-                self._say(f"{spare.name} could not be warmed ({exc})"
-                          + (f"; its process log ends: {tail}" if tail else "")
-                          + ("; no more spares for this cluster" if self._failures >= MAX_FAILURES
-                             else f"; trying again in {RETRY_AFTER_S:.0f}s"), "WARNING")
-                with contextlib.suppress(ValueError):
-                    self._spares.remove(spare)
-                await _stop_spare(spare)
                 await asyncio.sleep(RETRY_AFTER_S)
             idle_since = None if self._busy() else idle_since
 
@@ -291,6 +286,8 @@ class SparePool:
         wanted = self.spare_env()
         for spare in [s for s in self._spares if s.state == "ready"]:
             code = await spare.handle.poll() if spare.handle else None
+            if spare.state != "ready" or spare not in self._spares:
+                continue  # being taken (or stopped) meanwhile
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
             elif why := mismatch(spare, wanted, setup.python, setup.preload, os.getcwd()):
@@ -352,6 +349,26 @@ class SparePool:
                       preload=tuple(self._setup.preload), cwd=os.getcwd(), directory=directory)
         self._spares.append(spare)
         return spare
+
+    async def _warm_or_drop(self, spare: Spare) -> bool:
+        """Warm ``spare``; one that fails is said (with its log's last lines) and ended."""
+        try:
+            await self._warm(spare)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            tail = _tail(spare.log_path)
+            last = self._failures + 1 >= MAX_FAILURES
+            self._say(f"{spare.name} could not be warmed ({type(exc).__name__}: {exc})"
+                      + (f"; its process log ends: {tail}" if tail else "")
+                      + ("; no more spares for this cluster" if last
+                         else f"; trying again in {RETRY_AFTER_S:.0f}s"), "WARNING")
+            with contextlib.suppress(ValueError):
+                self._spares.remove(spare)
+            spare.warming = None  # this task: not cancelled by the stop below
+            await _stop_spare(spare)
+            return False
 
     async def _warm(self, spare: Spare) -> None:
         """Start the kernel, import ``preload`` in it at low priority, make its subshell."""
