@@ -373,15 +373,15 @@ export class ClusterPanel extends Widget {
   private _renderAlerts(): void {
     const alerts = this._alerts;
     this._alertsNode.textContent = '';
-    const count = this._summary?.alerts ?? alerts.length;
-    this._alertsNode.dataset.count = String(count);
-    for (const text of alerts.slice(-10)) {
-      this._alertsNode.appendChild(h('li', 'tfdist-lab-alert', text));
-    }
-    if (count > alerts.length) {
+    this._alertsNode.dataset.count = String(alerts.length);
+    const shown = alerts.slice(-10);
+    if (alerts.length > shown.length) {
       this._alertsNode.appendChild(
-        h('li', 'tfdist-lab-alert tfdist-lab-alert-more', `${count} alert(s): reload the pane for the latest`)
+        h('li', 'tfdist-lab-alert tfdist-lab-alert-more', `${alerts.length - shown.length} older alert(s)`)
       );
+    }
+    for (const text of shown) {
+      this._alertsNode.appendChild(h('li', 'tfdist-lab-alert', text));
     }
   }
 
