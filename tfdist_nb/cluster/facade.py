@@ -232,7 +232,8 @@ class Cluster:
 
     @property
     def warm_note(self) -> str | None:
-        """Why the last start or restart could not take spares for every task (one line)."""
+        """How the last start or restart used spare kernels, one line: ``"2 task(s) from spare
+        kernels on fresh TF ports"``, or ``"cold start for ...: <why>"``; None without spares."""
         return self._lifecycle.warm_note if self._lifecycle is not None else None
 
     def spares(self) -> dict[str, Any]:

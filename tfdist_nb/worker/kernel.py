@@ -4,6 +4,10 @@ An ordinary ipykernel with ``tfdist_nb.worker`` loaded first and its agent start
 thread, Keras step timing, task-tagged log records) before the first cell. It exits by itself
 when its controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's parent poller
 ``os._exit``s when the parent changes, which also works while TensorFlow ignores SIGTERM.
+
+A spare kernel (``TFDIST_SPARE=1``, no task identity yet) is this same entry point: its agent
+holds the telemetry thread back until :mod:`tfdist_nb.worker.adopt` makes it a task, and the
+parent poller ends it with its controller like any task (docs/design.md, Spare kernels).
 """
 
 from __future__ import annotations
