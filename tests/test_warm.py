@@ -49,6 +49,13 @@ def _no_idle_delay(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TFDIST_SPARE_IDLE_S", "0")
 
 
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def ready_spares(c: Cluster, n: int, timeout: float = 120) -> list[int]:
     wait_for(lambda: c.spares()["ready"] >= n, timeout, f"{n} spare kernel(s) ready")
     return list(c.spares()["pids"])
@@ -57,6 +64,7 @@ def ready_spares(c: Cluster, n: int, timeout: float = 120) -> list[int]:
 def identities(c: Cluster) -> dict[str, dict[str, Any]]:
     result = c.run(IDENTITY, timeout=60)
     assert result.ok, result.summary()
+    assert all("fd-level line" in t.stderr for t in result.tasks.values())  # fd capture
     return {name: json.loads(t.stdout.strip().splitlines()[-1])
             for name, t in result.tasks.items()}
 
@@ -129,8 +137,8 @@ def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> N
         c.restart()
         assert c.warm_note == "2 task(s) from spare kernels on fresh TF ports"
         assert sorted(rt.pid for rt in c.tasks.values()) == sorted(spares)
-        assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
-                   for pid, _ in old.values())
+        wait_for(lambda: all(gone(pid) for pid, _ in old.values()), 5,
+                 "the old processes to be killed")
         seen = identities(c)
         for rt in c.tasks.values():
             me = seen[rt.name]
@@ -216,7 +224,7 @@ def test_a_spare_that_died_while_idle_is_replaced_not_handed_out() -> None:
     with Cluster(workers=1, preload=(), warm=1) as c:
         (dead,) = ready_spares(c, 1)
         os.kill(dead, signal.SIGKILL)
-        psutil.Process(dead).wait(5) if psutil.pid_exists(dead) else None
+        wait_for(lambda: gone(dead), 5, "the spare to die")
         c.restart()
         rt = c.tasks[next(iter(c.tasks))]
         assert rt.pid != dead and c.run("x = 1").ok
@@ -245,8 +253,7 @@ def test_spares_start_only_while_no_cell_runs_and_stop_with_the_cluster() -> Non
         started = time.monotonic()
         c.stop()
     assert time.monotonic() - started < 5
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                             for p in pids), 5, "the spares to end")
+    wait_for(lambda: all(gone(p) for p in pids), 5, "the spares to end")
     assert not list(c.run_dir.rglob("kernel-connection.json"))
 
 
@@ -310,8 +317,7 @@ def test_spares_die_with_a_sigkilled_controller(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-    wait_for(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                             for p in pids), 15, "orphaned spares to exit")
+    wait_for(lambda: all(gone(p) for p in pids), 15, "orphaned spares to exit")
 
 
 def test_the_benchmark_summary_has_the_warm_goals() -> None:

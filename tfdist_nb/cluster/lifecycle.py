@@ -78,8 +78,9 @@ class Lifecycle:
         self.hub = hub
         self.tasks = tasks
         self.spares = spares
-        #: the last start or restart that could not take spares for every task: why, one line
+        #: how the last start or restart used spares, one line (why a task started cold)
         self.warm_note: str | None = None
+        self._reaping: set[asyncio.Future[None]] = set()  # old processes of a warm restart
 
     # ------------------------------------------------------------------ whole cluster
     async def start_all(self) -> None:
@@ -119,15 +120,15 @@ class Lifecycle:
             for rt in targets:
                 rt.handle, rt.channel, rt.agent = None, None, None
             if {rt.task for rt in targets} == set(self.tasks):
-                # every task: fresh ports, so the old processes are killed while the spares are
-                # adopted, and nothing waits for their ports to be freed
+                # every task: fresh ports, so the old processes are killed (SIGKILL goes out at
+                # once, their exit is awaited in the background) while the spares are adopted,
+                # and nothing waits for their ports to be freed
                 await self.readdress(targets)
                 self.warm_note = f"{self.warm_note} on fresh TF ports"
                 killed = asyncio.ensure_future(self._kill(old))
-                try:
-                    await self.launch(targets, deadline, spares)
-                finally:
-                    await killed
+                self._reaping.add(killed)
+                killed.add_done_callback(self._reaping.discard)
+                await self.launch(targets, deadline, spares)
             else:  # the others know these addresses: the old processes go first
                 for rt in targets:
                     self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG")
@@ -240,9 +241,14 @@ class Lifecycle:
 
     async def stop_all(self) -> list[StopReport]:
         """Every task and every spare, at once."""
-        reports, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
-                                          self.close_spares())
+        reports, _, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
+                                             self.close_spares(), self.reaped())
         return reports
+
+    async def reaped(self) -> None:
+        """The old processes of warm restarts have exited (SIGKILL went out at the restart)."""
+        if self._reaping:
+            await asyncio.gather(*list(self._reaping), return_exceptions=True)
 
     async def close_spares(self) -> None:
         if self.spares is not None:
@@ -256,7 +262,7 @@ class Lifecycle:
         if pool is not None:
             await pool.detach()
         reports = await asyncio.gather(*(self._stop_now(rt) for rt in self.tasks.values()),
-                                       return_exceptions=True)
+                                       self.reaped(), return_exceptions=True)
         return [r for r in reports if isinstance(r, StopReport)], pool
 
     async def _stop_now(self, rt: TaskRuntime) -> StopReport | None:
