@@ -136,3 +136,57 @@ def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path:
         finally:
             browser.close()
     assert (tmp_path / "dashboard-widget.png").stat().st_size > 10_000
+
+
+@pytest.mark.timeout(420)
+def test_the_compact_dashboard_at_32_tasks_in_jupyterlab(lab: str, tmp_path: Path) -> None:
+    """32 tasks (no TensorFlow: 32 TF imports do not fit a small machine): one grid row each,
+    a full panel for the task the alerts name, aggregated charts."""
+    import nbformat
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect, sync_playwright
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "from tfdist_nb import Cluster\n"
+        "c = Cluster(workers=32, preload=(), start_timeout=180).start()\n"
+        "r = c.run('import time, tfdist_nb.worker as tw\\nfor _ in range(5):\\n"
+        "    with tw.step():\\n        time.sleep(0.2 if tw.task[1] == 5 else 0.02)')\n"
+        "c._note('worker:9', 'a finding about worker:9', 'WARNING')\n"
+        "c.dashboard()",
+    )]
+    nbformat.write(nb, tmp_path / "compact.ipynb")
+    url = lab.replace("01_quickstart.ipynb", "compact.ipynb")
+    chromium = ensure_chromium()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1100})
+            page.goto(url)
+            page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+            select = page.locator(".jp-Dialog button", has_text="Select")
+            with contextlib.suppress(PlaywrightTimeout):
+                select.wait_for(timeout=10_000)
+                select.click()
+            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+                   ).to_have_count(1, timeout=60_000)
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            dash = page.locator(".tfdist-dashboard").first
+            dash.wait_for(timeout=240_000)
+            rows = dash.locator(".tfdist-task-grid tr.tfdist-grid-row")
+            expect(rows).to_have_count(32, timeout=60_000)
+            expect(rows.nth(31)).to_contain_text("worker:31")
+            panels = dash.locator(".tfdist-task-panel")
+            expect(panels).to_have_count(1, timeout=30_000)  # the task the alert names
+            expect(panels.first).to_contain_text("worker:9")
+            expect(dash.locator(".tfdist-chart")).to_have_count(4)
+            expect(dash.locator(".tfdist-outliers").first).to_contain_text("worker:5",
+                                                                           timeout=30_000)
+            dash.screenshot(path=str(tmp_path / "compact.png"))
+        except Exception:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    assert (tmp_path / "compact.png").stat().st_size > 10_000

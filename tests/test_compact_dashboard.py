@@ -16,6 +16,8 @@ def test_outliers_and_alert_named_tasks() -> None:
     values["worker:7"] = 412.0
     assert outliers(values, " ms") == "worker:7 412 ms (median 101 ms)"
     assert outliers({f"worker:{i}": 100.0 + i % 3 for i in range(32)}, " ms") == ""
+    idle = {f"worker:{i}": float(i % 2) for i in range(32)} | {"worker:3": 4.0}
+    assert outliers(idle, "%", min_gap=15.0) == ""  # a few % of CPU on idle tasks is noise
     alerts = ["worker:3: a note", "worker:9: straggler", "cluster: nothing named",
               "worker:3: again"]
     assert named_tasks(alerts, [f"worker:{i}" for i in range(32)]) == ["worker:3", "worker:9"]

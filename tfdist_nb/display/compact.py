@@ -39,15 +39,17 @@ def named_tasks(alerts: Iterable[str], known: Iterable[str], limit: int = ALERT_
     return found
 
 
-def outliers(values: dict[str, float], unit: str) -> str:
-    """``"worker:7 412 ms (median 120)"`` for the tasks far from the others, or ``""``."""
+def outliers(values: dict[str, float], unit: str, min_gap: float = 0.0) -> str:
+    """``"worker:7 412 ms (median 120)"`` for the tasks far from the others (and at least
+    ``min_gap`` away: a few % of CPU on idle tasks is noise), or ``""``."""
     if len(values) < 4:
         return ""
     med = statistics.median(values.values())
     mad = statistics.median(abs(v - med) for v in values.values()) or abs(med) * 0.05 or 1.0
     far = sorted(((abs(v - med), t, v) for t, v in values.items()
                   if abs(v - med) > OUTLIER_SPREAD * mad
-                  and abs(v - med) > OUTLIER_MIN_GAP * abs(med)), reverse=True)[:4]
+                  and abs(v - med) > max(OUTLIER_MIN_GAP * abs(med), min_gap)),
+                 reverse=True)[:4]
     if not far:
         return ""
     return (", ".join(f"{t} {v:.0f}{unit}" for _, t, v in far) + f" (median {med:.0f}{unit})")
@@ -65,12 +67,17 @@ class TaskGrid:
         self.widget = w.HTML()
         self.widget.add_class("tfdist-task-grid")
 
+    ROWS_PER_TABLE = 16  # tables side by side: 64 tasks stay on one screen
+
     def update(self, rows: list[dict[str, Any]]) -> bool:
-        head = "".join(f"<th style='padding:1px 6px;text-align:right'>{c}</th>"
+        head = "".join(f"<th style='padding:0 5px;text-align:right'>{c}</th>"
                        for c in self.COLUMNS)
-        body = "".join(self._row(r) for r in rows)
-        text = (f"<table style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>"
-                f"{body}</table>")
+        tables = "".join(
+            f"<table style='border-collapse:collapse;font-size:11px;line-height:15px;"
+            f"margin:0'><tr>{head}</tr>"
+            + "".join(self._row(r) for r in rows[i:i + self.ROWS_PER_TABLE]) + "</table>"
+            for i in range(0, len(rows), self.ROWS_PER_TABLE))
+        text = f"<div style='display:flex;flex-wrap:wrap;gap:14px'>{tables}</div>"
         if text == self.widget.value:
             return False
         self.widget.value = text
@@ -80,12 +87,12 @@ class TaskGrid:
     def _row(r: dict[str, Any]) -> str:
         def cell(v: Any, digits: int = 0) -> str:
             text = "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-            return f"<td style='padding:1px 6px;text-align:right'>{html.escape(text)}</td>"
+            return f"<td style='padding:0 5px;text-align:right'>{html.escape(text)}</td>"
 
         bg = _STATE_BG.get(r["state"], "#ffffff")
         flag = " style='color:#c62828;font-weight:bold'" if r["alerts"] else ""
         return (f"<tr class='tfdist-grid-row' data-task='{html.escape(r['task'])}' "
-                f"style='background:{bg}'><td style='padding:1px 6px'><b>"
+                f"style='background:{bg}'><td style='padding:0 5px'><b>"
                 f"{html.escape(r['task'])}</b></td>{cell(r['state'])}{cell(r['step'])}"
                 f"{cell(r['step_ms'], 1)}{cell(r['late_ms'])}{cell(r['cpu'])}{cell(r['rss'])}"
                 f"{cell(r['gpu'])}<td{flag}>{r['alerts'] or ''}</td></tr>")
@@ -113,15 +120,15 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
 class BandCharts:
     """Per series, three lines across all tasks (min, median, max) and the outliers named."""
 
-    SERIES = (("step time (ms)", "steps", 2, " ms"), ("CPU %", "time", 1, "%"),
-              ("RSS (MB)", "time", 2, " MB"), ("GPU %", "time", 3, "%"))
+    SERIES = (("step time (ms)", "steps", 2, " ms", 5.0), ("CPU %", "time", 1, "%", 15.0),
+              ("RSS (MB)", "time", 2, " MB", 100.0), ("GPU %", "time", 3, "%", 15.0))
 
     def __init__(self) -> None:
         import bqplot as bq
         import ipywidgets as w
 
         self.figures, self.marks, self.notes = [], [], []
-        for title, xkind, _, _ in self.SERIES:
+        for title, xkind, _, _, _ in self.SERIES:
             xs, ys = bq.LinearScale(), bq.LinearScale()
             mark = bq.Lines(x=[0.0], y=[[0.0], [0.0], [0.0]],
                             colors=["#90caf9", "#1565c0", "#ef6c00"],
@@ -149,8 +156,8 @@ class BandCharts:
             return False
         self._seen = revision
         t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
-        for (_, xkind, col, unit), mark, note in zip(self.SERIES, self.marks, self.notes,
-                                                     strict=True):
+        for (_, xkind, col, unit, gap), mark, note in zip(self.SERIES, self.marks, self.notes,
+                                                          strict=True):
             per_x: dict[float, list[float]] = defaultdict(list)
             latest: dict[str, float] = {}
             for v in views:
@@ -169,7 +176,7 @@ class BandCharts:
                          [max(per_x[x]) for x in xs]]
                 with mark.hold_sync():
                     mark.x, mark.y = xs, bands
-            said = outliers(latest, unit)
+            said = outliers(latest, unit, gap)
             text = f"<small>outliers: {html.escape(said)}</small>" if said else ""
             if text != note.value:
                 note.value = text
