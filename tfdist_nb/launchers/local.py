@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
 from tfdist_nb.launchers import ports
@@ -50,6 +50,20 @@ def worker_kernel_spec(python: str) -> KernelSpec:
         interrupt_mode="signal",
         metadata={"debugger": False},
     )
+
+
+def task_kernel_spec(python: str) -> KernelSpec:
+    """The spec a task starts with: ``tfdist-worker`` as installed with ``jupyter kernelspec
+    install kernels/tfdist-worker`` when Jupyter finds one (so changes made to the installed
+    copy, its ``env`` or extra arguments, apply), its leading bare ``python`` replaced by the
+    worker interpreter; else :func:`worker_kernel_spec` (kernels/README.md)."""
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+    except NoSuchKernel:
+        return worker_kernel_spec(python)
+    if spec.argv and spec.argv[0] == "python":
+        spec.argv = [python, *spec.argv[1:]]
+    return spec
 
 
 class _OneSpec(KernelSpecManager):
@@ -151,7 +165,7 @@ class LocalLauncher(Launcher):
         (None unless the run directory's path is too long for a socket)."""
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
-            kernel_spec_manager=_OneSpec(worker_kernel_spec(launch.python)),
+            kernel_spec_manager=_OneSpec(task_kernel_spec(launch.python)),
         )
         km.connection_file = str(launch.connection_file)
         km.shutdown_wait_time = 1.0
