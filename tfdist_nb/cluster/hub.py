@@ -96,7 +96,8 @@ class EventHub:
 
     def _check_startup_wait(self, line: OutputLine) -> None:
         wait = self._startup_waits.feed(line.task, line.text)
-        if wait is None:
+        if wait is None or set(wait.stragglers) <= {wait.task}:
+            # the coordination leader briefly lists its own agent, which joins a moment later
             return
         states = self._task_states()
         named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
