@@ -45,7 +45,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "flood": (["--workers", "2", "--lines", "100000"], ["--quick"]),
     "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
     "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
-    "warm": (["--repeat", "3", "--steps", "300"], ["--quick"]),
+    "warm": (["--repeat", "3", "--step-repeat", "5", "--steps", "300"], ["--quick"]),
 }
 BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5

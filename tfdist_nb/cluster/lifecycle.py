@@ -80,7 +80,6 @@ class Lifecycle:
         self.spares = spares
         #: how the last start or restart used spares, one line (why a task started cold)
         self.warm_note: str | None = None
-        self._reaping: set[asyncio.Future[None]] = set()  # old processes of a warm restart
 
     # ------------------------------------------------------------------ whole cluster
     async def start_all(self) -> None:
@@ -120,15 +119,17 @@ class Lifecycle:
             for rt in targets:
                 rt.handle, rt.channel, rt.agent = None, None, None
             if {rt.task for rt in targets} == set(self.tasks):
-                # every task: fresh ports, so the old processes are killed (SIGKILL goes out at
-                # once, their exit is awaited in the background) while the spares are adopted,
-                # and nothing waits for their ports to be freed
+                # every task: fresh ports, so the old processes are killed while the spares are
+                # adopted, and nothing waits for their ports to be freed. Their exit is awaited:
+                # returning while they die made the next strategy's start-up retry about one
+                # time in three (+1 s, docs/performance.md)
                 await self.readdress(targets)
                 self.warm_note = f"{self.warm_note} on fresh TF ports"
                 killed = asyncio.ensure_future(self._kill(old))
-                self._reaping.add(killed)
-                killed.add_done_callback(self._reaping.discard)
-                await self.launch(targets, deadline, spares)
+                try:
+                    await self.launch(targets, deadline, spares)
+                finally:
+                    await killed
             else:  # the others know these addresses: the old processes go first
                 for rt in targets:
                     self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG")
@@ -241,14 +242,9 @@ class Lifecycle:
 
     async def stop_all(self) -> list[StopReport]:
         """Every task and every spare, at once."""
-        reports, _, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
-                                             self.close_spares(), self.reaped())
+        reports, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
+                                          self.close_spares())
         return reports
-
-    async def reaped(self) -> None:
-        """The old processes of warm restarts have exited (SIGKILL went out at the restart)."""
-        if self._reaping:
-            await asyncio.gather(*list(self._reaping), return_exceptions=True)
 
     async def close_spares(self) -> None:
         if self.spares is not None:
@@ -262,7 +258,7 @@ class Lifecycle:
         if pool is not None:
             await pool.detach()
         reports = await asyncio.gather(*(self._stop_now(rt) for rt in self.tasks.values()),
-                                       self.reaped(), return_exceptions=True)
+                                       return_exceptions=True)
         return [r for r in reports if isinstance(r, StopReport)], pool
 
     async def _stop_now(self, rt: TaskRuntime) -> StopReport | None:
