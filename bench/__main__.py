@@ -15,6 +15,9 @@
 (g) ``bench.warm``     restart and resize from spare kernels, to a new MWMS strategy: restart
     <= 0.15x of the cluster's cold start and <= 0.1x of ipyparallel's restart + import TF,
     resize 2 -> 1 <= 0.2x of a cold start, a training step after it <= 1.02x of a cold task's.
+(h) ``bench.fleet``    32 and 64 tasks (no TF): start and ``x = 1`` round trip vs ipyparallel with
+    as many engines, each <= 1.0x; 64 tasks stepping every 10 ms with the dashboard on: newest
+    telemetry sample <= 2 s old, 0 steps lost, controller under half a core.
 
 Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
 weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
@@ -46,6 +49,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
     "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
     "warm": (["--repeat", "3", "--step-repeat", "5", "--steps", "300"], ["--quick"]),
+    "fleet": (["--tasks", "32", "64", "--repeat", "2", "--rtt", "20"], ["--quick"]),
 }
 BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5
@@ -199,13 +203,39 @@ def rows_warm(res: dict[str, Any]) -> list[dict[str, str]]:
     ]
 
 
+def rows_fleet(res: dict[str, Any]) -> list[dict[str, str]]:
+    from bench.fleet import CPU_GOAL, LAG_GOAL_S
+
+    rows = []
+    for run in res["runs"]:
+        n, start = run["tasks"], run["start_s"]
+        rows.append(_row("(h)", f"start, {n} tasks, no TF (s)", f"{start['tfdist_nb']:.1f}",
+                         f"ipyparallel {start['ipyparallel']:.1f}",
+                         f"{run['start_ratio']:.2f}x", "<= 1.00x", run["start_ratio"] <= 1.0))
+        rows += [dict(r, goal="(h)" if r["goal"] else "")
+                 for r in _rtt_rows(f"x = 1 round trip, {n} tasks, no TF (ms)", run)]
+    t = res["telemetry"]
+    what = f"{t['tasks']} tasks stepping every 10 ms, dashboard on"
+    rows += [_row("(h)", f"{what}: newest sample age, max (s)", f"{t['lag_max_s']:.2f}",
+                  f"median {t['lag_median_s']:.2f}", "", f"<= {LAG_GOAL_S:.0f} s",
+                  t["lag_max_s"] <= LAG_GOAL_S),
+             _row("(h)", f"{what}: steps lost", f"{t['steps_lost']}",
+                  f"of {t['steps_made']}", "", "0", t["steps_lost"] == 0),
+             _row("(h)", f"{what}: controller CPU (share of a core)",
+                  f"{t['controller_cpu_share']:.2f}",
+                  f"dashboard refresh {t['dashboard_refresh_median_ms']:.0f} ms", "",
+                  f"<= {CPU_GOAL:.2f}", t["controller_cpu_share"] <= CPU_GOAL)]
+    return rows + _failures(res, "(h)")
+
+
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
     "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
-    "warm": [rows_warm],
+    "warm": [rows_warm], "fleet": [rows_fleet],
 }
 LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
-          "network": "(f)", "warm": "(g)"}
+          "network": "(f)", "warm": "(g)",
+          "fleet": "(h)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -222,7 +252,7 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
             except (KeyError, ZeroDivisionError, TypeError) as exc:
                 rows.append(_row(LETTER[part], f"bench.{part}: no result ({exc!r})", "", "",
                                  "", "", False))
-    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5, "(g)": 6}
+    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5, "(g)": 6, "(h)": 7}
     goal = ""
     for r in rows:  # continuation rows sort with the goal above them
         goal = r["goal"] or goal

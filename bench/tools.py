@@ -146,7 +146,7 @@ class Ipyparallel:
         import ipyparallel as ipp
 
         t0 = time.perf_counter()
-        cluster = ipp.Cluster(n=n, log_level=40)
+        cluster = ipp.Cluster(n=n, log_level=40, engine_timeout=180)
         rc = cluster.start_and_connect_sync()
         handle = (cluster, rc)
         try:

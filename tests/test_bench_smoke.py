@@ -80,3 +80,27 @@ def test_summary_table_marks_each_goal() -> None:
     table = format_table(rows)
     assert "NOT MET" in table and "<= 0.50x" in table and "jupyter_client" in table
     assert format_table(rows, markdown=True).startswith("| goal | measure |")
+
+
+def test_summary_has_the_many_task_goals() -> None:
+    """Part (h), bench.fleet: start and round trip at each size vs ipyparallel, and the
+    controller keeping up with 64 tasks' telemetry, each marked met / NOT MET (canned results)."""
+    from bench.__main__ import PARTS, summary
+
+    assert "fleet" in PARTS
+    run = {"tasks": 64, "start_s": {"tfdist_nb": 30.0, "ipyparallel": 25.0}, "start_ratio": 1.2,
+           "rtt_ms": {"tfdist_nb": 40.0, "ipyparallel": 50.0, "ipyparallel_silent_false": 60.0},
+           "rtt_p90_ms": {"tfdist_nb": 50.0, "ipyparallel": 60.0,
+                          "ipyparallel_silent_false": 70.0}}
+    telemetry = {"tasks": 64, "lag_max_s": 1.4, "lag_median_s": 0.5, "steps_lost": 0,
+                 "steps_made": 100_000, "controller_cpu_share": 0.7,
+                 "dashboard_refresh_median_ms": 12.0}
+    rows = summary({"fleet": {"runs": [run], "telemetry": telemetry}})
+    assert {r["goal"] for r in rows} == {"(h)"}
+    result = {r["measure"]: r["result"] for r in rows}
+    assert result["start, 64 tasks, no TF (s)"] == "NOT MET"
+    assert result["x = 1 round trip, 64 tasks, no TF (ms), vs silent=True"] == "met"
+    tel = "64 tasks stepping every 10 ms, dashboard on"
+    assert result[f"{tel}: newest sample age, max (s)"] == "met"
+    assert result[f"{tel}: steps lost"] == "met"
+    assert result[f"{tel}: controller CPU (share of a core)"] == "NOT MET"
