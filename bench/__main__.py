@@ -102,14 +102,14 @@ def rows_startup(res: dict[str, Any]) -> list[dict[str, str]]:
     return rows + _failures(res, "(a)")
 
 
-def _rtt_rows(label: str, run: dict[str, Any]) -> list[dict[str, str]]:
+def _rtt_rows(label: str, run: dict[str, Any], goal: str = "(b)") -> list[dict[str, str]]:
     med, p90 = run["rtt_ms"], run["rtt_p90_ms"]
     ours = f"{med['tfdist_nb']:.1f} (p90 {p90['tfdist_nb']:.1f})"
     rows = []
     for key, what in (("ipyparallel", "silent=True"), ("ipyparallel_silent_false",
                                                        "silent=False")):
         ratio = med["tfdist_nb"] / med[key]
-        rows.append(_row("(b)", f"{label}, vs {what}", ours,
+        rows.append(_row(goal, f"{label}, vs {what}", ours,
                          f"ipyparallel {med[key]:.1f} (p90 {p90[key]:.1f})",
                          f"{ratio:.2f}x (p90 {p90['tfdist_nb'] / p90[key]:.2f}x)",
                          f"<= {RTT_GOAL:.2f}x", ratio <= RTT_GOAL))
@@ -212,8 +212,7 @@ def rows_fleet(res: dict[str, Any]) -> list[dict[str, str]]:
         rows.append(_row("(h)", f"start, {n} tasks, no TF (s)", f"{start['tfdist_nb']:.1f}",
                          f"ipyparallel {start['ipyparallel']:.1f}",
                          f"{run['start_ratio']:.2f}x", "<= 1.00x", run["start_ratio"] <= 1.0))
-        rows += [dict(r, goal="(h)" if r["goal"] else "")
-                 for r in _rtt_rows(f"x = 1 round trip, {n} tasks, no TF (ms)", run)]
+        rows += _rtt_rows(f"x = 1 round trip, {n} tasks, no TF (ms)", run, "(h)")
     t = res["telemetry"]
     what = f"{t['tasks']} tasks stepping every 10 ms, dashboard on"
     rows += [_row("(h)", f"{what}: newest sample age, max (s)", f"{t['lag_max_s']:.2f}",
@@ -234,8 +233,7 @@ ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "warm": [rows_warm], "fleet": [rows_fleet],
 }
 LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
-          "network": "(f)", "warm": "(g)",
-          "fleet": "(h)"}
+          "network": "(f)", "warm": "(g)", "fleet": "(h)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
@@ -252,7 +250,7 @@ def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:
             except (KeyError, ZeroDivisionError, TypeError) as exc:
                 rows.append(_row(LETTER[part], f"bench.{part}: no result ({exc!r})", "", "",
                                  "", "", False))
-    order = {"(a)": 0, "(b)": 1, "(c)": 2, "(d)": 3, "(e)": 4, "(f)": 5, "(g)": 6, "(h)": 7}
+    order = {letter: i for i, letter in enumerate(sorted(set(LETTER.values())))}
     goal = ""
     for r in rows:  # continuation rows sort with the goal above them
         goal = r["goal"] or goal
