@@ -145,9 +145,27 @@ def test_04_data_sharding(tmp_path: Path) -> None:
     assert ">OFF<" in row(table, "worker:1") and ">DATA<" in row(table, "worker:0")
 
 
-@pytest.mark.timeout(LIMIT_S)
+def run_profiled(name: str, tmp_path: Path) -> Executed:
+    """``run``, once more if TensorFlow's own profiler aborted a task while it collected the
+    trace (TF 2.21: ``free(): invalid pointer`` then SIGABRT in the traced process, about 1 run
+    in 20+ here; the notebook then shows that task as crashed, which is right but not what the
+    notebook teaches). Any other failure, or the abort twice, fails the test."""
+    from nbclient.exceptions import CellExecutionError
+
+    (tmp_path / "first").mkdir()
+    (tmp_path / "again").mkdir()
+    try:
+        return run(name, tmp_path / "first")
+    except CellExecutionError as exc:
+        said = str(exc)
+        if not ("killed by SIGABRT" in said and "Profiler session" in said):
+            raise
+    return run(name, tmp_path / "again")
+
+
+@pytest.mark.timeout(2 * LIMIT_S)
 def test_05_input_pipeline(tmp_path: Path) -> None:
-    nb = run("05_input_pipeline", tmp_path)
+    nb = run_profiled("05_input_pipeline", tmp_path)
     assert "armed" in nb.text("%tfdist_profile")
     slow = nb.text("train(pipeline())")
     assert "[worker:0] 20 steps in" in slow and "[worker:1] 20 steps in" in slow
