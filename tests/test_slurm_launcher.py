@@ -294,3 +294,32 @@ def test_a_node_that_dies_while_a_cell_runs_is_a_crashed_task(
         assert f"on node {node}, while SLURM job {c.launcher.job.id}" in r.error.evalue
     assert latency < 5, latency
     print(f"dead node seen {latency:.1f}s after")
+
+
+def test_a_job_that_hits_its_time_limit_ends_the_running_cell_in_slurms_words(
+        slurm: slurm_cluster.SlurmCluster) -> None:
+    """SLURM itself ends the job (slurmctld's time-limit sweep, at most ~30 s after the limit
+    passed): the cell ends with TIMEOUT and SLURM's "TIME LIMIT" line, not a cell timeout."""
+    with Cluster(workers=2, launcher="slurm", preload=(),
+                 launcher_options={"sbatch_args": ["--nodes=2"],
+                                   "progress": lambda _: None}) as c:
+        job = c.launcher.job.id
+        limited: list[float] = []
+
+        def limit() -> None:
+            wait_for(lambda: all(rt.state.value == "busy" for rt in c.tasks.values()), 10,
+                     "the cell running")
+            limited.append(time.monotonic())
+            slurm.tool("scontrol", "update", f"JobId={job}", "TimeLimit=0")
+
+        threading.Thread(target=limit, daemon=True).start()
+        result = c.run("import time\ntime.sleep(90)", timeout=80)
+        latency = time.monotonic() - limited[0]
+        assert latency < 40, latency
+        for r in result.tasks.values():
+            assert r.status == "crashed", result.summary()
+            assert re.search(rf"ended with its job: SLURM job {job} (TIMEOUT|COMPLETING)",
+                             r.error.evalue), r.error.evalue
+        assert any("TIME LIMIT" in r.error.evalue or "reached its time limit" in r.error.evalue
+                   for r in result.tasks.values()), result.summary()
+    print(f"time limit ended the cell {latency:.1f}s after it was set")
