@@ -155,3 +155,28 @@ def test_strategy_start_up_waiting_for_a_task_is_named() -> None:
         assert len(gaps) == 1 and gaps[0].startswith("worker:0: no heartbeat for ")
         assert "not running this cell: worker:1 (idle): run it on every task" in gaps[0]
         assert any("no heartbeat for" in getattr(e, "text", "") for e in seen)
+
+
+def test_a_task_that_dies_between_cells_is_dead_at_once_with_an_alert() -> None:
+    """No cell runs, so no run notices the exit: the dashboard must not show it idle."""
+    import os
+    import signal
+
+    from tfdist_nb.errors import ClusterNotRunningError
+
+    with Cluster(workers=2, preload=(), warm=False) as c:
+        assert c.run("x = 1").ok
+        os.kill(next(rt.pid for rt in c.tasks.values() if rt.name == "worker:1"), signal.SIGKILL)
+        wait_for(lambda: c.status().set_index("task")["state"]["worker:1"] == "dead", 5,
+                 "worker:1 shown dead")
+        assert c.status().set_index("task")["state"]["worker:0"] == "idle"
+        said = [a for a in c.alerts() if a.startswith("worker:1:")]
+        assert said and "killed by SIGKILL while no cell was running on it" in said[-1], said
+        assert "%tfdist_restart" in said[-1]
+        with pytest.raises(ClusterNotRunningError, match=r"worker:1 is dead; bring it back"):
+            c.run("x = 2")
+        assert c.run("x = 3", on="worker:0").ok  # the living task still runs cells
+        c.restart("worker:1")
+        back = c.run("print('x' in dir())")
+        assert back.ok and back.tasks["worker:1"].stdout.strip() == "False"  # a new process
+        assert back.tasks["worker:0"].stdout.strip() == "True"

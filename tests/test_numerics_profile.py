@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tfdist_nb import Cluster
+from tfdist_nb.cluster.profiler import Capture, describe
 from tfdist_nb.display.printer import failure_report
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -46,3 +47,20 @@ def test_numerics_names_the_first_task_and_op_and_profile_traces_every_task(
         assert len(traces) == 2 and all(t.stat().st_size > 0 for t in traces)
         assert ports == {"localhost"}
         assert "MatMul" in busy.profile  # the busiest host ops, per task
+        for task in ("worker:0", "worker:1"):  # each trace named by its task
+            assert f"  {task} (localhost_" in busy.profile, busy.profile
+
+
+def test_a_task_missing_from_the_capture_is_named() -> None:
+    """A task whose process ended during the capture leaves no trace file: the summary says
+    which task, not just a smaller count."""
+    capture = Capture(Path("/runs/profile"), 1500, 0,
+                      traced={"localhost_4001.xplane.pb": "worker:0",
+                              "localhost_4002.xplane.pb": "worker:1"})
+    text = describe({"run": "/runs/profile/plugins/profile/x",
+                     "files": {"localhost_4001.xplane.pb": {"events": 10,
+                                                            "top_ms": [["MatMul", 5.0]]}}},
+                    capture)
+    assert text.splitlines()[0] == "profile of 1 of 2 task(s), 1500 ms, in /runs/profile"
+    assert "  worker:0 (localhost_4001.xplane.pb): 10 events; busiest: MatMul 5 ms" in text
+    assert "  worker:1: no trace (it ended or its profiler failed" in text

@@ -146,6 +146,7 @@ class Cluster:
                 f"cluster of {self.spec} did not start: {exc}")
             raise ClusterStartError(f"{text}\n{START_HINT}") from exc
         self.running = True
+        self._loop.call_soon(self._lifecycle.exits.start)
         if self._lifecycle.spares is not None:  # refilled in the background, when idle
             self._loop.call_soon(self._lifecycle.spares.start_refill)
         self._state.mark("running")

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
+from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.spares import Spare, SparePool, env_delta
 from tfdist_nb.cluster.state import TaskEvent
@@ -78,6 +79,8 @@ class Lifecycle:
         self.hub = hub
         self.tasks = tasks
         self.spares = spares
+        #: finds tasks that die between cells (started once the cluster is up)
+        self.exits = ExitWatch(tasks, hub.note)
         #: how the last start or restart used spares, one line (why a task started cold)
         self.warm_note: str | None = None
 
@@ -242,6 +245,7 @@ class Lifecycle:
 
     async def stop_all(self) -> list[StopReport]:
         """Every task and every spare, at once."""
+        await self.exits.close()  # these exits are asked for
         reports, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
                                           self.close_spares())
         return reports
@@ -254,6 +258,7 @@ class Lifecycle:
     async def stop_for_handoff(self) -> tuple[list[StopReport], SparePool | None]:
         """The cluster is being replaced: its tasks are killed at once (no grace) and its pool
         is detached, to be handed to the new cluster."""
+        await self.exits.close()
         pool, self.spares = self.spares, None
         if pool is not None:
             await pool.detach()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ class Capture:
     logdir: Path
     duration_ms: int
     delay_ms: int
+    traced: dict[str, str] = field(default_factory=dict)
+    """Task name by the trace file TensorFlow writes for it (``<host>_<port>.xplane.pb``)."""
 
 
 async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
@@ -34,6 +36,8 @@ async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRun
                                                    timeout=CALL_TIMEOUT_S) for rt in targets))
     addrs = [f"grpc://{rt.address.rpartition(':')[0]}:{port}"
              for rt, port in zip(targets, ports, strict=True)]
+    capture.traced = {f"{addr.removeprefix('grpc://').replace(':', '_')}.xplane.pb": rt.name
+                      for rt, addr in zip(targets, addrs, strict=True)}
     capture.logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lead = targets[0]
     said = await _agent(lead).call("profile_capture", inspect=True, timeout=CALL_TIMEOUT_S,
@@ -65,14 +69,26 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
 
 
 def describe(summary: dict[str, Any], capture: Capture) -> str:
-    """What the user reads: where the trace is, how to open it, and per task what it holds."""
+    """What the user reads: where the trace is, how to open it, and per task what it holds;
+    a task whose trace is missing (it ended or its profiler failed during the capture) is
+    named, so "1 of 2" is never silent."""
     files = summary.get("files") or {}
-    lines = [f"profile of {len(files)} task(s), {capture.duration_ms} ms, in {capture.logdir}",
+    expected = len(capture.traced) or len(files)
+    lines = [f"profile of {len(files)} task(s), {capture.duration_ms} ms, in {capture.logdir}"
+             if len(files) == expected else
+             f"profile of {len(files)} of {expected} task(s), {capture.duration_ms} ms, in "
+             f"{capture.logdir}",
              f"open it with:  %load_ext tensorboard  then  %tensorboard --logdir {capture.logdir}"]
     for name, info in files.items():
         top = ", ".join(f"{op} {ms:.0f} ms" for op, ms in info.get("top_ms", [])[:3])
-        lines.append(f"  {name}: {info.get('events', 0)} events" + (f"; busiest: {top}"
-                                                                    if top else ""))
+        who = f"{capture.traced[name]} ({name})" if name in capture.traced else name
+        lines.append(f"  {who}: {info.get('events', 0)} events" + (f"; busiest: {top}"
+                                                                   if top else ""))
+    if summary.get("run") is not None or files:
+        for name, task in capture.traced.items():
+            if name not in files:
+                lines.append(f"  {task}: no trace (it ended or its profiler failed during the "
+                             "capture; its output says which)")
     if summary.get("unreadable"):
         lines.append(f"  (the trace could not be summarised: {summary['unreadable']})")
     return "\n".join(lines)

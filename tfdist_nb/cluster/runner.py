@@ -61,7 +61,8 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
                    stall_timeout: float | None = None) -> dict[str, TaskResult]:
     execs = {rt.name: rt.channel.execute(code, cell) for rt in tasks}
     for rt in tasks:
-        rt.transition(TaskEvent.RUN)
+        if rt.state is not TaskState.DEAD:  # found dead just now: reported as crashed below
+            rt.transition(TaskEvent.RUN)
     by_name = {rt.name: rt for rt in tasks}
     results: dict[str, TaskResult] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
