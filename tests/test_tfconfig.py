@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tfdist_nb.cluster.tfconfig import build_tf_config, validate_tf_config
+from tfdist_nb.diagnostics.tfconfig_check import analyse
 from tfdist_nb.topology import TaskId, parse_spec
 
 
@@ -55,3 +56,16 @@ def test_validation_names_the_field(cfg: dict, needle: str) -> None:
 def test_valid_config_has_no_problems() -> None:
     assert validate_tf_config({"cluster": {"worker": ["h:1", "h:2"]},
                                "task": {"type": "worker", "index": 1}}) == []
+
+
+def test_a_task_that_did_not_answer_is_said_so_not_called_unset() -> None:
+    """A probe that timed out says nothing about TF_CONFIG: the report must not claim it is
+    unset (which sends the user to fix the wrong thing)."""
+    good = {"tf_config": json.dumps({"cluster": {"worker": ["h:1", "h:2"]},
+                                     "task": {"type": "worker", "index": 0}}),
+            "host": "h", "resolve": {}, "ports": {}}
+    report = analyse({"worker:0": good, "worker:1": {"error": "no answer within 10s"}},
+                     {"worker:0": "worker:0", "worker:1": "worker:1"})
+    assert not report.ok
+    assert report.details == ["worker:1: did not answer the check (no answer within 10s)"]
+    assert not any("not set" in d for d in report.details)

@@ -228,8 +228,14 @@ def test_a_spare_that_died_while_idle_is_replaced_not_handed_out() -> None:
         c.restart()
         rt = c.tasks[next(iter(c.tasks))]
         assert rt.pid != dead and c.run("x = 1").ok
-        assert c.warm_note and c.warm_note.startswith("cold start")
-        assert any("while idle" in a and "not handed out" in a for a in c.alerts()), c.alerts()
+        # the restart found it dead and started cold, or the pool's own check had already
+        # replaced it and a fresh spare was adopted: either way never the dead one
+        assert c.warm_note and (c.warm_note.startswith("cold start")
+                                or "from spare kernels" in c.warm_note), c.warm_note
+        # said either way: found dead while idle, or found dead as it was adopted
+        assert any(("while idle" in a and "not handed out" in a)
+                   or ("could not take spare" in a and "killed by SIGKILL" in a
+                       and "starting it cold" in a) for a in c.alerts()), c.alerts()
         (fresh,) = ready_spares(c, 1)
         assert fresh != dead
 
@@ -282,7 +288,10 @@ def test_a_spare_that_cannot_be_warmed_is_said_and_ended(tmp_path: Path) -> None
         assert "not in a spare" in alert and "trying again" in alert
         assert c.spares()["pids"] == [] and c.run("x = 1").ok
         c.restart()
-        assert c.warm_note and c.warm_note.startswith("cold start")
+        # the restart found it dead and started cold, or the pool's own check had already
+        # replaced it and a fresh spare was adopted: either way never the dead one
+        assert c.warm_note and (c.warm_note.startswith("cold start")
+                                or "from spare kernels" in c.warm_note), c.warm_note
 
 
 SLOW_IMPORT = "import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n    time.sleep(120)\n"

@@ -91,7 +91,7 @@ class CheckRunner:
                                    fields={"errors": errors})
         views = await self._ask("tf_config_view", tf_config=text)
         expected = {rt.name: rt.name for rt in self.targets} if text is None else None
-        return tfconfig_check.analyse(_no_errors(views), expected)
+        return tfconfig_check.analyse(views, expected)
 
     async def network(self) -> CheckReport:
         addresses = {rt.name: rt.address for rt in self.targets}
@@ -225,11 +225,6 @@ def _expression(kind: str, expr: Any) -> str:
         raise SpecError(f"the {kind} check needs an expression evaluated in every task, e.g. "
                         f"cluster.check({kind!r}, {example})")
     return expr
-
-
-def _no_errors(views: dict[str, Any]) -> dict[str, Any]:
-    return {t: v if "error" not in v else {"tf_config": None, "host": "?",
-                                            "resolve": {}, "ports": {}} for t, v in views.items()}
 
 
 def _text(value: Any) -> str:

@@ -101,6 +101,11 @@ def analyse(views: Mapping[str, Mapping[str, Any]],
     rows = []
     clusters: dict[str, str] = {}
     for who, view in views.items():
+        if "error" in view:  # its probe failed: nothing is known of its TF_CONFIG
+            errors.append(f"{who}: did not answer the check ({view['error']})")
+            rows.append({"task": who, "host": None, "task_in_tf_config": None, "cluster": None,
+                         "own_port": None})
+            continue
         cfg, problems = structure_errors(view.get("tf_config"), who)
         errors += problems
         for host, said in (view.get("resolve") or {}).items():
