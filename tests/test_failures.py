@@ -106,7 +106,12 @@ def test_a_task_killed_mid_training_is_reported_and_the_others_released() -> Non
         assert "Its last output lines:\nstep " in dead.explanation
         assert "step 19" in dead.explanation
         survivor = result.tasks["worker:0"]
-        assert survivor.status == "interrupted"
+        # it waited in the all-reduce worker:1 never entered: released, naming the dead task
+        assert survivor.status == "aborted"
+        assert result.summary().startswith("worker:1 crashed (killed by SIGKILL) while worker:0 "
+                                           "waited in a collective that worker:1 never entered")
+        assert "while worker:0 waited in a collective that worker:1 never entered: " \
+            "all_reduce float32[]" in survivor.explanation
         assert survivor.duration_s - dead.duration_s < 10  # released within seconds, not ~hang
         status = c.status().set_index("task")["state"]
         assert (status["worker:0"], status["worker:1"]) == ("idle", "dead")

@@ -18,11 +18,10 @@ from tfdist_nb import Cluster
 pytestmark = pytest.mark.cluster
 
 MOVED_IN_ANOTHER_RELEASE = """
-from tensorflow.python.distribute import cross_device_utils
-del cross_device_utils.CollectiveReplicaLauncher.all_reduce
+from tensorflow.python.ops import collective_ops
+del collective_ops.all_reduce_v2
 """
-ERROR = ("AttributeError: tensorflow.python.distribute.cross_device_utils."
-         "CollectiveReplicaLauncher.all_reduce not found")
+ERROR = "AttributeError: tensorflow.python.ops.collective_ops.all_reduce_v2 not found"
 
 
 def test_a_failed_instrumentation_is_said_once_and_the_rest_keeps_working(
@@ -37,7 +36,8 @@ def test_a_failed_instrumentation_is_said_once_and_the_rest_keeps_working(
         said = wait_for(lambda: [a for a in c.alerts() if "could not instrument" in a], 15,
                         "the alert about the failed instrumentation")
         assert said == [f"worker:0: tfdist_nb could not instrument collectives on this task "
-                        f"({ERROR}); not available on this task: straggler detection from "
+                        f"({ERROR}); not available on this task: the collective ledger and "
+                        "the hang rules (%tfdist_collectives), straggler detection from "
                         "collective entry times in eager custom loops (training itself is "
                         "unaffected)"]
         # the other instrumentation is in place and steps still count; a second failure of

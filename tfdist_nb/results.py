@@ -4,6 +4,7 @@ task, and their sum."""
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,18 @@ class RemoteError:
 
     def __str__(self) -> str:
         return f"{self.ename}: {self.evalue}"
+
+    def short(self, limit: int = 300) -> str:
+        """``ename: first line``, without TensorFlow's ``{{function_node ...}}`` prefix: what a
+        one-line summary shows (the full text stays in ``evalue``)."""
+        lines = [line.strip() for line in _TF_NODE.sub("", self.evalue).splitlines()
+                 if line.strip()]
+        first = lines[0] if lines else ""
+        if first.endswith(":") and len(lines) > 1:  # "in user code:" ... the error, last
+            first = lines[-1]
+        if len(first) > limit:
+            first = first[: limit - 1] + "…"
+        return f"{self.ename}: {first}"
 
 
 @dataclass
@@ -47,6 +60,7 @@ class RunResult:
     cell: int
     tasks: dict[str, TaskResult]
     profile: str | None = None  # what an armed %tfdist_profile captured during this cell
+    cause: str | None = None  # the root cause the hang rules named (docs/reference.md)
 
     @property
     def ok(self) -> bool:
@@ -57,12 +71,23 @@ class RunResult:
         return [r for r in self.tasks.values() if not r.ok]
 
     def summary(self) -> str:
-        """One line: which tasks failed and how, or that all finished."""
+        """One line: which tasks failed and how, or that all finished; after a hang the
+        hang rules named, that root cause comes first, on a line of its own."""
+        if self.cause and not self.ok:
+            return f"{self.cause}\n{self._tally()}"
+        return self._tally()
+
+    def _tally(self) -> str:
         if self.ok:
             slowest = max((r.duration_s for r in self.tasks.values()), default=0.0)
             return f"{len(self.tasks)} task(s) ok in {slowest:.2f}s"
-        parts = [f"{r.task} {r.status}" + (f" ({r.error})" if r.error else "")
-                 for r in self.failed]
+        # tasks that failed the same way are said once; a released task's error is the abort
+        said: dict[str, list[str]] = {}
+        for r in self.failed:
+            how = r.status + (f" ({r.error.short()})" if r.error and r.status != "aborted"
+                              else "")
+            said.setdefault(how, []).append(r.task)
+        parts = [f"{', '.join(tasks)} {how}" for how, tasks in said.items()]
         return f"{len(self.failed)} of {len(self.tasks)} task(s) failed: " + "; ".join(parts)
 
     def __repr__(self) -> str:
@@ -77,3 +102,17 @@ class RunResult:
         return (f"<table><caption>cell {self.cell}: {html.escape(self.summary())}</caption>"
                 "<tr><th>task</th><th>status</th><th>duration s</th><th>error</th></tr>"
                 f"{rows}</table>")
+
+
+_TF_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
+
+
+def error_site(error: RemoteError | None, cell: int) -> str | None:
+    """``cell N line L`` of the innermost cell frame of a task's traceback (its cell counter may
+    differ from the controller's; the line is the cell's, magic line first)."""
+    if error is None:
+        return None
+    found = _CELL_LINE.findall(_ANSI.sub("", "\n".join(error.traceback)))
+    return f"cell {cell} line {found[-1]}" if found else None

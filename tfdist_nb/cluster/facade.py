@@ -15,6 +15,7 @@ import contextlib
 import os
 import queue
 import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
 from tfdist_nb.diagnostics.env_check import critical_mismatch
 from tfdist_nb.diagnostics.env_check import env_frame as env_table
+from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.diagnostics.straggler import Straggler
@@ -47,6 +49,7 @@ from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
+from tfdist_nb.store.collectives import collectives_frame
 from tfdist_nb.store.logs import logs_frame, parse_levels
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.state import StateFile, snapshot
@@ -307,6 +310,22 @@ class Cluster:
                                          INSPECT_CALL_S)
         return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
 
+    def collectives(self, on: Any = None, last: int | None = 20) -> pd.DataFrame:
+        """Every targeted task's collective ledger (docs/reference.md, "Collectives and
+        hangs"): its last ``last`` collectives (None: all kept), eager and inside tf.function,
+        with kind, dtype, shape, bytes, function, the line that made it, state and times."""
+        if last is not None and last <= 0:
+            raise SpecError("last must be a positive number of rows (or None for all)")
+        targets = self._runtimes(on, allow_dead=True)
+        return collectives_frame({rt.name: self.live.view(rt.name).ledger for rt in targets},
+                                 last)
+
+    def collectives_now(self, on: Any = None) -> dict[str, str]:
+        """Where each targeted task stands in its collectives, in words (``%tfdist_stacks``)."""
+        targets = self._runtimes(on, allow_dead=True)
+        return where_each_stands({rt.name: self.live.view(rt.name).ledger for rt in targets},
+                                 time.time())
+
     def inject(self, kind: str, on: Any = None, **params: Any) -> dict[str, str]:
         """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
 
@@ -404,7 +423,8 @@ class Cluster:
         finally:
             self.hub.remove_listener(listener)
             self._active_runs.pop(control, None)
-        result = RunResult(cell=cell, tasks=fut.result(timeout=10))
+        result = RunResult(cell=cell, tasks=fut.result(timeout=10),
+                           cause=control.hang.cause if control.hang else None)
         if profiling is not None and capture is not None:
             result.profile = self._profile_text(*profiling, capture)
         if origin := first_nan(result.failed):

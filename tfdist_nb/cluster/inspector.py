@@ -18,6 +18,7 @@ from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.errors import AgentError
+from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.topology import TaskId
 
 HEARTBEAT_GAP_S = 5.0
@@ -32,6 +33,13 @@ class Inspector:
     def progress(self, rt: TaskRuntime) -> Progress:
         v = self.hub.live.view(rt.name)
         return Progress(v.step_count, v.lines_total, v.latest.get("cpu_percent"), v.last_sample)
+
+    def ledger(self, name: str) -> LedgerView:
+        return self.hub.live.view(name).ledger
+
+    def members(self) -> set[str]:
+        """The tasks a MultiWorkerMirroredStrategy groups together: the chief and workers."""
+        return {rt.name for rt in self.tasks.values() if rt.task.role in ("chief", "worker")}
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None:
         """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,

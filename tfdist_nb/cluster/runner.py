@@ -18,8 +18,10 @@ from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
+from tfdist_nb.diagnostics.hangs import Ended, Hang, judge, ledger_overview
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
-from tfdist_nb.results import RemoteError, TaskResult
+from tfdist_nb.results import RemoteError, TaskResult, error_site
+from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.transport.channel import Execution
 from tfdist_nb.worker.telemetry import read_oom_kills
 
@@ -27,6 +29,7 @@ POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
 IDLE_AFTER_REPLY_S = 2.0
 STALL_SLACK_S = 2.0
+CRASH_LEDGER_WAIT_S = 1.0
 
 
 class Inspector(Protocol):
@@ -42,6 +45,10 @@ class Inspector(Protocol):
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None: ...
 
+    def ledger(self, name: str) -> LedgerView: ...
+
+    def members(self) -> set[str]: ...
+
 
 @dataclass(eq=False)
 class RunControl:
@@ -50,6 +57,7 @@ class RunControl:
     reason: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: set[str] = field(default_factory=set)
+    hang: Hang | None = None  # what the hang rules proved (diagnostics/hangs.py)
 
     def stop(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -79,6 +87,11 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
                 control.stop("crash")
         if inspector is not None:
             busy = [by_name[n] for n in by_name if n not in results]
+            if control.reason is None and busy and (
+                    hang := find_hang(inspector, by_name, results, cell)) is not None:
+                control.hang = hang
+                control.stop("hang")
+                break
             for rt in busy:
                 inspector.heartbeat_gap(rt, busy)
             if watch is not None:
@@ -87,8 +100,30 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             control.stop("timeout")
     if control.reason is not None:
         results.update(await _end_early(by_name, execs, results, control, grace_s, inspector,
-                                        stall_timeout))
+                                        stall_timeout, cell))
     return {rt.name: results[rt.name] for rt in tasks}
+
+
+def find_hang(inspector: Inspector, by_name: dict[str, TaskRuntime],
+              results: dict[str, TaskResult], cell: int) -> Hang | None:
+    """Ask the hang rules whether the ledgers prove a hang now (docs/reference.md,
+    "Collectives and hangs")."""
+    members = inspector.members()
+    ledgers = {name: inspector.ledger(name) for name in members | set(by_name)}
+    ended = {name: Ended(name, r.status, _said(r),
+                         error_site(r.error, cell), inspector.progress(by_name[name]).step)
+             for name, r in results.items() if r.status in ("ok", "error", "crashed")}
+    busy = {name: ledgers[name] for name in by_name if name not in results}
+    steps = {name: inspector.progress(rt).step for name, rt in by_name.items()}
+    return judge(ended, busy, ledgers, members, members - set(by_name), steps, time.time())
+
+
+def _said(r: TaskResult) -> str | None:
+    if r.error is None:
+        return None
+    if r.status == "crashed":  # "worker:1 killed by SIGKILL" -> "killed by SIGKILL"
+        return r.error.evalue.removeprefix(f"{r.task} ")
+    return r.error.short()
 
 
 def _watch_stalls(watch: StallWatch, inspector: Inspector, busy: list[TaskRuntime],
@@ -171,32 +206,58 @@ def _memory_after_death(rt: TaskRuntime, last: dict[str, Any] | None) -> dict[st
 
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
                      done: dict[str, TaskResult], control: RunControl, grace_s: float,
-                     inspector: Inspector | None,
-                     stall_timeout: float | None) -> dict[str, TaskResult]:
+                     inspector: Inspector | None, stall_timeout: float | None,
+                     cell: int = 0) -> dict[str, TaskResult]:
     """Release and report the tasks still running: stacks first (they show where each task
     stood), then collectives aborted (stall, crash), then SIGINT, then ``grace_s`` to answer."""
     reason = control.reason or "interrupt"
     rest = [by_name[n] for n in by_name if n not in done]
     stacks: dict[str, dict[str, Any] | None] = {}
-    if inspector is not None and reason in ("timeout", "stall", "crash"):
+    if inspector is not None and reason in ("timeout", "stall", "crash", "hang"):
         found = await asyncio.gather(*(inspector.stacks(rt) for rt in rest))
         stacks = {rt.name: s for rt, s in zip(rest, found, strict=True)}
-    if inspector is not None and reason in ("stall", "crash"):
-        await asyncio.gather(*(inspector.abort_collectives(rt, f"{reason} in the cluster")
+    ledgers = ({n: inspector.ledger(n) for n in by_name} if inspector is not None else {})
+    if inspector is not None and reason == "crash" and control.hang is None:
+        control.hang = await _hang_after_crash(inspector, by_name, done, cell, stacks)
+    if inspector is not None and reason in ("stall", "crash", "hang"):
+        why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else reason
+        await asyncio.gather(*(inspector.abort_collectives(rt, f"{why} in the cluster")
                                for rt in rest), return_exceptions=True)
     await asyncio.gather(*(rt.handle.interrupt() for rt in rest), return_exceptions=True)
     grace_s = 0.0 if reason == "stopped" else grace_s
     await _wait_all([execs[rt.name].reply for rt in rest], grace_s)
     out = {}
-    overview = who_waits(stacks)
+    hang = control.hang
+    overview = "" if hang else who_waits(stacks)
+    if reason in ("stall", "timeout") and (said := ledger_overview(ledgers, time.time())):
+        overview = f"{overview}\n{said}" if overview else said
     for rt in rest:
-        status = _early_status(reason, rt.name in control.stalled)
+        released = hang is not None and rt.name in hang.waiting
+        status = "aborted" if released else _early_status(reason, rt.name in control.stalled)
         out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
                                            inspector)
+        if hang is not None and out[rt.name].status != "crashed":
+            out[rt.name].explanation = hang.explanation(rt.name)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
         if overview and out[rt.name].explanation:
             out[rt.name].explanation += f"\n{overview}"
     return out
+
+
+async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime],
+                            done: dict[str, TaskResult], cell: int,
+                            stacks: dict[str, dict[str, Any] | None]) -> Hang | None:
+    """The crash as a hang rule sees it (the others released as ``aborted``, naming the dead
+    task). A task whose stack is inside a TensorFlow op but whose ledger row has not arrived
+    yet (rows that stay open go out within half a second) is waited for, up to a second."""
+    deadline = time.monotonic() + CRASH_LEDGER_WAIT_S
+    while True:
+        hang = find_hang(inspector, by_name, done, cell)
+        inside = any(s and s.get("main", {}).get("kind") == "tensorflow"
+                     for s in stacks.values())
+        if hang is not None or not inside or time.monotonic() >= deadline:
+            return hang
+        await asyncio.sleep(POLL_S / 2)
 
 
 def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
@@ -239,7 +300,8 @@ def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
     if stack is None:
         return
     threads = stack.get("threads", {})
-    res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
+    if res.status != "aborted":  # a released task's report is the culprit's, not its stack
+        res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
     main = stack.get("main", {})
     where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
              "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
@@ -247,7 +309,7 @@ def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
     if res.status == "stalled":
         said = (f"{res.task} made no progress (no step, no output, no CPU of its own) for "
                 f"{stall_timeout:.0f}s; {said}")
-    if reason in ("stall", "crash"):
+    if reason in ("stall", "crash", "hang"):
         said += (". Collectives were aborted to release the tasks: restart all tasks "
                  "(%tfdist_restart) before training again")
     res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."

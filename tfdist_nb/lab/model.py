@@ -141,7 +141,7 @@ class ClusterWatch:
 
     def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
         data, task = rec.get("data"), str(rec.get("task", ""))
-        if not isinstance(data, dict) or not task:
+        if not isinstance(data, dict) or not task or data.get("kind") == "ledger":
             return None
         t = _num(rec.get("time"))
         util, mem = gpu_summary(data.get("gpus"))

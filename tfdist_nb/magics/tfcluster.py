@@ -299,8 +299,32 @@ class TfdistMagics(Magics):
             found = _require().stacks(on=args.on)
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc, "example: %tfdist_stacks --on worker:0") from None
+        cluster = _require()
+        stands = cluster.collectives_now(on=args.on)
         for task, text in found.items():
-            print(f"{label(task)} {text}\n")
+            print(f"{label(task)} collective: {stands.get(task, '?')}\n{text}\n")
+
+    @magic_arguments()
+    @_on_option
+    @argument("--last", type=int, default=20, metavar="N",
+              help="the last N collectives of each task (default 20; 0: all kept)")
+    @line_magic
+    def tfdist_collectives(self, line: str) -> Any:
+        """Every task's collective ledger side by side, as a DataFrame: each collective it
+        issued (eager or inside tf.function) with its kind, dtype, shape, the line that made it,
+        its state and times. Examples::
+
+            %tfdist_collectives
+            %tfdist_collectives --on 1 --last 50
+        """
+        args = _parse(self.tfdist_collectives, line, "example: %tfdist_collectives --last 50")
+        if args.last < 0:
+            raise _usage(ValueError("--last must be 0 (all) or a positive number"),
+                         "example: %tfdist_collectives --on 1 --last 50")
+        try:
+            return _require().collectives(on=args.on, last=args.last or None)
+        except (SpecError, ClusterNotRunningError) as exc:
+            raise _usage(exc, "example: %tfdist_collectives --on worker:0 --last 10") from None
 
     @magic_arguments()
     @_on_option

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist_nb.events import Event, OutputLine, TelemetrySample
+from tfdist_nb.store.collectives import LedgerView
 
 TAIL_LINES = 500
 TAIL_SAMPLES = 900  # 15 minutes at one sample a second
@@ -34,6 +35,8 @@ class TaskView:
     last_output: float | None = None
     last_sample: float | None = None
     revision: int = 0
+    ledger: LedgerView = field(default_factory=LedgerView)
+    sample_seq: int = 0
 
     def step_time_ms(self, window: int = RECENT_STEPS) -> float | None:
         recent = [s[2] for s in list(self.steps)[-window:]]
@@ -100,6 +103,17 @@ class LiveStore:
 
     def _add_sample(self, v: TaskView, event: TelemetrySample) -> None:
         d = event.data
+        if d.get("kind") == "ledger":  # rows sent early, between samples (worker.telemetry)
+            v.ledger.update(d["ledger"])
+            v.revision += 1
+            self.revision += 1
+            return
+        seq = int(d.get("seq") or 0)
+        if seq and seq < v.sample_seq:  # a new process under this task's name (a restart)
+            v.ledger.reset()
+        v.sample_seq = seq
+        if d.get("ledger"):
+            v.ledger.update(d["ledger"])
         util, mem = gpu_summary(d.get("gpus"))
         v.latest = {**d, "gpu_util_percent": util, "gpu_mem_mb": mem}
         v.samples.append((event.time, d.get("cpu_percent"), d.get("rss_mb"), util, mem,

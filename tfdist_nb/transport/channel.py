@@ -89,7 +89,10 @@ class KernelChannel:
         content = {"code": code, "silent": silent, "store_history": not silent,
                    "user_expressions": user_expressions or {}, "allow_stdin": False,
                    "stop_on_error": subshell_id is None}
-        msg = self.client.session.msg("execute_request", content)
+        # the cell number goes along so the task can say "cell N line L" in the notebook's
+        # numbering, not its own execution count (worker.cellmap)
+        metadata = {"tfdist_cell": cell} if cell is not None and not silent else {}
+        msg = self.client.session.msg("execute_request", content, metadata=metadata)
         if subshell_id is not None:
             msg["header"]["subshell_id"] = subshell_id
         self.client.shell_channel.send(msg)

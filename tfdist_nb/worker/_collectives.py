@@ -1,55 +1,258 @@
-"""When this task enters each collective of a step, for the straggler finder.
+"""Every collective this task issues goes into its ledger (``ledger``), eager or traced.
 
-The task the others wait for is the one that enters the collectives last, whatever made it late
-(a sleep, a slower GPU, a busy host, its input). Each eager all-reduce launch
-(``CollectiveReplicaLauncher.all_reduce``, which every MWMS reduce and batch reduce goes through)
-stamps its entry time; the controller lines the stamps up across tasks by their order in the
-step. Inside a ``tf.function`` the launch happens at trace time only, so a compiled step shows
-just its input fetch's stamp (see ``_tfdata``).
+All of tf.distribute's collectives (MWMS all-reduce and batch all-reduce, all-gather, the
+broadcast of initial variable values) end in ``tensorflow.python.ops.collective_ops``, called
+through the module attribute, so wrapping those functions sees each one:
+
+- executed eagerly: a ledger row, entered as it is launched and done when it returns; an eager
+  all-reduce also stamps its entry time for the straggler finder;
+- traced into a ``tf.function``: an entry in that function graph's *manifest* (trace time, with
+  the user's line as TensorFlow's own stack maps autograph code back to it). Each eager call of a
+  concrete function (``ConcreteFunction._call_flat``) then adds one row per manifest entry, so
+  executions are counted when they run; a function called while another is traced hands its
+  manifest to the outer one. Before a function's first run the tasks compare manifests
+  (``agreement``), so one that traces different collectives on different tasks fails at once
+  instead of pairing collectives across steps.
+
+The manifest costs one dictionary lookup per function call; a function without collectives pays
+nothing more (measured in bench/, part c).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import threading
 import time
+import weakref
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
+from tfdist_nb.worker import cellmap
 from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.ledger import LEDGER, Op
 
-CROSS_DEVICE_UTILS = "tensorflow.python.distribute.cross_device_utils"
-
+COLLECTIVE_OPS = "tensorflow.python.ops.collective_ops"
+CONCRETE_FUNCTION = "tensorflow.python.eager.polymorphic_function.concrete_function"
 
 PART = "collectives"
-STOPS = "straggler detection from collective entry times in eager custom loops"
+STOPS = ("the collective ledger and the hang rules (%tfdist_collectives), straggler detection "
+         "from collective entry times in eager custom loops")
+
+# name in collective_ops -> ledger kind; the first is required (MWMS all-reduce goes through it)
+WRAPPED = {"all_reduce_v2": "all_reduce", "all_reduce": "all_reduce",
+           "all_gather_v2": "all_gather", "all_gather": "all_gather",
+           "broadcast_send_v2": "broadcast", "broadcast_send": "broadcast",
+           "broadcast_recv_v2": "broadcast", "broadcast_recv": "broadcast"}
+
+_manifests: weakref.WeakKeyDictionary[Any, list[Op]] = weakref.WeakKeyDictionary()
+_calls: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_calls_lock = threading.Lock()
 
 
-def patch_cross_device_utils(module: ModuleType) -> bool:
-    """Stamp each eager all-reduce launch; False if already done. Raises AttributeError when
-    ``CollectiveReplicaLauncher.all_reduce`` is gone (another TensorFlow release)."""
-    launcher = getattr(module, "CollectiveReplicaLauncher", None)
-    method = getattr(launcher, "all_reduce", None)
-    if method is None:
-        raise AttributeError(f"{module.__name__}.CollectiveReplicaLauncher.all_reduce not found")
-    if getattr(method, "_tfdist_stamped", False):
-        return False
+def manifest(graph: Any) -> list[Op]:
+    """The collectives traced into a function graph (empty for one without)."""
+    return list(_manifests.get(graph, ()))
+
+
+def patch_collective_ops(module: ModuleType) -> bool:
+    """Wrap the collective ops; False if already done. Raises AttributeError when
+    ``all_reduce_v2`` is gone (another TensorFlow release)."""
+    if getattr(module, "all_reduce_v2", None) is None:
+        raise AttributeError(f"{module.__name__}.all_reduce_v2 not found")
+    done = False
+    for name, kind in WRAPPED.items():
+        fn = getattr(module, name, None)
+        if fn is None or getattr(fn, "_tfdist_ledger", False):
+            continue
+        setattr(module, name, _recorded(fn, kind))
+        done = True
+    return done
+
+
+def _recorded(fn: Any, kind: str) -> Any:
     from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
 
     from tfdist_nb import worker
 
-    @functools.wraps(method)
-    def stamped_all_reduce(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if context.executing_eagerly():
-            worker._entered_collective(time.time())
-        return method(self, *args, **kwargs)
+    sig = inspect.signature(fn)
+    receives = "t" not in sig.parameters  # broadcast_recv: the shape and dtype are arguments
 
-    stamped_all_reduce._tfdist_stamped = True  # type: ignore[attr-defined]
-    launcher.all_reduce = stamped_all_reduce
+    @functools.wraps(fn)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        eager = context.executing_eagerly()
+        try:
+            op = _describe(sig, args, kwargs, kind, receives, eager)
+        except Exception:  # the ledger must never break a collective
+            op = None
+        if op is None:
+            return fn(*args, **kwargs)
+        if not eager:
+            _add_to_graph(ops.get_default_graph(), [op])
+            return fn(*args, **kwargs)
+        if kind == "all_reduce":
+            worker._entered_collective(time.time())
+        rows = LEDGER.enter([op], "eager")
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException as exc:
+            LEDGER.close(rows, failed_state(exc))
+            raise
+        LEDGER.close(rows)
+        return out
+
+    recorded._tfdist_ledger = True  # type: ignore[attr-defined]
+    return recorded
+
+
+def _describe(sig: inspect.Signature, args: tuple, kwargs: dict, kind: str, receives: bool,
+              eager: bool) -> Op:
+    bound = sig.bind_partial(*args, **kwargs).arguments
+    if receives:
+        dtype, shape = bound.get("dtype"), bound.get("shape")
+    else:
+        t = bound.get("t")
+        dtype, shape = getattr(t, "dtype", None), getattr(t, "shape", None)
+    dims = _dims(shape)
+    dtype_name = getattr(dtype, "name", None) or str(dtype)
+    size = getattr(dtype, "size", None)
+    nbytes = None
+    if dims is not None and size and all(d is not None for d in dims):
+        nbytes = size
+        for d in dims:
+            nbytes *= int(d)  # type: ignore[arg-type]
+    where = cellmap.main_thread_site() if eager else _traced_site()
+    return Op(kind, _int(bound.get("group_size")), _int(bound.get("group_key")), dtype_name,
+              dims, nbytes, where)
+
+
+def _dims(shape: Any) -> tuple[int | None, ...] | None:
+    if shape is None:
+        return None
+    as_list = getattr(shape, "as_list", None)
+    if as_list is not None:
+        try:
+            return tuple(as_list())
+        except ValueError:  # unknown rank
+            return None
+    try:
+        return tuple(None if d is None else int(d) for d in shape)
+    except TypeError:
+        return None
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)  # an eager scalar tensor
+    except (TypeError, ValueError):
+        return None
+
+
+def _traced_site() -> str:
+    """The user's line that traced a collective. TensorFlow's own stack maps autograph's
+    generated code back to the cell; but a replica-context collective (``ctx.all_reduce`` in
+    ``strategy.run``) is issued from the main thread's merge call while the line that asked for
+    it waits on a replica thread, so that thread's frames are read too, through the same maps."""
+    import sys
+
+    from tensorflow.python.util import tf_stack
+
+    maps: dict[tuple[str, int], tuple[str, int, str]] = {}
+    for stack in list(tf_stack._source_mapper_stacks.values()):
+        try:
+            maps.update(stack[-1].get_effective_source_map())
+        except Exception:  # a mapper we cannot read: its lines stay unmapped
+            continue
+    me = threading.current_thread()
+    if type(me).__name__ != "_MirroredReplicaThread":
+        frames = sys._current_frames()
+        for th in threading.enumerate():
+            if type(th).__name__ == "_MirroredReplicaThread" and th.ident in frames:
+                site = cellmap.site(_mapped(cellmap.python_frames(frames[th.ident]), maps))
+                if site.startswith("cell "):
+                    return site
+    stack = tf_stack.extract_stack()
+    found = cellmap.site((fr.filename, fr.lineno) for fr in reversed(list(stack)))
+    if found.startswith("cell ") or not maps:
+        return found
+    return cellmap.site(_mapped(cellmap.python_frames(sys._getframe(1)), maps))
+
+
+def _mapped(frames: Any, maps: dict[tuple[str, int], tuple[str, int, str]]) -> Any:
+    for filename, line in frames:
+        origin = maps.get((filename, line))
+        yield (origin[0], origin[1]) if origin else (filename, line)
+
+
+def _add_to_graph(graph: Any, ops: list[Op]) -> None:
+    """Record ``ops`` in the function graph being traced; one inside ``tf.cond`` or a loop body
+    belongs to the function around it and may run any number of times per call."""
+    in_flow = False
+    while getattr(graph, "is_control_flow_graph", False) and getattr(graph, "outer_graph", None):
+        in_flow = True
+        graph = graph.outer_graph
+    if not getattr(graph, "building_function", False):
+        return  # a TF1-style graph: its runs are not function calls
+    if in_flow:
+        ops = [replace(o, in_control_flow=True) for o in ops]
+    _manifests.setdefault(graph, []).extend(ops)
+
+
+def failed_state(exc: BaseException) -> str:
+    """``aborted`` when the collective was released (aborted, cancelled, interrupted)."""
+    name = type(exc).__name__
+    return "aborted" if name in ("UnavailableError", "CancelledError", "AbortedError",
+                                 "KeyboardInterrupt") else "failed"
+
+
+def patch_concrete_function(module: ModuleType) -> bool:
+    """Count the runs of every concrete function with collectives; False if already done."""
+    cls = getattr(module, "ConcreteFunction", None)
+    method = getattr(cls, "_call_flat", None)
+    if method is None:
+        raise AttributeError(f"{module.__name__}.ConcreteFunction._call_flat not found")
+    if getattr(method, "_tfdist_ledger", False):
+        return False
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import ops
+
+    from tfdist_nb.worker import agreement
+
+    @functools.wraps(method)
+    def call_flat(self: Any, *args: Any, **kwargs: Any) -> Any:
+        graph = getattr(self, "_func_graph", None)
+        found = _manifests.get(graph) if _manifests and graph is not None else None
+        if not found:
+            return method(self, *args, **kwargs)
+        if not context.executing_eagerly():  # called while another function is traced
+            _add_to_graph(ops.get_default_graph(), found)
+            return method(self, *args, **kwargs)
+        with _calls_lock:
+            call = _calls[graph] = _calls.get(graph, 0) + 1
+        name = str(getattr(graph, "name", "?"))
+        if call == 1:
+            agreement.check(graph, name, found)
+        rows = LEDGER.enter(found, name, call=call)
+        try:
+            out = method(self, *args, **kwargs)
+        except BaseException as exc:
+            LEDGER.close(rows, failed_state(exc))
+            raise
+        LEDGER.close(rows)
+        return out
+
+    call_flat._tfdist_ledger = True  # type: ignore[attr-defined]
+    cls._call_flat = call_flat
     return True
 
 
 def install() -> None:
     from tfdist_nb import worker
 
-    after_import((CROSS_DEVICE_UTILS,), patch_cross_device_utils,
-                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
+    on_error = functools.partial(worker._instrumentation_failed, PART, STOPS)
+    after_import((COLLECTIVE_OPS,), patch_collective_ops, on_error=on_error)
+    after_import((CONCRETE_FUNCTION,), patch_concrete_function, on_error=on_error)

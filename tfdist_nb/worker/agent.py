@@ -101,6 +101,12 @@ def start(kernel: Any) -> None:
     interval = float(os.environ.get("TFDIST_TELEMETRY_INTERVAL", "1.0"))
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     worker._telemetry = telemetry  # before the instrumentation, so its failures can be said
+    from tfdist_nb.worker import cellmap
+    from tfdist_nb.worker.ledger import ABORT, LEDGER
+
+    telemetry.ledger = LEDGER
+    cellmap.install(kernel)
+    kernel.shell.events.register("pre_run_cell", lambda *_: ABORT.clear())
     for module in (_keras, _tfdata, _sharding, _collectives):
         try:
             module.install()
@@ -285,6 +291,9 @@ def _at(frame: Any) -> str:
 def abort_collectives(reason: str) -> str:
     """Release a main thread blocked in a collective (docs/design.md, Facts: about 0.3 s).
     Collectives on this cluster then fail until the tasks are restarted."""
+    from tfdist_nb.worker.ledger import ABORT
+
+    ABORT.set()  # a task waiting in the manifest check (worker.agreement) gives up too
     if "tensorflow" not in sys.modules:
         return "no tensorflow"
     from tensorflow.python.eager import context

@@ -22,6 +22,10 @@ MAX_STEPS_PER_MESSAGE = 2000
 NEAR_LIMIT_FRACTION = 0.75
 NEAR_LIMIT_INTERVAL_S = 0.1
 V1_UNLIMITED = 2**60  # cgroup v1 says "no limit" with a number near 2**63
+# A collective still open this long after it was entered goes out at once, in a ledger-only
+# message, so the hang rules see a task waiting within about half a second (docs/design.md).
+LEDGER_TICK_S = 0.25
+LEDGER_WAIT_S = 0.2
 
 
 class Telemetry:
@@ -44,6 +48,7 @@ class Telemetry:
         self.step_count = 0
         self.total_steps: int | None = None
         self.seq = 0
+        self.ledger: Any = None  # the task's collective ledger (worker.ledger), set by the agent
 
     def start(self) -> None:
         import psutil
@@ -88,13 +93,23 @@ class Telemetry:
                 if time.monotonic() >= due or self._near_limit():
                     self.flush()
                     due = time.monotonic() + self.interval_s
+                elif self.ledger is not None and self.ledger.waiting_unsent(LEDGER_WAIT_S):
+                    self.flush_ledger()
             except Exception:  # the telemetry thread must never die of one bad reading
                 self._stop.wait(self.interval_s)
                 due = time.monotonic() + self.interval_s
 
     def _tick_s(self) -> float:
         limited = self._last_resources.get("mem_limit_mb")
-        return min(self.interval_s, NEAR_LIMIT_INTERVAL_S) if limited else self.interval_s
+        tick = min(self.interval_s, NEAR_LIMIT_INTERVAL_S) if limited else self.interval_s
+        return min(tick, LEDGER_TICK_S) if self.ledger is not None else tick
+
+    def flush_ledger(self) -> None:
+        """Send the ledger rows not yet sent, alone (no resource reading: that is a sample's)."""
+        with self._flush_lock:
+            ledger = self.ledger.drain() if self.ledger is not None else None
+            if ledger:
+                self._send({"kind": "ledger", "time": time.time(), "ledger": ledger})
 
     def _near_limit(self) -> bool:
         memory = self._memory()
@@ -114,7 +129,7 @@ class Telemetry:
         """
         with self._lock:
             pending = bool(self._steps or self._notes)
-        if pending:
+        if pending or (self.ledger is not None and self.ledger.pending()):
             self.flush(resample=False)
 
     def flush(self, resample: bool = True) -> None:
@@ -130,11 +145,14 @@ class Telemetry:
                              for _ in range(min(len(self._steps), MAX_STEPS_PER_MESSAGE))]
                     count, more = self.step_count, bool(self._steps)
                     notes, self._notes = self._notes, []
+                ledger = self.ledger.drain() if self.ledger is not None else None
+                more = more or bool(ledger and ledger["more"])
                 self.seq += 1
                 errors = _instrumentation_errors()
                 self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
                             **resources, "step": count, "total_steps": self.total_steps,
                             "steps": steps, **({"notes": notes} if notes else {}),
+                            **({"ledger": ledger} if ledger else {}),
                             **({"instrumentation_errors": errors} if errors else {})})
                 if not more:
                     return

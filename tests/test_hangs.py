@@ -1,0 +1,248 @@
+"""Hangs named at once from the collective ledgers, on real 2-worker MWMS clusters.
+
+Every faulty cell runs with a stall timeout of 120 s: the cell must end within 15 s all the same,
+because the ledgers prove the hang (docs/reference.md, "Collectives and hangs"). Beside them, the
+healthy runs where tasks wait for each other or finish at different times stay silent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import CELLS
+from tfdist_nb import Cluster
+from tfdist_nb.results import RunResult
+
+pytestmark = pytest.mark.cluster
+
+STALL_S = 120
+NAMED_WITHIN_S = 15
+
+STRATEGY = """import time
+import tensorflow as tf
+import tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+"""
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with Cluster(workers=2, stall_timeout=STALL_S) as c:
+        assert c.run(STRATEGY).ok
+        yield c
+
+
+def timed(c: Cluster, code: str, **kwargs: object) -> tuple[RunResult, float]:
+    started = time.monotonic()
+    result = c.run(code, **kwargs)  # type: ignore[arg-type]
+    return result, time.monotonic() - started
+
+
+RAISES = """x = strategy.reduce("SUM", tf.constant(1.0), axis=None)
+if tw.task[1] == 1:
+    raise ValueError("bad batch on this task")
+y = strategy.reduce("SUM", tf.constant(2.0), axis=None)
+"""
+
+
+def test_a_task_that_raises_releases_the_others_and_is_the_root_cause(cluster: Cluster) -> None:
+    result, took = timed(cluster, RAISES)
+    assert took < NAMED_WITHIN_S
+    failed, released = result.tasks["worker:1"], result.tasks["worker:0"]
+    assert failed.status == "error" and failed.error.ename == "ValueError"
+    assert released.status == "aborted"
+    cause = result.summary().splitlines()[0]
+    assert cause.startswith("worker:1 failed (ValueError: bad batch on this task) at cell 2 "
+                            "line 3 while worker:0 waited in a collective that worker:1 never "
+                            "entered: all_reduce float32[]")
+    assert "eagerly at cell 2 line 4" in cause
+    assert released.explanation.startswith(cause)
+    assert "worker:0 was released from all_reduce float32[]" in released.explanation
+    assert "fix worker:1's error" in released.explanation.lower()
+    # the ledger says the same: worker:0's last collective was aborted, at line 4
+    led = cluster.collectives(on="worker:0", last=1).iloc[0]
+    assert (led["kind"], led["where"], led["state"]) == ("all_reduce", "cell 2 line 4", "aborted")
+
+
+UNEVEN = """n = 5 if tw.task[1] == 0 else 4   # worker:0 has one batch more
+for x in tf.data.Dataset.range(n).map(lambda i: tf.cast(i, tf.float32)):
+    with tw.step():
+        s = strategy.reduce("SUM", strategy.run(lambda v: v * 2, args=(x,)), axis=None)
+"""
+
+
+def test_uneven_per_task_data_is_named_when_the_shorter_task_finishes(cluster: Cluster) -> None:
+    result, took = timed(cluster, UNEVEN)
+    assert took < NAMED_WITHIN_S
+    assert result.tasks["worker:1"].status == "ok"
+    assert result.tasks["worker:0"].status == "aborted"
+    cause = result.summary().splitlines()[0]
+    assert cause.startswith("worker:1 finished the cell while worker:0 waited in all_reduce "
+                            "float32[] #5 eagerly at cell 2 line 4, which worker:1 never "
+                            "entered; so far worker:1 4 step(s) and 4 collective(s), worker:0 "
+                            "4 step(s) and 5 collective(s)")
+    assert "cell 2 line 4: worker:1 4, worker:0 5" in cause
+    said = result.tasks["worker:0"].explanation
+    assert "uneven per-task data" in said
+    assert "experimental_distribute_dataset" in said and "drop_remainder" in said
+
+
+SAVE_ON_CHIEF_ONLY = """import os, tempfile
+path = os.path.join(tempfile.mkdtemp(), "model.keras")
+if tw.task[1] == 0:
+    model.save(path)
+"""
+
+
+def test_a_chief_only_model_save_under_tf_keras_is_named() -> None:
+    fit = (CELLS / "tf_keras_fit.py").read_text()
+    with Cluster(workers=2, stall_timeout=STALL_S, env={"TF_USE_LEGACY_KERAS": "1"}) as c:
+        trained = c.run(fit)
+        assert trained.ok, trained.summary()
+        # the ledger holds model.fit's collectives, counted per run of its train_function
+        led = c.collectives(on="worker:0", last=None)
+        fit_rows = led[led["function"] == "train_function"]
+        assert len(fit_rows) >= 16 and set(fit_rows["state"]) == {"done"}
+        assert set(fit_rows["where"]) == {"cell 1 line 14"}  # the model.fit line
+        result, took = timed(c, SAVE_ON_CHIEF_ONLY)
+    assert took < NAMED_WITHIN_S
+    assert result.tasks["worker:1"].status == "ok"
+    assert result.tasks["worker:0"].status == "aborted"
+    cause = result.summary().splitlines()[0]
+    assert cause.startswith("worker:1 finished the cell while worker:0 waited in all_reduce")
+    assert "at cell 2 line 4, which worker:1 never entered" in cause
+    said = result.tasks["worker:0"].explanation
+    assert ("worker:0 made collectives at cell 2 line 4 that worker:1 never made: a call made "
+            "on some tasks only (a chief-only model.save") in said
+
+
+PER_TASK_SHAPE = """@tf.function
+def total(v):
+    return strategy.extended.reduce_to("SUM", strategy.run(lambda a: a, args=(v,)),
+                                       destinations="/cpu:0")
+print(total(tf.ones([3 if tw.task[1] == 0 else 2])))
+"""
+
+
+def test_a_traced_all_reduce_of_a_per_task_shape_fails_on_every_task_before_it_runs(
+        cluster: Cluster) -> None:
+    result, took = timed(cluster, PER_TASK_SHAPE)
+    assert took < NAMED_WITHIN_S
+    assert {r.status for r in result.tasks.values()} == {"error"}
+    for r in result.tasks.values():
+        assert r.error.ename == "CollectiveMismatchError"
+        assert ("tf.function 'total' issues different collectives on different tasks: "
+                "collective 1 — worker:0: all_reduce float32[3] at cell 2 line 3; worker:1: "
+                "all_reduce float32[2] at cell 2 line 3") in r.error.evalue
+        assert "a shape that depends on the task" in r.error.evalue
+        assert "tf.Tensor" not in r.stdout  # the function never ran, so printed nothing
+
+
+BRANCH = """@tf.function
+def train_step(i):
+    def step_fn():
+        ctx = tf.distribute.get_replica_context()
+        v = tf.ones([2]) * tf.cast(i, tf.float32)
+        s = ctx.all_reduce("SUM", v)
+        if tw.task[1] == 1:
+            s = s + ctx.all_reduce("SUM", v * 2)
+        return s
+    return strategy.run(step_fn)
+for i in range(3):
+    print(i, train_step(tf.constant(i)).numpy())
+"""
+
+
+def test_an_extra_all_reduce_on_one_task_in_a_traced_step_is_named_before_any_wrong_number(
+        cluster: Cluster) -> None:
+    result, took = timed(cluster, BRANCH)
+    assert took < NAMED_WITHIN_S
+    assert {r.status for r in result.tasks.values()} == {"error"}
+    for r in result.tasks.values():
+        assert ("collective 2 — worker:0: none (it issues 1); worker:1: all_reduce float32[2] "
+                "at cell 2 line 8") in r.error.evalue
+        assert "a Python branch that depends on the task" in r.error.evalue
+        # no step ran: no number computed from collectives paired across steps was printed
+        assert "0 [" not in r.stdout and "1 [" not in r.stdout
+    # the check each task made before the first run is in its ledger
+    checks = cluster.collectives(last=None)
+    checks = checks[checks["kind"] == "check"]
+    assert list(checks["task"]) == ["worker:0", "worker:1"]
+    assert set(checks["function"]) == {"train_step"} and set(checks["where"]) == {
+        "cell 2 line 12"}
+
+
+EAGER_SHAPE = """v = tf.ones([3 if tw.task[1] == 0 else 2])
+print(strategy.reduce("SUM", strategy.run(lambda a: a, args=(v,)), axis=None))
+"""
+
+
+def test_an_eager_shape_mismatch_names_both_shapes(cluster: Cluster) -> None:
+    result, took = timed(cluster, EAGER_SHAPE)
+    assert took < NAMED_WITHIN_S
+    statuses = sorted(r.status for r in result.tasks.values())
+    assert statuses == ["aborted", "error"]  # TensorFlow tells one task; the other is released
+    failed = next(r for r in result.tasks.values() if r.status == "error")
+    released = next(r for r in result.tasks.values() if r.status == "aborted")
+    assert "Shape mismatch" in failed.error.evalue
+    assert f"{failed.task} failed" in result.summary().splitlines()[0]
+    assert "the tensors differ: worker:0 float32[3] at cell 2 line 2, worker:1 float32[2] at " \
+        "cell 2 line 2" in released.explanation.lower()
+    assert "\n" not in result.summary().splitlines()[0] and len(result.summary()) < 1000
+    assert "float32[3]" in released.explanation and "float32[2]" in released.explanation
+
+
+def test_a_collective_cell_run_on_one_task_only_names_the_absent_task(cluster: Cluster) -> None:
+    result, took = timed(cluster, 'strategy.reduce("SUM", tf.constant(1.0), axis=None)\n',
+                         on="worker:0")
+    assert took < NAMED_WITHIN_S
+    assert result.tasks["worker:0"].status == "aborted"
+    assert result.summary().startswith(
+        "worker:0 waits in all_reduce float32[] #1 eagerly at cell 2 line 1 for worker:1, "
+        "which is not running this cell")
+
+
+HEALTHY_WAITS = """@tf.function
+def step(i):
+    def add():
+        v = tf.ones([2]) * tf.cast(i, tf.float32)
+        return tf.distribute.get_replica_context().all_reduce("SUM", v)
+    return strategy.run(add)
+for i in range(5):
+    with tw.step():
+        if tw.task[1] == 1 and i == 2:
+            time.sleep(3)   # worker:0 waits 3 s in this step's all-reduce: slow, not a hang
+        out = step(tf.constant(i))
+    s = strategy.reduce("SUM", tf.constant(1.0), axis=None)
+if tw.task[1] == 0:
+    time.sleep(3)   # worker:1 finishes 3 s earlier, having entered every collective
+print(out.numpy(), float(s))
+"""
+
+
+def test_tasks_that_wait_for_each_other_or_finish_apart_in_a_healthy_run_are_not_a_hang(
+        cluster: Cluster) -> None:
+    result = cluster.run(HEALTHY_WAITS)
+    assert result.ok, result.summary()
+    assert result.cause is None
+    assert [r.stdout.strip().splitlines()[-1] for r in result.tasks.values()] == [
+        "[8. 8.] 2.0", "[8. 8.] 2.0"]
+    led = cluster.collectives(last=None)
+    mine = led[led["where"].str.startswith("cell 2")]
+    # five runs of the traced step (line 5) and five eager reduces (line 12) on each task,
+    # after the check that both traced the same step, made at its first call (line 11)
+    per = mine.groupby(["task", "kind", "function", "where"]).size().to_dict()
+    assert per == {(t, kind, fn, f"cell 2 line {line}"): n
+                   for t in ("worker:0", "worker:1")
+                   for kind, fn, line, n in (("all_reduce", "eager", 12, 5),
+                                             ("all_reduce", "step", 5, 5),
+                                             ("check", "step", 11, 1))}
+    assert set(mine["state"]) == {"done"}
+    # worker:0 waited about 3 s in step 3's all-reduce: the ledger shows it
+    waited = mine[(mine["task"] == "worker:0") & (mine["function"] == "step")
+                  & (mine["kind"] == "all_reduce")]["waited_s"]
+    assert sorted(waited)[-1] > 2.5
+    assert not [a for a in cluster.alerts() if "collective" in a]

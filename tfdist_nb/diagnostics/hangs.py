@@ -1,0 +1,312 @@
+"""The hang rules (pure): from the tasks' collective ledgers, name a hang the moment it is certain.
+
+A collective completes only when every task of its group enters it, so some hangs are facts long
+before any timeout (docs/reference.md, "Collectives and hangs"):
+
+- a task of the group **failed** (raised, crashed) and another waits in a collective that the
+  failed task never entered, or entered and failed: it can never complete;
+- a task **finished** the cell and another waits in a collective it never entered: the tasks
+  issued different numbers of collectives (uneven per-task data, a call made on some tasks only);
+- a task of the group is **not running** the cell at all while another waits for it;
+- two tasks wait in the same collective (same group, same position) that is **not the same**
+  (another kind, dtype or shape): a branch or a shape that depends on the task.
+
+Rows are compared by group and position (``index``), which is how TensorFlow pairs collectives
+across tasks. Nothing here waits or guesses: a rule speaks only when the ledgers prove the hang,
+so a healthy run, however slow, stays silent; the stall detector covers the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfdist_nb.store.collectives import LedgerView
+from tfdist_nb.worker.ledger import describe_tensor
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A task whose cell ended: its status (ok, error, crashed) and, if it failed, why."""
+
+    task: str
+    status: str
+    error: str | None = None
+    where: str | None = None  # the line that raised, "cell N line L"
+    steps: int = 0
+
+
+@dataclass
+class Hang:
+    rule: str  # failed | finished | absent | diverged
+    culprit: str
+    cause: str  # one sentence: the root cause (the first line of the run's summary)
+    waiting: dict[str, str] = field(default_factory=dict)  # released task -> what it waited in
+    advice: str = ""
+
+    def explanation(self, task: str) -> str:
+        said = [self.cause]
+        if task in self.waiting:
+            said.append(f"{task} was released from {self.waiting[task]}")
+        if self.advice:
+            first = self.advice.split(" ", 1)[0]
+            said.append(self.advice if ":" in first else self.advice[:1].upper()
+                        + self.advice[1:])
+        return ". ".join(s.rstrip(".") for s in said) + "."
+
+
+def describe_row(row: dict[str, Any]) -> str:
+    """``all_reduce float32[3] #5 in 'step' at cell 3 line 9``."""
+    if row.get("kind") == "check":
+        return (f"the check that tf.function '{row.get('function')}' issues the same "
+                f"collectives on every task, before its first run, at {row.get('where')}")
+    fn = row.get("function")
+    inside = "eagerly" if fn == "eager" else f"in '{fn}'"
+    pos = f" #{row['index'] + 1}" if row.get("index") is not None else ""
+    return (f"{row.get('kind')} {describe_tensor(row.get('dtype', '?'), row.get('shape'))}{pos} "
+            f"{inside} at {row.get('where')}")
+
+
+def judge(ended: dict[str, Ended], busy: dict[str, LedgerView],
+          ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+          steps: dict[str, int], now: float) -> Hang | None:
+    """The first rule the ledgers prove, or None.
+
+    ``busy``: the tasks still running the cell; ``ledgers``: every task's; ``members``: the
+    tasks MWMS groups together (chief and workers); ``absent``: members not running this cell.
+    """
+    for rule in (_failed_or_finished, _absent, _diverged):
+        found = rule(ended, busy, ledgers, members, absent, steps, now)
+        if found is not None:
+            return found
+    return None
+
+
+def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: set[str]) -> bool:
+    """Whether ``row`` (another task's open collective) cannot complete without ``task``."""
+    if row.get("kind") == "check":
+        return task in (row.get("members") or ())
+    if ledger is not None and ledger.count(row.get("group")) > 0:
+        return True
+    return task in members and (row.get("group_size") or 0) >= len(members) > 1
+
+
+def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None:
+    """How the ended task stands to ``row``: None if it completed its side (the other's done
+    is merely not reported yet), else 'never entered' or 'entered and failed'."""
+    if row.get("kind") == "check" or ledger is None:
+        return "never reached"
+    index = row.get("index")
+    if index is None or index >= ledger.count(row.get("group")):
+        return "never entered"
+    mine = ledger.at(row.get("group"), index)
+    if mine is not None and mine.get("state") in ("failed", "aborted"):
+        return "entered and failed in"
+    return None
+
+
+def _failed_or_finished(ended: dict[str, Ended], busy: dict[str, LedgerView],
+                        ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+                        steps: dict[str, int], now: float) -> Hang | None:
+    for name, end in ended.items():
+        ledger = ledgers.get(name)
+        stuck: dict[str, tuple[dict[str, Any], str]] = {}
+        for waiter, view in busy.items():
+            for row in view.open_rows():
+                if not _needs(row, name, ledger, members):
+                    continue
+                how = _never_entered(row, ledger) if end.status != "crashed" else "never entered"
+                if how is not None:
+                    stuck[waiter] = (row, how)
+                    break
+        if not stuck:
+            continue
+        if end.status in ("error", "crashed"):
+            return _failed(end, stuck, ledgers, now)
+        return _finished(end, stuck, ledgers, steps, now)
+    return None
+
+
+def _waited(row: dict[str, Any], now: float) -> str:
+    return f"{describe_row(row)} (waited {max(0.0, now - row.get('entered', now)):.1f}s)"
+
+
+def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
+            ledgers: dict[str, LedgerView], now: float) -> Hang:
+    how = "crashed" if end.status == "crashed" else "failed"
+    what = f" ({end.error})" if end.error else ""
+    at = f" at {end.where}" if end.where else ""
+    waiters = sorted(stuck)
+    row, entered = stuck[waiters[0]]
+    cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited in a collective "
+             f"that {end.task} {entered}: {describe_row(row)}")
+    advice = ""
+    theirs = ledgers.get(end.task)
+    mine = theirs.at(row.get("group"), row["index"]) if theirs and row.get("index") is not None \
+        else None
+    if mine is not None and not _same(mine, row):
+        advice = (f"the tensors differ: {waiters[0]} "
+                  f"{describe_tensor(row.get('dtype', '?'), row.get('shape'))} at "
+                  f"{row.get('where')}, {end.task} "
+                  f"{describe_tensor(mine.get('dtype', '?'), mine.get('shape'))} at "
+                  f"{mine.get('where')}: a shape that depends on the task (a per-task batch "
+                  "size or data); every task must reduce tensors of the same shape")
+    else:
+        advice = f"fix {end.task}'s error; the other tasks only waited for it"
+    return Hang("failed", end.task, cause,
+                {w: _waited(r, now) for w, (r, _) in stuck.items()}, advice)
+
+
+def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
+              ledgers: dict[str, LedgerView], steps: dict[str, int], now: float) -> Hang:
+    waiters = sorted(stuck)
+    row, _ = stuck[waiters[0]]
+    group = row.get("group")
+    if row.get("kind") == "check":
+        cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
+                 f"reach tf.function '{row.get('function')}' at {row.get('where')}, which "
+                 f"{end.task} never ran")
+        return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in
+                                                  stuck.items()},
+                    f"a call made on some tasks only: every task must run "
+                    f"'{row.get('function')}'")
+    tasks = [end.task, *waiters]
+    counts = {t: ledgers[t].count(group) if t in ledgers else 0 for t in tasks}
+    how_far = ", ".join(f"{t} {steps.get(t, 0)} step(s) and {counts[t]} collective(s)"
+                        for t in tasks)
+    cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited in "
+             f"{describe_row(row)}, which {end.task} never entered; so far {how_far}")
+    lines = _lines_that_differ(tasks, ledgers, group)
+    advice = _advice_for_uneven(end.task, waiters[0], steps, lines)
+    if lines:
+        cause += "; collectives per line: " + "; ".join(
+            f"{where}: " + ", ".join(f"{t} {n}" for t, n in per.items())
+            for where, per in lines[:3])
+    return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in stuck.items()},
+                advice)
+
+
+def _lines_that_differ(tasks: list[str], ledgers: dict[str, LedgerView],
+                       group: Any) -> list[tuple[str, dict[str, int]]]:
+    """The lines whose collectives (of ``group``, in the rows still kept) ran a different
+    number of times on different tasks, with the count per task."""
+    per_line: dict[str, dict[str, int]] = collections.defaultdict(dict)
+    for t in tasks:
+        if t not in ledgers:
+            continue
+        for r in ledgers[t].recent():
+            if r.get("index") is not None and str(r.get("group")) == str(group):
+                per_line[r["where"]][t] = per_line[r["where"]].get(t, 0) + 1
+    out = []
+    for where, per in per_line.items():
+        full = {t: per.get(t, 0) for t in tasks}
+        if len(set(full.values())) > 1:
+            out.append((where, full))
+    return out
+
+
+def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],
+                       lines: list[tuple[str, dict[str, int]]]) -> str:
+    """What usually causes what was seen: collectives made at lines the finished task never
+    ran (a call made on some tasks only), or the same lines run more often on the waiting task
+    (a loop of another length: uneven data)."""
+    only_waiter = [w for w, per in lines if per.get(done, 0) == 0]
+    if only_waiter:
+        return (f"{waiter} made collectives at {', '.join(only_waiter[:3])} that {done} never "
+                "made: a call made on some tasks only (a chief-only model.save, evaluate or "
+                "checkpoint write issues collectives too); every task must make it (the "
+                "non-chief tasks saving to a temporary path)")
+    ran = (f"{done} {steps.get(done, 0)}, {waiter} {steps.get(waiter, 0)} completed"
+           if steps.get(done, 0) or steps.get(waiter, 0) else "")
+    return ("the same code ran more often on " + waiter + (f" (steps: {ran})" if ran else "")
+            + ": a loop whose length depends on the task, most often uneven per-task data. "
+            "Distribute the data with strategy.experimental_distribute_dataset or "
+            "distribute_datasets_from_function (all tasks then stop together), or make the "
+            "step count the same everywhere: steps_per_epoch, dataset.repeat(), "
+            "drop_remainder=True for the last partial batch")
+
+
+def _absent(ended: dict[str, Ended], busy: dict[str, LedgerView],
+            ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+            steps: dict[str, int], now: float) -> Hang | None:
+    for name in sorted(absent):
+        for waiter, view in sorted(busy.items()):
+            for row in view.open_rows():
+                if row.get("kind") == "check" and name not in (row.get("members") or ()):
+                    continue
+                if row.get("kind") != "check" and not _needs(row, name, ledgers.get(name),
+                                                             members):
+                    continue
+                if row.get("kind") != "check" and _never_entered(row,
+                                                                 ledgers.get(name)) is None:
+                    continue
+                cause = (f"{waiter} waits in {describe_row(row)} for {name}, which is not "
+                         "running this cell")
+                return Hang("absent", name, cause, {waiter: _waited(row, now)},
+                            "a cell that runs collectives must run on every task of the "
+                            "strategy (drop --on, or run it with %%tfcluster on all tasks)")
+    return None
+
+
+def _diverged(ended: dict[str, Ended], busy: dict[str, LedgerView],
+              ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+              steps: dict[str, int], now: float) -> Hang | None:
+    slots: dict[tuple[str, int], dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+    for task, view in busy.items():
+        for row in view.open_rows():
+            if row.get("index") is not None:
+                slots[(str(row.get("group")), row["index"])][task] = row
+    for (_, index), rows in sorted(slots.items(), key=lambda kv: kv[0][1]):
+        tasks = sorted(rows)
+        if all(_same(rows[tasks[0]], rows[t]) for t in tasks[1:]):
+            continue
+        per_task = "; ".join(f"{t}: {describe_row(rows[t])}" for t in tasks)
+        cause = (f"the tasks wait in different collectives at position {index + 1}: "
+                 f"{per_task}")
+        return Hang("diverged", tasks[-1], cause,
+                    {t: _waited(rows[t], now) for t in tasks},
+                    "a branch or a shape that depends on the task pairs different "
+                    "collectives: every task must issue the same collectives in the same order")
+    return None
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same collective as far as the rows tell: kind, dtype, and shapes that agree where
+    both are known (a traced row may have a dimension unknown at trace time)."""
+    if (a.get("kind"), a.get("dtype")) != (b.get("kind"), b.get("dtype")):
+        return False
+    x, y = a.get("shape"), b.get("shape")
+    if x is None or y is None:
+        return True
+    return len(x) == len(y) and all(i is None or j is None or i == j
+                                    for i, j in zip(x, y, strict=True))
+
+
+def ledger_overview(ledgers: dict[str, LedgerView], now: float) -> str:
+    """For a stall report: who is in which collective since when, and who never entered it;
+    empty when no task is in a collective."""
+    if not any(v.current() for v in ledgers.values()):
+        return ""
+    stands = where_each_stands(ledgers, now)
+    return "collectives: " + "; ".join(f"{t} {said}" for t, said in stands.items())
+
+
+def where_each_stands(ledgers: dict[str, LedgerView], now: float) -> dict[str, str]:
+    """Per task, in words: the collective it is in and for how long, or that it never entered
+    the one the others are in, with how many it issued and its last."""
+    inside = {t: v.current() for t, v in ledgers.items()}
+    others = [r for r in inside.values() if r is not None and r.get("index") is not None]
+    said = {}
+    for task in sorted(ledgers):
+        row = inside[task]
+        if row is not None:
+            said[task] = f"in {_waited(row, now)}"
+            continue
+        view = ledgers[task]
+        last = view.recent(1)
+        missing = [r for r in others if r["index"] >= view.count(r.get("group"))]
+        how = f"never entered {describe_row(missing[0])}" if missing else "in no collective"
+        tail = f"; its last: {describe_row(last[0])}, {last[0].get('state')}" if last else ""
+        said[task] = f"{how} ({view.issued} issued{tail})"
+    return said

@@ -1,0 +1,112 @@
+"""The controller's copy of one task's collective ledger (rows from its telemetry samples).
+
+Bounded like the other tails (the run directory keeps every sample, so every row); rows are
+updated in place as the task reports them done. ``open`` are the rows the task is inside now,
+``counts`` how many collectives of each group it issued in all, which is what the hang rules
+compare (diagnostics/hangs.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+KEEP_ROWS = 2000
+
+
+@dataclass
+class LedgerView:
+    rows: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)
+    open: dict[int, dict[str, Any]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    issued: int = 0
+    _at: dict[tuple[str, int], int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)  # written on the loop thread
+
+    def update(self, ledger: dict[str, Any]) -> None:
+        with self._lock:
+            self._update(ledger)
+
+    def _update(self, ledger: dict[str, Any]) -> None:
+        if ledger.get("issued", 0) < self.issued:  # a new process under this name
+            self._clear()
+        self.issued = int(ledger.get("issued", 0))
+        self.counts = {str(k): int(v) for k, v in (ledger.get("counts") or {}).items()}
+        for row in ledger.get("rows") or ():
+            seq = row["seq"]
+            self.rows[seq] = row
+            self.rows.move_to_end(seq)
+            if row.get("index") is not None:
+                self._at[(str(row.get("group")), row["index"])] = seq
+            if row.get("state") == "entered":
+                self.open[seq] = row
+            else:
+                self.open.pop(seq, None)
+        while len(self.rows) > KEEP_ROWS:
+            seq, row = self.rows.popitem(last=False)
+            self.open.pop(seq, None)
+            self._at.pop((str(row.get("group")), row.get("index")), None)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._clear()
+
+    def _clear(self) -> None:
+        self.rows.clear()
+        self.open.clear()
+        self.counts = {}
+        self.issued = 0
+        self._at.clear()
+
+    def at(self, group: Any, index: int) -> dict[str, Any] | None:
+        """This task's row for the ``index``-th collective of ``group``, if still kept."""
+        with self._lock:
+            seq = self._at.get((str(group), index))
+            return None if seq is None else self.rows.get(seq)
+
+    def count(self, group: Any) -> int:
+        return self.counts.get(str(group), 0)
+
+    def recent(self, last: int | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self.rows.values())
+        return rows if last is None else rows[-last:]
+
+    def current(self) -> dict[str, Any] | None:
+        """The collective this task is in now (its oldest open row), or None."""
+        with self._lock:
+            rows = list(self.open.values())
+        return min(rows, key=lambda r: r["seq"]) if rows else None
+
+    def open_rows(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return sorted(self.open.values(), key=lambda r: r["seq"])
+
+
+COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
+           "entered", "done", "waited_s", "group", "index", "call"]
+
+
+def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
+                      now: float | None = None) -> Any:
+    """The ledgers side by side (docs/reference.md, ``cluster.collectives``): each task's last
+    ``last`` rows, ordered by position so the same collective of every task lines up;
+    ``waited_s`` is how long the row has been (or was) open."""
+    import time
+
+    import pandas as pd
+
+    now = time.time() if now is None else now
+    rows = []
+    for task in sorted(ledgers):
+        for r in ledgers[task].recent(last):
+            end = r.get("done") or now
+            rows.append({**{c: r.get(c) for c in COLUMNS if c != "task"}, "task": task,
+                         "shape": None if r.get("shape") is None else tuple(r["shape"]),
+                         "waited_s": round(end - r["entered"], 3)})
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for col in ("entered", "done"):
+        frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
+    return frame.sort_values(["seq", "task"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,150 @@
+"""Before a traced function first runs, the tasks check that it issues the same collectives.
+
+TensorFlow pairs collectives across tasks by group and instance key, which are handed out in the
+order they run, not by what they are: a function that traces one more all-reduce on one task (a
+Python branch on ``tw.task``) pairs that one with another task's *next step* and computes wrong
+numbers before anything hangs. So on its first run each task publishes the function's manifest in
+TensorFlow's coordination service key-value store (the one MWMS already runs) and reads the other
+tasks'; on a difference every task raises :class:`CollectiveMismatchError` naming the first
+difference and the line that made it on each task, before any of those collectives ran.
+
+The wait is a ``check`` row in the ledger, so the controller's hang rules see a task stuck in it
+when another task failed or finished; it gives up after ``WAIT_S`` (the function may legitimately
+be traced on one task only, e.g. a retrace) and when the collectives are aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from tfdist_nb.worker.ledger import ABORT, LEDGER, CollectiveMismatchError, Op, describe_tensor
+
+WAIT_S = 30.0
+POLL_MS = 250
+_counts: dict[str, int] = {}
+_disabled: list[str] = []  # why the check is off on this task (no coordination service)
+
+
+def members() -> list[str]:
+    """The tasks MWMS runs collectives among: the chief and the workers of TF_CONFIG."""
+    try:
+        cluster = json.loads(os.environ.get("TF_CONFIG", ""))["cluster"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [f"{role}:{i}" for role in ("chief", "worker")
+            for i in range(len(cluster.get(role, [])))]
+
+
+def me() -> str | None:
+    from tfdist_nb import worker
+
+    return f"{worker.task[0]}:{worker.task[1]}" if worker.task else None
+
+
+def check(graph: Any, name: str, ops: list[Op]) -> None:
+    """Compare ``ops`` (the manifest of the function ``name`` at its first run) with the other
+    tasks'; raises CollectiveMismatchError on a difference."""
+    everyone, mine = members(), me()
+    if _disabled or mine not in everyone or len(everyone) < 2:
+        return
+    if not any(op.group_size and op.group_size > 1 for op in ops):
+        return
+    nth = _counts.get(name, 0)
+    _counts[name] = nth + 1
+    key = f"tfdist/manifest/{name}/{nth}"
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    payload = json.dumps([[*op.signature(), op.where] for op in ops])
+    try:
+        ctx.set_config_key_value(f"{key}/{mine}", payload)
+    except Exception as exc:  # no coordination service here: nothing to compare through
+        _disabled.append(f"{type(exc).__name__}: {exc}")
+        return
+    others = [t for t in everyone if t != mine]
+    from tfdist_nb.worker import cellmap
+
+    row = LEDGER.enter([Op("check", len(everyone), None, "", None, None,
+                           cellmap.main_thread_site())], name, members=others)
+    theirs: dict[str, list[Any]] = {}
+    try:
+        theirs = _collect(ctx, key, others)
+    except BaseException:
+        LEDGER.close(row, "failed")
+        raise
+    LEDGER.close(row)
+    manifests = {mine: json.loads(payload), **theirs}
+    if (said := first_difference(name, manifests)) is not None:
+        raise CollectiveMismatchError(said)
+
+
+def _collect(ctx: Any, key: str, others: list[str]) -> dict[str, list[Any]]:
+    import time
+
+    from tensorflow.python.framework import errors
+
+    found: dict[str, list[Any]] = {}
+    deadline = time.monotonic() + WAIT_S
+    while len(found) < len(others) and time.monotonic() < deadline:
+        if ABORT.is_set():
+            raise RuntimeError("tfdist_nb: the collectives were aborted while this task "
+                               "waited for the others to reach the same tf.function")
+        for task in others:
+            if task in found:
+                continue
+            try:
+                found[task] = json.loads(ctx.get_config_key_value(f"{key}/{task}",
+                                                                  timeout_in_ms=POLL_MS))
+            except errors.DeadlineExceededError:
+                continue
+            except errors.OpError:  # the service is gone (the chief died): others will say it
+                return found
+    return found
+
+
+def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | None:
+    """The sentence naming where the tasks' manifests of ``name`` first differ, or None.
+
+    Entries are ``[kind, dtype, shape, group_size, where]``; the text is the same on every
+    task (tasks sorted), so each one's error says the same thing.
+    """
+    tasks = sorted(manifests)
+    longest = max(len(m) for m in manifests.values())
+    for i in range(longest):
+        got = {t: manifests[t][i] if i < len(manifests[t]) else None for t in tasks}
+        first = got[tasks[0]]
+        if all(_agree(first, e) for e in got.values()):
+            continue
+        per_task = "; ".join(
+            f"{t}: " + (f"{e[0]} {describe_tensor(e[1], e[2])} at {e[4]}" if e else
+                        f"none (it issues {len(manifests[t])})") for t, e in got.items())
+        counts = {len(m) for m in manifests.values()}
+        shapes = {json.dumps(e[2]) for e in got.values() if e}
+        if len(counts) > 1 or any(e is None for e in got.values()):
+            cause = ("a Python branch that depends on the task (tw.task, TF_CONFIG, the task's "
+                     "data) adds or drops a collective on some tasks")
+        elif len(shapes) > 1:
+            cause = ("a shape that depends on the task (a per-task batch size or data) makes "
+                     "the tensors differ")
+        else:
+            cause = "the function traces different collectives on different tasks"
+        return (f"tf.function '{name}' issues different collectives on different tasks: "
+                f"collective {i + 1} — {per_task}. Likely cause: {cause}; every task must "
+                "trace the same collectives in the same order. Found before its first run, "
+                "so none of them ran.")
+    return None
+
+
+def _agree(a: list[Any] | None, b: list[Any] | None) -> bool:
+    """Same kind, dtype and group, and shapes that can be the same at run time (a dimension
+    unknown at trace time matches any)."""
+    if a is None or b is None:
+        return a is b
+    if a[0] != b[0] or a[1] != b[1] or a[3] != b[3]:
+        return False
+    if a[2] is None or b[2] is None:
+        return True
+    return len(a[2]) == len(b[2]) and all(x is None or y is None or x == y
+                                          for x, y in zip(a[2], b[2], strict=True))

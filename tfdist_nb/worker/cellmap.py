@@ -1,0 +1,86 @@
+"""Which notebook cell a line of code on this task came from, in the controller's numbering.
+
+A worker kernel counts its own executions (``Cell In[k]`` in its tracebacks), which equals the
+controller's cell number only while every cell ran on every task. The controller puts its number
+in each execute request's metadata (``tfdist_cell``); this module remembers, per execution, which
+number it was, so the collective ledger says ``cell N line L`` in the notebook's numbering with the
+magic line as line 1 (docs/reference.md, "Collectives and hangs").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable
+from typing import Any
+
+_by_count: dict[int, int] = {}  # the kernel's execution_count -> the controller's cell number
+_shell: Any = None
+_own = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}",
+        f"{os.sep}tfdist_nb{os.sep}", f"{os.sep}IPython{os.sep}", f"{os.sep}ipykernel{os.sep}",
+        f"{os.sep}absl{os.sep}")
+_stdlib = sysconfig.get_paths()["stdlib"]
+
+
+def install(kernel: Any) -> None:
+    """Remember each execution's cell number as it starts (``pre_run_cell``)."""
+    global _shell
+    _shell = kernel.shell
+
+    def remember(_info: Any = None) -> None:
+        try:
+            parent = kernel.get_parent("shell") or {}
+        except Exception:  # an older ipykernel: the kernel's own count is all there is
+            return
+        cell = (parent.get("metadata") or {}).get("tfdist_cell")
+        if isinstance(cell, int):
+            _by_count[kernel.shell.execution_count] = cell
+
+    kernel.shell.events.register("pre_run_cell", remember)
+
+
+def cell_of(filename: str) -> int | None:
+    """The controller's cell number for a cell file of this kernel, or None for other files."""
+    compiled = getattr(getattr(_shell, "compile", None), "_filename_map", None)
+    if not compiled or filename not in compiled:
+        return None
+    count = compiled[filename]
+    return _by_count.get(count, count)
+
+
+def site(frames: Iterable[tuple[str, int]]) -> str:
+    """Where, in the user's code, a stack (innermost first, ``(filename, line)`` pairs) was:
+    ``cell N line L`` for the innermost notebook cell frame, else the innermost frame outside
+    TensorFlow, Keras, tfdist_nb and the standard library (``file.py:L``), else ``?``."""
+    fallback = None
+    for filename, line in frames:
+        cell = cell_of(filename)
+        if cell is not None:
+            return f"cell {cell} line {line}"
+        if fallback is None and not _library(filename):
+            fallback = f"{os.path.basename(filename)}:{line}"
+    return fallback or "?"
+
+
+def _library(filename: str) -> bool:
+    return (any(part in filename for part in _own) or filename.startswith("<")
+            or (filename.startswith(_stdlib) and "-packages" not in filename))
+
+
+def python_frames(frame: Any) -> Iterable[tuple[str, int]]:
+    """``(filename, line)`` from ``frame`` outwards."""
+    while frame is not None:
+        yield frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+
+
+def main_thread_site() -> str:
+    """Where the main thread (the one running the cell) is: collectives launched eagerly may
+    run on a strategy's worker thread, whose own stack has no user frame."""
+    import threading
+
+    main = threading.main_thread()
+    frame = (sys._getframe(1) if threading.current_thread() is main
+             else sys._current_frames().get(main.ident or 0))
+    return site(python_frames(frame))

@@ -1,0 +1,134 @@
+"""This task's collective ledger: every collective it issued, in order, and its state.
+
+One row per collective execution (docs/reference.md, "Collectives and hangs"): eager ones as they
+are launched, those inside a ``tf.function`` each time the function runs (its trace-time manifest,
+see ``_collectives``). The controller compares the ledgers of all tasks live; a row's ``index`` is
+its position among this task's collectives of the same group, which is how TensorFlow pairs them
+across tasks (instance keys are handed out in that order), so rows with the same group and index on
+two tasks are the same collective, or should be.
+
+Rows go out with the telemetry samples (new and changed rows only) and at the end of each cell;
+the worker keeps the last ``KEEP`` rows for ``%tfdist_collectives``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+KEEP = 5000
+MAX_ROWS_PER_MESSAGE = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One collective as traced into a function or launched eagerly."""
+
+    kind: str  # all_reduce | all_gather | broadcast | check
+    group_size: int | None
+    group_key: int | None
+    dtype: str
+    shape: tuple[int | None, ...] | None  # None: rank unknown
+    nbytes: int | None
+    where: str  # cell N line L
+    in_control_flow: bool = False  # inside tf.cond / tf.while_loop: may run 0 or n times per call
+
+    def signature(self) -> list[Any]:
+        """What must agree across tasks for the collective to pair correctly."""
+        return [self.kind, self.dtype, None if self.shape is None else list(self.shape),
+                self.group_size]
+
+    def describe(self) -> str:
+        return f"{self.kind} {describe_tensor(self.dtype, self.shape)}"
+
+
+def describe_tensor(dtype: str, shape: Any) -> str:
+    if shape is None:
+        return f"{dtype}[?]"
+    return f"{dtype}[{','.join('?' if d is None else str(d) for d in shape)}]"
+
+
+class CollectiveMismatchError(RuntimeError):
+    """A traced function issues different collectives on different tasks (found before its
+    first run, so none of them were paired with the wrong partner)."""
+
+
+class Ledger:
+    """Thread-safe: eager collectives may be launched from a strategy's worker thread."""
+
+    def __init__(self, keep: int = KEEP) -> None:
+        self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self._seq = 0
+        self._counts: dict[int | None, int] = {}
+        self._dirty: dict[int, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def enter(self, ops: list[Op] | tuple[Op, ...], function: str, call: int | None = None,
+              where: str | None = None, members: list[str] | None = None) -> list[dict[str, Any]]:
+        """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch)."""
+        now = time.time()
+        rows = []
+        with self._lock:
+            for op in ops:
+                self._seq += 1
+                index = None
+                if op.kind != "check":
+                    index = self._counts.get(op.group_key, 0)
+                    self._counts[op.group_key] = index + 1
+                row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
+                       "index": index, "group_size": op.group_size, "dtype": op.dtype,
+                       "shape": None if op.shape is None else list(op.shape),
+                       "bytes": op.nbytes, "function": function, "call": call,
+                       "where": where or op.where, "in_control_flow": op.in_control_flow,
+                       "state": "entered", "entered": now, "done": None}
+                if members is not None:
+                    row["members"] = members
+                self._rows.append(row)
+                self._dirty[self._seq] = row
+                rows.append(row)
+        return rows
+
+    def close(self, rows: list[dict[str, Any]], state: str = "done") -> None:
+        now = time.time()
+        with self._lock:
+            for row in rows:
+                row["state"], row["done"] = state, now
+                self._dirty[row["seq"]] = row
+
+    def pending(self) -> bool:
+        return bool(self._dirty)
+
+    def waiting_unsent(self, older_than_s: float) -> bool:
+        """Whether a row not yet sent has been open for ``older_than_s``: a collective that
+        did not complete at once, which the controller should hear of now, not at the next
+        sample (a hang is named from it)."""
+        limit = time.time() - older_than_s
+        with self._lock:
+            return any(r["state"] == "entered" and r["entered"] <= limit
+                       for r in self._dirty.values())
+
+    def drain(self) -> dict[str, Any] | None:
+        """The rows that are new or changed since the last drain (copies), with this task's
+        per-group counts; None when nothing changed."""
+        with self._lock:
+            if not self._dirty:
+                return None
+            seqs = sorted(self._dirty)[:MAX_ROWS_PER_MESSAGE]
+            rows = [dict(self._dirty.pop(s)) for s in seqs]
+            return {"rows": rows, "issued": self._seq,
+                    "counts": {str(k): v for k, v in self._counts.items()},
+                    "more": bool(self._dirty)}
+
+    def recent(self, last: int | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = list(self._rows)
+        return [dict(r) for r in (rows if last is None else rows[-last:])]
+
+
+LEDGER = Ledger()
+# Set from the inspection subshell (abort_collectives): a task waiting in the manifest check
+# gives up at once, as one waiting in a collective does when its collectives are aborted.
+ABORT = threading.Event()
