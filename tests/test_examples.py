@@ -10,7 +10,15 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.notebooks import RAISES, Executed, cell_html, cell_text, errors_of, execute_notebook
+from tests.notebooks import (
+    RAISES,
+    Executed,
+    cell_html,
+    cell_seconds,
+    cell_text,
+    errors_of,
+    execute_notebook,
+)
 
 pytestmark = pytest.mark.cluster
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -183,18 +191,47 @@ def test_05_input_pipeline(tmp_path: Path) -> None:
 @pytest.mark.timeout(LIMIT_S)
 def test_06_deadlock_stall(tmp_path: Path) -> None:
     nb = run("06_deadlock_stall", tmp_path)
-    hang_cell = nb.find("%%tfcluster 2 workers --stall-timeout 6")
-    hang = nb.text("%%tfcluster 2 workers --stall-timeout 6")
-    assert raised(hang_cell) and "worker:1 stalled" in hang
-    assert "elsewhere, likely the cause: worker:1" in hang
+    # 1. a task that raises: named at once (stall timeout 120 s), the other released
+    raising = nb.find("%%tfcluster 2 workers --stall-timeout 120")
+    text = nb.text("%%tfcluster 2 workers --stall-timeout 120")
+    assert raised(raising) and cell_seconds(raising) < 30, cell_seconds(raising)
+    assert re.search(r"worker:1 failed \(InjectedFault: tfdist_nb injected fault: this task "
+                     r"raised at step 5\) at cell \d+ line 13 while worker:0 waited in a "
+                     r"collective that worker:1 never entered: all_reduce", text), text
+    assert "worker:0 aborted" in text and "stalled" not in text
+    ledger = cell_html(nb.find("%tfdist_collectives --last 2"))
+    assert "train_step" in ledger and ">aborted<" in ledger
+    # 2. the chief-only extra all-reduce: the line only the chief runs is named
     chief_only = nb.find("if tw.task == (\"worker\", 0):          # only the chief")
-    text = nb.text("# only the chief")
-    assert raised(chief_only) and "worker:0 stalled" in text
+    text = nb.text("# only the chief reports")
+    assert raised(chief_only) and cell_seconds(chief_only) < 30
+    assert "worker:1 finished the cell while worker:0 waited in all_reduce" in text
+    assert re.search(r"called at cell \d+ line 16, which worker:1 never entered", text), text
+    assert re.search(r"worker:0 made collectives at cell \d+ line 16 that worker:1 never made: "
+                     r"a call made on some tasks only", text), text
     assert "[worker:1] done 20 steps" in text and "[worker:0] done" not in text
-    assert "line 16, in <module>" in text  # the stack points at the chief-only line
     fixed = nb.text("# every task takes part")
     assert "[worker:0] last sum" in fixed and "[worker:1] last sum" not in fixed
     assert "[worker:0] done 20 steps" in fixed and "[worker:1] done 20 steps" in fixed
+    # 3. uneven data: worker:1's ends after 6 steps, worker:0 waits in its 7th
+    uneven = nb.find("for batch in tw.timed(local):")
+    text = nb.text("for batch in tw.timed(local):")
+    assert raised(uneven) and cell_seconds(uneven) < 30
+    assert "so far worker:1 6 step(s)" in text and "uneven per-task data" in text
+    assert "[worker:1] done 6 steps" in text
+    # 4. a chief-only model.save under tf_keras
+    save = nb.find("# only the chief saves")
+    text = nb.text("# only the chief saves")
+    assert raised(save) and cell_seconds(save) < 60
+    assert re.search(r"worker:0 made collectives at cell \d+ line 13 that worker:1 never made: "
+                     r"a call made on some tasks only \(a chief-only model.save", text), text
+    assert "[worker:1] saved on every task" in nb.text("# every task saves")
+    # 5. a task stuck in its own code: the stall detector, with the ledgers in its report
+    hang_cell = nb.find("%%tfcluster --stall-timeout 6")
+    hang = nb.text("%%tfcluster --stall-timeout 6")
+    assert raised(hang_cell) and "worker:1 stalled" in hang
+    assert "collectives: worker:0 in all_reduce" in hang
+    assert "worker:1 never entered all_reduce" in hang
 
 
 @pytest.mark.timeout(LIMIT_S)

@@ -246,3 +246,29 @@ def test_tasks_that_wait_for_each_other_or_finish_apart_in_a_healthy_run_are_not
                   & (mine["kind"] == "all_reduce")]["waited_s"]
     assert sorted(waited)[-1] > 2.5
     assert not [a for a in cluster.alerts() if "collective" in a]
+
+
+LATE_TO_THE_CHECK = """@tf.function
+def quick(i):
+    def add():
+        return tf.distribute.get_replica_context().all_reduce("SUM", tf.cast(i, tf.float32))
+    return strategy.run(add)
+if tw.task[1] == 1:
+    time.sleep(0.8)   # worker:0 waits for it in the check before quick's first run
+for i in range(3):
+    total = quick(tf.constant(i))
+if tw.task[0:2] == ("worker", 0):
+    time.sleep(1.5)   # worker:1 finishes first, right after the last collective
+print(float(total))
+"""
+
+
+def test_a_task_that_finishes_right_after_a_late_check_is_not_a_hang(cluster: Cluster) -> None:
+    # worker:0's "check entered" row goes out while it waits; its "done" comes a sample later,
+    # after worker:1 has finished: the rules must see that worker:1 did its side of the check
+    result = cluster.run(LATE_TO_THE_CHECK)
+    assert result.ok, result.summary()
+    assert [r.stdout.strip().splitlines()[-1] for r in result.tasks.values()] == ["4.0", "4.0"]
+    checks = cluster.collectives(on="worker:0", last=None)
+    check = checks[checks["kind"] == "check"].iloc[-1]
+    assert check["state"] == "done" and check["waited_s"] > 0.5

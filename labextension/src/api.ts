@@ -52,6 +52,9 @@ export interface ILatest {
   gpu_mem_mb?: Num;
   step?: Num;
   total_steps?: Num;
+  /** the collective the task is in (from its ledger), and since when */
+  collective?: string | null;
+  collective_since?: Num;
 }
 
 export interface ISeries {
@@ -73,6 +76,8 @@ export interface IClusterDetail extends IClusterSummary {
 export interface ISample extends ILatest {
   task: string;
   steps: Num[][];
+  /** ledger rows sent between samples: no resource reading in it */
+  ledger_only?: boolean;
 }
 
 export interface ILateness {

@@ -9,6 +9,7 @@ import { Widget } from '@lumino/widgets';
 import {
   IClusterDetail,
   IClusterSummary,
+  ILatest,
   ILogLine,
   ISeries,
   Num,
@@ -69,6 +70,16 @@ function h<K extends keyof HTMLElementTagNameMap>(
     node.textContent = text;
   }
   return node;
+}
+
+/** The collective a task waits in and for how long; nothing for one that completes at once. */
+function collectiveText(latest: ILatest, now: number): string {
+  const since = latest.collective_since;
+  if (!latest.collective || since === null || since === undefined) {
+    return '';
+  }
+  const waited = now - since;
+  return waited < 0.5 ? '' : `${latest.collective} · ${waited.toFixed(0)} s`;
 }
 
 function emptySeries(): ISeries {
@@ -139,6 +150,7 @@ export class ClusterPanel extends Widget {
       'RSS',
       'GPU',
       'GPU mem',
+      'collective',
       'last output'
     ]) {
       head.appendChild(h('th', '', col));
@@ -274,6 +286,9 @@ export class ClusterPanel extends Widget {
       for (const s of msg.telemetry) {
         const series = this._seriesOf(s.task);
         series.latest = s;
+        if (s.ledger_only) {
+          continue;
+        }
         series.samples.push([
           s.time ?? null,
           s.cpu_percent ?? null,
@@ -419,6 +434,7 @@ export class ClusterPanel extends Widget {
         num(latest.rss_mb, 0, ' MB'),
         num(latest.gpu_util_percent, 0, ' %'),
         num(latest.gpu_mem_mb, 0, ' MB'),
+        collectiveText(latest, now),
         lastOut
       ];
       cells.forEach((text, j) => {

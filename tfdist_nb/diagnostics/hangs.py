@@ -64,8 +64,10 @@ def describe_row(row: dict[str, Any]) -> str:
     fn = row.get("function")
     inside = "eagerly" if fn == "eager" else f"in '{fn}'"
     pos = f" #{row['index'] + 1}" if row.get("index") is not None else ""
+    called = row.get("called_at")
+    via = f", called at {called}" if called and called != row.get("where") else ""
     return (f"{row.get('kind')} {describe_tensor(row.get('dtype', '?'), row.get('shape'))}{pos} "
-            f"{inside} at {row.get('where')}")
+            f"{inside} at {row.get('where')}{via}")
 
 
 def judge(ended: dict[str, Ended], busy: dict[str, LedgerView],
@@ -95,8 +97,15 @@ def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: s
 def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None:
     """How the ended task stands to ``row``: None if it completed its side (the other's done
     is merely not reported yet), else 'never entered' or 'entered and failed'."""
-    if row.get("kind") == "check" or ledger is None:
+    if row.get("kind") == "check":
+        # done on the ended task: it published its manifest, so the waiter's read completes
+        # (its own row here may be a sample behind)
+        mine = ledger.checked(row.get("check")) if ledger is not None else None
+        if mine is not None and mine.get("state") == "done":
+            return None
         return "never reached"
+    if ledger is None:
+        return "never entered"
     index = row.get("index")
     if index is None or index >= ledger.count(row.get("group")):
         return "never entered"
@@ -190,14 +199,16 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
 def _lines_that_differ(tasks: list[str], ledgers: dict[str, LedgerView],
                        group: Any) -> list[tuple[str, dict[str, int]]]:
     """The lines whose collectives (of ``group``, in the rows still kept) ran a different
-    number of times on different tasks, with the count per task."""
+    number of times on different tasks, with the count per task; a traced function's
+    collectives count at the line that called it (the same traced line serves every call)."""
     per_line: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for t in tasks:
         if t not in ledgers:
             continue
         for r in ledgers[t].recent():
             if r.get("index") is not None and str(r.get("group")) == str(group):
-                per_line[r["where"]][t] = per_line[r["where"]].get(t, 0) + 1
+                line = r.get("called_at") or r["where"]
+                per_line[line][t] = per_line[line].get(t, 0) + 1
     out = []
     for where, per in per_line.items():
         full = {t: per.get(t, 0) for t in tasks}
@@ -233,13 +244,9 @@ def _absent(ended: dict[str, Ended], busy: dict[str, LedgerView],
     for name in sorted(absent):
         for waiter, view in sorted(busy.items()):
             for row in view.open_rows():
-                if row.get("kind") == "check" and name not in (row.get("members") or ()):
+                if not _needs(row, name, ledgers.get(name), members):
                     continue
-                if row.get("kind") != "check" and not _needs(row, name, ledgers.get(name),
-                                                             members):
-                    continue
-                if row.get("kind") != "check" and _never_entered(row,
-                                                                 ledgers.get(name)) is None:
+                if _never_entered(row, ledgers.get(name)) is None:
                     continue
                 cause = (f"{waiter} waits in {describe_row(row)} for {name}, which is not "
                          "running this cell")

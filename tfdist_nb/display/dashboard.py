@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.display.compact import COMPACT_AT, BandCharts, TaskGrid, grid_rows, named_tasks
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.store.tails import TaskView
@@ -63,7 +64,10 @@ class TaskPanel:
         self._seen = ()
 
     def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False) -> bool:
-        key = (view.revision, state, straggler, self.stream.value, self.grep.value)
+        inside = view.ledger.current()
+        # while the task waits in a collective the panel counts the seconds
+        ticking = int(time.time()) if inside is not None else 0
+        key = (view.revision, state, straggler, self.stream.value, self.grep.value, ticking)
         if key == self._seen:
             return False
         self._seen = key
@@ -78,7 +82,7 @@ class TaskPanel:
         self.progress.max = max(total, view.step_count, 1)
         self.progress.value = view.step_count
         self.progress.description = f"{view.step_count}" + (f"/{total}" if total else "")
-        self.stats.value = _stats_html(view)
+        self.stats.value = _stats_html(view) + _collective_html(inside)
         lines = self._filtered(view)
         # newest first: the line that matters is in view without scrolling
         self.log.value = ("<div style='max-height:260px;overflow:auto'><pre class='tfdist-log' "
@@ -106,6 +110,23 @@ class TaskPanel:
             if len(out) == PANEL_LINES:
                 break
         return out[::-1]
+
+
+COLLECTIVE_SHOWN_AFTER_S = 0.5
+COLLECTIVE_LONG_S = 5.0
+
+
+def _collective_html(row: dict[str, Any] | None) -> str:
+    """The collective the task is in and how long it has waited (from its ledger); nothing for
+    one that completes at once, orange once the wait is long."""
+    if row is None:
+        return ""
+    waited = time.time() - row["entered"]
+    if waited < COLLECTIVE_SHOWN_AFTER_S:
+        return ""
+    colour = "#ef6c00" if waited >= COLLECTIVE_LONG_S else "#555"
+    return (f"<br><small class='tfdist-collective' style='color:{colour}'>in "
+            f"{html.escape(describe_row(row))} for {waited:.0f} s</small>")
 
 
 def _stats_html(view: TaskView) -> str:

@@ -15,8 +15,10 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import step_lags
 from tfdist_nb.lab.tail import JsonlTail
+from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
 
 LINES_KEPT = 1000        # merged log tail of the cluster
@@ -69,6 +71,12 @@ class TaskSeries:
         self.lateness: deque[list[Any]] = deque(maxlen=STEPS_KEPT)  # step, lateness ms
         self.latest: dict[str, Any] = {}
         self.last_output: float | None = None
+        self.ledger = LedgerView()  # its collectives: the pane shows the one it is in
+
+    def collective(self) -> dict[str, Any]:
+        row = self.ledger.current()
+        return {"collective": describe_row(row) if row else None,
+                "collective_since": row["entered"] if row else None}
 
     def step_time_ms(self, window: int = 20) -> float | None:
         recent = [s[2] for s in list(self.steps)[-window:] if s[2] is not None]
@@ -141,15 +149,20 @@ class ClusterWatch:
 
     def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
         data, task = rec.get("data"), str(rec.get("task", ""))
-        if not isinstance(data, dict) or not task or data.get("kind") == "ledger":
+        if not isinstance(data, dict) or not task:
             return None
+        series = self._task(task)
+        if isinstance(data.get("ledger"), dict):
+            series.ledger.update(data["ledger"])
+        if data.get("kind") == "ledger":  # rows sent between samples: only the collective moved
+            series.latest = {**series.latest, **series.collective()}
+            return {**series.latest, "task": task, "steps": [], "ledger_only": True}
         t = _num(rec.get("time"))
         util, mem = gpu_summary(data.get("gpus"))
-        series = self._task(task)
         latest = {"time": t, "cpu_percent": _num(data.get("cpu_percent")),
                   "rss_mb": _num(data.get("rss_mb")), "gpu_util_percent": util,
                   "gpu_mem_mb": mem, "step": data.get("step"),
-                  "total_steps": data.get("total_steps")}
+                  "total_steps": data.get("total_steps"), **series.collective()}
         series.latest = latest
         series.samples.append([t, latest["cpu_percent"], latest["rss_mb"], util, mem])
         steps = []

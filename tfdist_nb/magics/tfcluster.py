@@ -400,9 +400,11 @@ class TfdistMagics(Magics):
             raise _usage(exc, example) from None
 
     @magic_arguments()
-    @argument("kind", help="straggler | hang | crash | nan | oom | bad-shard | clear")
+    @argument("kind",
+              help="straggler | hang | raise | uneven | crash | nan | oom | bad-shard | clear")
     @_on_option
-    @argument("--at-step", type=int, metavar="K", help="step at which hang/crash/nan happen")
+    @argument("--at-step", type=int, metavar="K",
+              help="step at which hang/raise/crash/nan happen; uneven: steps before data ends")
     @argument("--seconds", type=float, metavar="S", help="straggler delay per step (0.3)")
     @argument("--where", choices=["input", "step"], help="straggler: delay the input or step")
     @argument("--limit-mb", type=float, metavar="MB",
@@ -417,6 +419,10 @@ class TfdistMagics(Magics):
         - ``straggler``: delay that task's input (``--where input``, default) or step by
           ``--seconds`` every step;
         - ``hang``: from ``--at-step K`` on, that task never reaches the next collective;
+        - ``raise``: that task raises an error at step K, while the others go on to the next
+          collective (they are released at once, naming it);
+        - ``uneven``: that task's data ends after K steps (``tw.timed`` stops, ``model.fit``
+          stops), as uneven per-task data would: the others wait in a step it never runs;
         - ``crash``: SIGKILL that task at step K;
         - ``nan``: NaN in that task's model weights at step K (Keras ``fit``), so the loss and
           the all-reduced gradients turn NaN;

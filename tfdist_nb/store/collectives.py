@@ -66,6 +66,12 @@ class LedgerView:
             seq = self._at.get((str(group), index))
             return None if seq is None else self.rows.get(seq)
 
+    def checked(self, key: Any) -> dict[str, Any] | None:
+        """This task's row of the manifest check ``key``, if still kept."""
+        with self._lock:
+            rows = [r for r in self.rows.values() if r.get("check") == key]
+        return rows[-1] if rows else None
+
     def count(self, group: Any) -> int:
         return self.counts.get(str(group), 0)
 
@@ -86,7 +92,7 @@ class LedgerView:
 
 
 COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
-           "entered", "done", "waited_s", "group", "index", "call"]
+           "entered", "done", "waited_s", "called_at", "group", "index", "call"]
 
 
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,

@@ -105,6 +105,7 @@ class LiveStore:
         d = event.data
         if d.get("kind") == "ledger":  # rows sent early, between samples (worker.telemetry)
             v.ledger.update(d["ledger"])
+            v.step_count = max(v.step_count, int(d.get("step") or 0))
             v.revision += 1
             self.revision += 1
             return

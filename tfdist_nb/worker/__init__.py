@@ -135,6 +135,8 @@ def timed(iterable: Iterable[T]) -> Iterator[T]:
     iterator = iter(iterable)
     while True:
         if _inject._faults:
+            if _inject.data_ended(_steps):
+                return
             _inject.before_input()
         _input_entry = time.time()
         start = time.perf_counter()

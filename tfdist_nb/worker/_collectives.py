@@ -236,7 +236,7 @@ def patch_concrete_function(module: ModuleType) -> bool:
         name = str(getattr(graph, "name", "?"))
         if call == 1:
             agreement.check(graph, name, found)
-        rows = LEDGER.enter(found, name, call=call)
+        rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
         try:
             out = method(self, *args, **kwargs)
         except BaseException as exc:

@@ -57,6 +57,10 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
             t0 = getattr(self, "_t0", None)
             duration = time.perf_counter() - t0 if t0 is not None else 0.0
             worker._record_step(getattr(self, "_begin", time.time()), duration, None)
+            from tfdist_nb.worker import inject
+
+            if inject._faults and inject.data_ended(worker.steps_done()):
+                self.model.stop_training = True  # this task's data ran out (teaching fault)
 
     return StepTimer(**kwargs)
 

@@ -67,7 +67,7 @@ def check(graph: Any, name: str, ops: list[Op]) -> None:
     from tfdist_nb.worker import cellmap
 
     row = LEDGER.enter([Op("check", len(everyone), None, "", None, None,
-                           cellmap.main_thread_site())], name, members=others)
+                           cellmap.main_thread_site())], name, members=others, check=key)
     theirs: dict[str, list[Any]] = {}
     try:
         theirs = _collect(ctx, key, others)

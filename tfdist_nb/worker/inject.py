@@ -5,6 +5,9 @@ loops, the step timer tfdist_nb adds to ``model.fit``. Faults:
 
 - ``straggler``: sleep ``seconds`` (default 0.3) before every step's input (or step);
 - ``hang``: from step ``at_step`` on, never reach the next collective (sleep until interrupted);
+- ``raise``: raise :class:`InjectedFault` at step ``at_step`` (once), as a bug on one task would;
+- ``uneven``: this task's data ends after ``at_step`` steps (``tw.timed`` stops yielding,
+  ``model.fit`` stops), as per-task data of different lengths would;
 - ``crash``: SIGKILL this task at step ``at_step``;
 - ``nan``: at step ``at_step``, poison the model's weights with NaN (Keras ``fit``);
 - ``oom``: grow memory until a limit set on this task alone (``limit_mb`` above its RSS now)
@@ -21,7 +24,7 @@ import threading
 import time
 from typing import Any
 
-KINDS = ("straggler", "hang", "crash", "nan", "oom", "bad-shard")
+KINDS = ("straggler", "hang", "raise", "uneven", "crash", "nan", "oom", "bad-shard")
 _faults: dict[str, dict[str, Any]] = {}
 _oom_thread: threading.Thread | None = None
 mem_limit_mb: float | None = None
@@ -47,6 +50,16 @@ def active() -> dict[str, dict[str, Any]]:
     return dict(_faults)
 
 
+class InjectedFault(RuntimeError):
+    """What the ``raise`` fault raises."""
+
+
+def data_ended(steps_done: int) -> bool:
+    """The ``uneven`` fault: whether this task's data has run out after ``steps_done`` steps."""
+    fault = _faults.get("uneven")
+    return fault is not None and steps_done >= int(fault.get("at_step") or 0)
+
+
 def _step_reached(kind: str, step: int) -> bool:
     fault = _faults.get(kind)
     return fault is not None and step >= int(fault.get("at_step") or 0)
@@ -63,6 +76,9 @@ def before_step(step: int, model: Any = None, timed_input: bool = False) -> None
     fault = _faults.get("straggler")
     if fault and (fault.get("where") == "step" or not timed_input):
         time.sleep(float(fault.get("seconds") or 0.3))
+    if _step_reached("raise", step):
+        _faults.pop("raise")
+        raise InjectedFault(f"tfdist_nb injected fault: this task raised at step {step}")
     if _step_reached("crash", step):
         os.kill(os.getpid(), signal.SIGKILL)
     if _step_reached("nan", step) and model is not None:

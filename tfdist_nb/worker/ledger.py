@@ -67,8 +67,10 @@ class Ledger:
         self._lock = threading.Lock()
 
     def enter(self, ops: list[Op] | tuple[Op, ...], function: str, call: int | None = None,
-              where: str | None = None, members: list[str] | None = None) -> list[dict[str, Any]]:
-        """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch)."""
+              where: str | None = None, members: list[str] | None = None,
+              called_at: str | None = None, check: str | None = None) -> list[dict[str, Any]]:
+        """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch);
+        ``called_at``: the line that called the traced function they run in."""
         now = time.time()
         rows = []
         with self._lock:
@@ -82,10 +84,13 @@ class Ledger:
                        "index": index, "group_size": op.group_size, "dtype": op.dtype,
                        "shape": None if op.shape is None else list(op.shape),
                        "bytes": op.nbytes, "function": function, "call": call,
-                       "where": where or op.where, "in_control_flow": op.in_control_flow,
+                       "where": where or op.where, "called_at": called_at,
+                       "in_control_flow": op.in_control_flow,
                        "state": "entered", "entered": now, "done": None}
                 if members is not None:
                     row["members"] = members
+                if check is not None:  # which comparison: the same key on every task
+                    row["check"] = check
                 self._rows.append(row)
                 self._dirty[self._seq] = row
                 rows.append(row)

@@ -23,7 +23,8 @@ NEAR_LIMIT_FRACTION = 0.75
 NEAR_LIMIT_INTERVAL_S = 0.1
 V1_UNLIMITED = 2**60  # cgroup v1 says "no limit" with a number near 2**63
 # A collective still open this long after it was entered goes out at once, in a ledger-only
-# message, so the hang rules see a task waiting within about half a second (docs/design.md).
+# message, so the hang rules see a task waiting within about half a second (docs/reference.md,
+# "Collectives and hangs").
 LEDGER_TICK_S = 0.25
 LEDGER_WAIT_S = 0.2
 
@@ -109,7 +110,8 @@ class Telemetry:
         with self._flush_lock:
             ledger = self.ledger.drain() if self.ledger is not None else None
             if ledger:
-                self._send({"kind": "ledger", "time": time.time(), "ledger": ledger})
+                self._send({"kind": "ledger", "time": time.time(), "ledger": ledger,
+                            "step": self.step_count})
 
     def _near_limit(self) -> bool:
         memory = self._memory()
