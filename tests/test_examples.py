@@ -206,7 +206,9 @@ def test_06_deadlock_stall(tmp_path: Path) -> None:
     text = nb.text("# only the chief reports")
     assert raised(chief_only) and cell_seconds(chief_only) < 30
     assert "worker:1 finished the cell while worker:0 waited in all_reduce" in text
-    assert re.search(r"called at cell \d+ line 16, which worker:1 never entered", text), text
+    # (the iterator's eager all-reduce of next(it) on that line, or train_step called there)
+    assert re.search(r"(eagerly|called) at cell \d+ line 16, which worker:1 never entered",
+                     text), text
     assert re.search(r"worker:0 made collectives at cell \d+ line 16 that worker:1 never made: "
                      r"a call made on some tasks only", text), text
     assert "[worker:1] done 20 steps" in text and "[worker:0] done" not in text
@@ -217,7 +219,7 @@ def test_06_deadlock_stall(tmp_path: Path) -> None:
     uneven = nb.find("for batch in tw.timed(local):")
     text = nb.text("for batch in tw.timed(local):")
     assert raised(uneven) and cell_seconds(uneven) < 30
-    assert "so far worker:1 6 step(s)" in text and "uneven per-task data" in text
+    assert "so far worker:1 6 step(s)" in text and "uneven per-task data" in text, text
     assert "[worker:1] done 6 steps" in text
     # 4. a chief-only model.save under tf_keras
     save = nb.find("# only the chief saves")

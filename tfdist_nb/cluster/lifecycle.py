@@ -111,6 +111,7 @@ class Lifecycle:
         deadline = time.monotonic() + self.setup.start_timeout
         for rt in targets:
             rt.transition(TaskEvent.RESTART)
+            self.hub.live.view(rt.name).new_process()
         spares = await self.take_spares(targets)
         if not spares:
             for rt in targets:

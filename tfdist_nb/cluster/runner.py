@@ -45,6 +45,8 @@ class Inspector(Protocol):
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None: ...
 
+    def cell_steps(self, rt: TaskRuntime) -> int: ...
+
     def ledger(self, name: str) -> LedgerView: ...
 
     def members(self) -> set[str]: ...
@@ -111,10 +113,10 @@ def find_hang(inspector: Inspector, by_name: dict[str, TaskRuntime],
     members = inspector.members()
     ledgers = {name: inspector.ledger(name) for name in members | set(by_name)}
     ended = {name: Ended(name, r.status, _said(r),
-                         error_site(r.error, cell), inspector.progress(by_name[name]).step)
+                         error_site(r.error, cell), inspector.cell_steps(by_name[name]))
              for name, r in results.items() if r.status in ("ok", "error", "crashed")}
     busy = {name: ledgers[name] for name in by_name if name not in results}
-    steps = {name: inspector.progress(rt).step for name, rt in by_name.items()}
+    steps = {name: inspector.cell_steps(rt) for name, rt in by_name.items()}
     return judge(ended, busy, ledgers, members, members - set(by_name), steps, time.time())
 
 

@@ -37,6 +37,12 @@ class TaskView:
     revision: int = 0
     ledger: LedgerView = field(default_factory=LedgerView)
     sample_seq: int = 0
+    process: int = 0  # counts the processes seen under this name (a restart starts anew)
+
+    def new_process(self) -> None:
+        """A restart: the ledger and the step count begin again with the new process."""
+        self.ledger.reset()
+        self.step_count, self.sample_seq, self.process = 0, 0, self.process + 1
 
     def step_time_ms(self, window: int = RECENT_STEPS) -> float | None:
         recent = [s[2] for s in list(self.steps)[-window:]]
@@ -110,8 +116,8 @@ class LiveStore:
             self.revision += 1
             return
         seq = int(d.get("seq") or 0)
-        if seq and seq < v.sample_seq:  # a new process under this task's name (a restart)
-            v.ledger.reset()
+        if seq and seq < v.sample_seq:  # a new process under this name, not restarted by us
+            v.new_process()
         v.sample_seq = seq
         if d.get("ledger"):
             v.ledger.update(d["ledger"])
