@@ -219,6 +219,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         found = await asyncio.gather(*(inspector.stacks(rt) for rt in rest))
         stacks = {rt.name: s for rt, s in zip(rest, found, strict=True)}
     ledgers = ({n: inspector.ledger(n) for n in by_name} if inspector is not None else {})
+    # where each task stood, read before the abort below moves the open rows to "aborted"
+    stood = ledger_overview(ledgers, time.time()) if reason in ("stall", "timeout") else ""
     if inspector is not None and reason == "crash" and control.hang is None:
         control.hang = await _hang_after_crash(inspector, by_name, done, cell, stacks)
     if inspector is not None and reason in ("stall", "crash", "hang"):
@@ -231,8 +233,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     out = {}
     hang = control.hang
     overview = "" if hang else who_waits(stacks)
-    if reason in ("stall", "timeout") and (said := ledger_overview(ledgers, time.time())):
-        overview = f"{overview}\n{said}" if overview else said
+    if stood:
+        overview = f"{overview}\n{stood}" if overview else stood
     for rt in rest:
         released = hang is not None and rt.name in hang.waiting
         status = "aborted" if released else _early_status(reason, rt.name in control.stalled)
