@@ -30,8 +30,7 @@ class Inspector:
         self.tasks = tasks
         self._gapped: set[str] = set()
         # an inspector lives for one run: step counts at its start make "steps this cell"
-        self._steps_before = {rt.name: (v.process, v.step_count) for rt in tasks.values()
-                              if (v := hub.live.view(rt.name))}
+        self._marks = {rt.name: hub.live.view(rt.name).step_mark() for rt in tasks.values()}
 
     def progress(self, rt: TaskRuntime) -> Progress:
         v = self.hub.live.view(rt.name)
@@ -40,8 +39,8 @@ class Inspector:
     def cell_steps(self, rt: TaskRuntime) -> int:
         """Steps the task made in this run (its store count is over the task's life)."""
         v = self.hub.live.view(rt.name)
-        process, before = self._steps_before.get(rt.name, (v.process, 0))
-        return v.step_count - before if process == v.process else v.step_count
+        mark = self._marks.get(rt.name)
+        return v.steps_since(mark) if mark is not None else v.step_count
 
     def ledger(self, name: str) -> LedgerView:
         return self.hub.live.view(name).ledger

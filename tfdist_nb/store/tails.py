@@ -44,6 +44,15 @@ class TaskView:
         self.ledger.reset()
         self.step_count, self.sample_seq, self.process = 0, 0, self.process + 1
 
+    def step_mark(self) -> tuple[int, int]:
+        """Where the count stands now, for :meth:`steps_since` (the count is over a life)."""
+        return self.process, self.step_count
+
+    def steps_since(self, mark: tuple[int, int]) -> int:
+        """Steps made since ``mark``; all of this process's when it was restarted since."""
+        process, before = mark
+        return self.step_count - before if process == self.process else self.step_count
+
     def step_time_ms(self, window: int = RECENT_STEPS) -> float | None:
         recent = [s[2] for s in list(self.steps)[-window:]]
         return statistics.median(recent) if recent else None
