@@ -28,7 +28,8 @@ print("sum", float(total))
 def samples(cluster: Any, task: str) -> list[dict[str, Any]]:
     path = cluster.run_dir / "telemetry.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [r["data"] for r in rows if r["task"] == task]
+    # resource samples only: ledger-only messages (kind "ledger") carry no resource reading
+    return [r["data"] for r in rows if r["task"] == task and r["data"].get("kind") != "ledger"]
 
 
 def test_telemetry_keeps_flowing_while_a_task_is_blocked_in_a_collective() -> None:
