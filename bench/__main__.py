@@ -1,6 +1,6 @@
 """Every benchmark in one run, each against the tool a user would pick instead, with its goal.
 
-    python -m bench [--quick] [--json PATH] [--only startup rtt training flood detect] [--markdown]
+    python -m bench [--quick] [--json PATH] [--only PART ...] [--markdown]
 
 (a) ``bench.startup``  start to TF-ready, 2 and 4 workers: tfdist_nb vs ipyparallel vs
     hand-rolled jupyter_client kernels; goal at most 0.5x ipyparallel.
@@ -18,6 +18,8 @@
 (h) ``bench.fleet``    32 and 64 tasks (no TF): start and ``x = 1`` round trip vs ipyparallel with
     as many engines, each <= 1.0x; 64 tasks stepping every 10 ms with the dashboard on: newest
     telemetry sample <= 2 s old, 0 steps lost, controller under half a core.
+(i) ``bench.hangs``    a task that raised, finished early, or entered another collective, named
+    by the hang rules within 2 s of the fact, vs the stall detector alone (about the stall timeout).
 
 Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
 weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
@@ -50,6 +52,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
     "warm": (["--repeat", "3", "--step-repeat", "5", "--steps", "300"], ["--quick"]),
     "fleet": (["--tasks", "32", "64", "--repeat", "2", "--rtt", "20"], ["--quick"]),
+    "hangs": (["--repeat", "2", "--stall-timeout", "60"], ["--quick"]),
 }
 BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5
@@ -227,13 +230,25 @@ def rows_fleet(res: dict[str, Any]) -> list[dict[str, str]]:
     return rows + _failures(res, "(h)")
 
 
+def rows_hangs(res: dict[str, Any]) -> list[dict[str, str]]:
+    from bench.hangs import GOAL_S
+
+    st = res["stall_timeout_s"]
+    return [_row("(i)", f"hang rule '{rule}': fact to cell end, stall_timeout={st:.0f} s (s)",
+                 f"{r['rules_s']:.2f} (max {r['rules_max_s']:.2f})",
+                 f"stall detector alone {r['stall_only_s']:.2f}", f"{r['ratio']:.3f}x",
+                 f"<= {GOAL_S:.0f} s", r["rules_max_s"] <= GOAL_S)
+            for rule, r in res["rules"].items()]
+
+
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
     "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
-    "warm": [rows_warm], "fleet": [rows_fleet],
+    "warm": [rows_warm], "fleet": [rows_fleet], "hangs": [rows_hangs],
 }
 LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
-          "network": "(f)", "warm": "(g)", "fleet": "(h)"}
+          "network": "(f)", "warm": "(g)", "fleet": "(h)",
+          "hangs": "(i)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:

@@ -272,3 +272,36 @@ def test_a_task_that_finishes_right_after_a_late_check_is_not_a_hang(cluster: Cl
     checks = cluster.collectives(on="worker:0", last=None)
     check = checks[checks["kind"] == "check"].iloc[-1]
     assert check["state"] == "done" and check["waited_s"] > 0.5
+
+
+SHORT_LAST_BATCH = """def make_step():
+    @tf.function
+    def step(x):
+        def add():
+            return tf.distribute.get_replica_context().all_reduce("SUM", tf.reduce_sum(x))
+        return strategy.run(add)
+    return step
+for epoch in range(2):          # a new tf.function of the same name each epoch
+    step = make_step()
+    for i in range(3):
+        # worker:1's last batch is shorter: it retraces 'step' alone, with the same collectives
+        n = 3 if (tw.task[1] == 1 and i == 2) else 4
+        total = step(tf.ones([n]))
+print(float(total))
+"""
+
+
+def test_a_retrace_on_one_task_only_does_not_wait_for_the_others(cluster: Cluster) -> None:
+    # a short last batch on one task is the usual end of an epoch: only each tf.function's first
+    # trace is compared, so neither task waits in a check the other never makes
+    result, took = timed(cluster, SHORT_LAST_BATCH)
+    assert result.ok, result.summary()
+    assert result.cause is None
+    assert [r.stdout.strip().splitlines()[-1] for r in result.tasks.values()] == ["7.0", "7.0"]
+    led = cluster.collectives(last=None)
+    checks = led[led["kind"] == "check"]
+    assert sorted(checks.groupby("task").size().to_dict().items()) == [
+        ("worker:0", 2), ("worker:1", 2)]  # one per tf.function, none for the retrace
+    assert checks["waited_s"].max() < 5, checks
+    assert took < NAMED_WITHIN_S, took
+    assert not [a for a in cluster.alerts() if "collective" in a]

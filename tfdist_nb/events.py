@@ -79,3 +79,11 @@ class TelemetrySample:
 
 
 Event = OutputLine | RichOutput | TaskNote | TelemetrySample
+
+
+def describe_tensor(dtype: str, shape: Any) -> str:
+    """``float32[4,?]``: how a collective's tensor is named in the ledger, on the worker (its
+    mismatch errors) and in the controller (hang causes) alike."""
+    if shape is None:
+        return f"{dtype}[?]"
+    return f"{dtype}[{','.join('?' if d is None else str(d) for d in shape)}]"

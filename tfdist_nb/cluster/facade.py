@@ -49,7 +49,7 @@ from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
-from tfdist_nb.store.collectives import collectives_frame
+from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.store.logs import logs_frame, parse_levels
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.state import StateFile, snapshot

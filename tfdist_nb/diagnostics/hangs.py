@@ -20,10 +20,23 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from tfdist_nb.store.collectives import LedgerView
-from tfdist_nb.worker.ledger import describe_tensor
+from tfdist_nb.events import describe_tensor
+
+
+class LedgerView(Protocol):
+    """One task's ledger as the controller keeps it (``store/collectives.py``); the rules read
+    it through these calls only, so they stay pure and below the store."""
+
+    issued: int
+
+    def at(self, group: Any, index: int) -> dict[str, Any] | None: ...
+    def checked(self, key: Any) -> dict[str, Any] | None: ...
+    def count(self, group: Any) -> int: ...
+    def recent(self, last: int | None = None) -> list[dict[str, Any]]: ...
+    def current(self) -> dict[str, Any] | None: ...
+    def open_rows(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass(frozen=True)

@@ -378,6 +378,8 @@ class SlurmLauncher(Launcher):
         self._released = threading.Event()
         self._starting = False
         self._watcher: threading.Thread | None = None
+        self._said_lock = threading.Lock()
+        self._last_said: tuple[str, str, str] | None = None
 
     # ------------------------------------------------------------------ submission
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -410,6 +412,7 @@ class SlurmLauncher(Launcher):
                 f"cancelled it{self.attach.ignored_note(missing)}"
                 + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
                 + _tail_note(job))
+        self._report(job, job.query())  # RUNNING on its nodes, even between watcher looks
         addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
         nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
         self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
@@ -451,15 +454,22 @@ class SlurmLauncher(Launcher):
     def _watch(self, job: SlurmJob) -> None:
         """Ask SLURM about the job every ``status_interval`` until it ends or is released; the
         task handles read ``job.state`` (one squeue call per cluster, not per task)."""
-        said = None
         while not self._released.is_set():
             state = job.query()
-            if (state.state, state.reason) != said:
-                said = (state.state, state.reason)
-                self._say(state.words(job.id))
+            self._report(job, state)
             if state.final:
                 return
             self._released.wait(self.status_interval)
+
+    def _report(self, job: SlurmJob, state: JobState) -> None:
+        """Say a state SLURM reports once, when it changes (the watcher and the start both
+        look: a job can start between two of the watcher's looks)."""
+        with self._said_lock:
+            seen = (job.id, state.state, state.reason)
+            if seen == self._last_said:
+                return
+            self._last_said = seen
+        self._say(state.words(job.id))
 
     def _watch_start(self, job: SlurmJob, missing: list[TaskId]) -> None:
         """Between looks at the directory: end the start when the job cannot bring them."""

@@ -90,29 +90,3 @@ class LedgerView:
         with self._lock:
             return sorted(self.open.values(), key=lambda r: r["seq"])
 
-
-COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
-           "entered", "done", "waited_s", "called_at", "group", "index", "call"]
-
-
-def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
-                      now: float | None = None) -> Any:
-    """The ledgers side by side (docs/reference.md, ``cluster.collectives``): each task's last
-    ``last`` rows, ordered by position so the same collective of every task lines up;
-    ``waited_s`` is how long the row has been (or was) open."""
-    import time
-
-    import pandas as pd
-
-    now = time.time() if now is None else now
-    rows = []
-    for task in sorted(ledgers):
-        for r in ledgers[task].recent(last):
-            end = r.get("done") or now
-            rows.append({**{c: r.get(c) for c in COLUMNS if c != "task"}, "task": task,
-                         "shape": None if r.get("shape") is None else tuple(r["shape"]),
-                         "waited_s": round(end - r["entered"], 3)})
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    for col in ("entered", "done"):
-        frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
-    return frame.sort_values(["seq", "task"], kind="stable").reset_index(drop=True)

@@ -202,6 +202,25 @@ def _add_to_graph(graph: Any, ops: list[Op]) -> None:
     _manifests.setdefault(graph, []).extend(ops)
 
 
+def _calling_function(depth: int = 16) -> Any:
+    """The ``tf.function`` whose call runs this concrete function (a ``Function`` frame's
+    ``self`` up the stack), or None for a concrete function called directly. Looked up once
+    per concrete function, at its first run."""
+    import sys
+
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, polymorphic_function.Function):
+            return owner
+        frame = frame.f_back
+    return None
+
+
 def failed_state(exc: BaseException) -> str:
     """``aborted`` when the collective was released (aborted, cancelled, interrupted)."""
     name = type(exc).__name__
@@ -235,7 +254,7 @@ def patch_concrete_function(module: ModuleType) -> bool:
             call = _calls[graph] = _calls.get(graph, 0) + 1
         name = str(getattr(graph, "name", "?"))
         if call == 1:
-            agreement.check(graph, name, found)
+            agreement.check(graph, name, found, owner=_calling_function())
         rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
         try:
             out = method(self, *args, **kwargs)

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from typing import Any
 
-from tfdist_nb.worker.ledger import ABORT, LEDGER, CollectiveMismatchError, Op, describe_tensor
+from tfdist_nb.events import describe_tensor
+from tfdist_nb.worker.ledger import ABORT, LEDGER, CollectiveMismatchError, Op
 
 WAIT_S = 30.0
 POLL_MS = 250
-_counts: dict[str, int] = {}
+_counts: dict[str, int] = {}  # functions of each name checked so far (the same on every task)
+_checked: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # tf.functions
 _disabled: list[str] = []  # why the check is off on this task (no coordination service)
 
 
@@ -43,14 +46,24 @@ def me() -> str | None:
     return f"{worker.task[0]}:{worker.task[1]}" if worker.task else None
 
 
-def check(graph: Any, name: str, ops: list[Op]) -> None:
+def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
     """Compare ``ops`` (the manifest of the function ``name`` at its first run) with the other
-    tasks'; raises CollectiveMismatchError on a difference."""
+    tasks'; raises CollectiveMismatchError on a difference.
+
+    ``owner`` is the ``tf.function`` that traced it: only its first trace is compared. A
+    retrace (a new input shape, such as a short last batch on one task, or another Python
+    argument) can happen on one task alone, so waiting for the others' retrace would stall a
+    healthy run; the first trace is where a branch on the task shows.
+    """
     everyone, mine = members(), me()
     if _disabled or mine not in everyone or len(everyone) < 2:
         return
     if not any(op.group_size and op.group_size > 1 for op in ops):
         return
+    if owner is not None:
+        if owner in _checked:
+            return
+        _checked[owner] = True
     nth = _counts.get(name, 0)
     _counts[name] = nth + 1
     key = f"tfdist/manifest/{name}/{nth}"

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from tfdist_nb.events import describe_tensor
+
 KEEP = 5000
 MAX_ROWS_PER_MESSAGE = 2000
 
@@ -43,12 +45,6 @@ class Op:
 
     def describe(self) -> str:
         return f"{self.kind} {describe_tensor(self.dtype, self.shape)}"
-
-
-def describe_tensor(dtype: str, shape: Any) -> str:
-    if shape is None:
-        return f"{dtype}[?]"
-    return f"{dtype}[{','.join('?' if d is None else str(d) for d in shape)}]"
 
 
 class CollectiveMismatchError(RuntimeError):
