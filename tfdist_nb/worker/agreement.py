@@ -10,7 +10,8 @@ difference and the line that made it on each task, before any of those collectiv
 
 The wait is a ``check`` row in the ledger, so the controller's hang rules see a task stuck in it
 when another task failed or finished; it gives up after ``WAIT_S`` (the function may legitimately
-be traced on one task only, e.g. a retrace) and when the collectives are aborted.
+run on one task only) and when the collectives are aborted. Only a ``tf.function``'s first trace
+is compared: a retrace may happen on one task alone (see :func:`check`).
 """
 
 from __future__ import annotations
