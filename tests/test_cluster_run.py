@@ -242,3 +242,49 @@ def test_loglevel_sets_python_level_and_cpp_through_an_announced_restart(cluster
              "logging.getLevelName(logging.getLogger('tensorflow').level))")
     result = cluster2.run(check)
     assert {r.stdout.strip() for r in result.tasks.values()} == {"2 WARNING"}
+
+
+INTERLEAVED = """
+import os, sys, time, tensorflow as tf
+for i in range(6):
+    print("py", i)
+    tf.print("tf", i)                        # native code, to fd 2
+    os.write(2, f"fd {i}\\n".encode())      # a native write of our own
+    sys.stderr.write(f"err {i}\\n")
+    time.sleep(0.01)
+print("last line")
+"""
+def ours(text: str) -> bool:  # the cell's own lines (TensorFlow's start-up lines aside)
+    return text.split(" ")[0] in ("py", "tf", "fd", "err", "last")
+
+
+WRITTEN = [f"{what} {i}" for i in range(6) for what in ("py", "tf", "fd", "err")] + ["last line"]
+
+
+def test_interleaved_writes_keep_their_order_live_on_disk_and_in_logs(cluster2: Any) -> None:
+    """print, tf.print, os.write and sys.stderr in turn: the order on the task is the order the
+    user sees live, in events.jsonl and in logs(), each line stamped when it was written."""
+    seen: list[Any] = []
+    result = cluster2.run(INTERLEAVED, on_event=seen.append, timeout=60)
+    assert result.ok, result.summary()
+    for task in ("worker:0", "worker:1"):
+        live = [e for e in seen if getattr(e, "task", None) == task
+                and getattr(e, "stream", None) in ("stdout", "stderr") and ours(e.text)]
+        assert [e.text for e in live] == WRITTEN
+        times = [e.time for e in live]
+        assert times == sorted(times)
+        # Python's writes are stamped as made; native bytes when read (those that one read
+        # takes together share its time)
+        mine = [e.time for e in live if e.text.split()[0] in ("py", "err")]
+        assert len(set(mine)) == len(mine), "each line has the time it was written"
+        assert times[-1] - times[0] > 0.05  # six 10 ms sleeps lie between the first and last
+        on_disk = [r["text"] for r in cluster2.rundir.iter_events()
+                   if r.get("kind") == "output" and r.get("task") == task
+                   and r.get("cell") == live[0].cell and ours(r["text"])]
+        assert on_disk == WRITTEN
+        log = cluster2.logs(on=task)
+        log = log[log["text"].map(ours) & (log["cell"] == live[0].cell)]
+        assert list(log["text"]) == WRITTEN
+        assert log["time"].is_monotonic_increasing
+    # the cell's result holds every line: the reply came after the native writes were in
+    assert "fd 5" in result.tasks["worker:1"].stderr and "tf 5" in result.tasks["worker:1"].stderr

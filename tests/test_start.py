@@ -108,3 +108,15 @@ def test_a_worker_dying_during_start_up_fails_at_once(tmp_path: Path) -> None:
         c.start()
     assert time.monotonic() - started < 30
     assert not c.running
+
+
+def test_the_parameter_server_tutorials_model_fit_trains_with_its_callbacks() -> None:
+    # the step timer tfdist_nb adds to every fit is a batch-level callback, which
+    # ParameterServerStrategy refuses unless it accepts RemoteValue logs
+    with Cluster(workers=2, ps=1, chief=True, env={"TF_USE_LEGACY_KERAS": "1"}) as c:
+        result = c.run(cell("ps_fit_tutorial"), timeout=300)
+        assert result.ok, result.summary()
+        out = result.tasks["chief:0"].stdout
+        # 3 epochs of 20 steps, scheduled 10 at a time: 6 timed executions, checkpoint written
+        assert "epochs 3 timed 6 checkpoint True" in out, out[-2000:]
+        assert not [a for a in c.alerts() if "chief:0" in a and "straggler" in a]

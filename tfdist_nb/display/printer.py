@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
 from tfdist_nb.results import RunResult, TaskResult
-from tfdist_nb.store.logs import level_of, tensorflow_info
+from tfdist_nb.store.logs import KNOWN_NOISE, known_noise, level_of, tensorflow_info
 
 _COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]
 RESET = "\x1b[0m"
@@ -36,7 +36,7 @@ class LivePrinter:
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
                  colour: bool = True, display: Any = None,
                  max_lines_per_task: int | None = None, run_dir: Any = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, noise_said: set[str] | None = None) -> None:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.colour = colour
@@ -46,6 +46,10 @@ class LivePrinter:
         self.per_task: dict[str, int] = {}
         self.verbose = verbose
         self.held_back = 0
+        # known harmless native lines: held back, said once per cluster (the caller keeps
+        # ``noise_said`` for the cluster's life)
+        self.noise: dict[str, set[str]] = {}
+        self.noise_said = noise_said if noise_said is not None else set()
         # (task, stream) -> time of the message whose INFO record was held back: the lines
         # that came in the same message without a prefix are that record's continuation
         self._holding: dict[tuple[str, str], float] = {}
@@ -66,6 +70,9 @@ class LivePrinter:
         one); counted in ``held_back``."""
         if self.verbose:
             return False
+        if (noise := known_noise(event.stream, event.text)) is not None:
+            self.noise.setdefault(noise, set()).add(event.task)
+            return True
         key = (event.task, event.stream)
         if tensorflow_info(event.stream, event.text):
             self._holding[key] = event.time
@@ -81,6 +88,17 @@ class LivePrinter:
             return None
         return (f"tfdist_nb: {self.held_back} TensorFlow INFO log line(s) not shown: "
                 "%tfdist_logs --level INFO lists them (or run the cell with --verbose)")
+
+    def noise_notes(self) -> list[str]:
+        """One line per kind of known noise seen, the first time in this cluster's life."""
+        notes = []
+        for key, tasks in sorted(self.noise.items()):
+            if key in self.noise_said:
+                continue
+            self.noise_said.add(key)
+            names = ", ".join(sorted(tasks))
+            notes.append("tfdist_nb: " + KNOWN_NOISE[key][1].format(n=len(tasks), tasks=names))
+        return notes
 
     def _line(self, event: OutputLine) -> None:
         """Print one line; past ``max_lines_per_task`` say once where the rest is."""

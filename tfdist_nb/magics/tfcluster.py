@@ -56,6 +56,10 @@ def _on_option(fn: Any) -> Any:
 class TfdistMagics(Magics):
     """``%%tfcluster`` and the ``%tfdist_*`` family."""
 
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self._noise_said: dict[str, set[str]] = {}  # run directory -> known noise already said
+
     @magic_arguments()
     @argument("spec", nargs="*",
               help="cluster SPEC: pairs of <count> <role>, e.g. '2 workers', "
@@ -191,7 +195,8 @@ class TfdistMagics(Magics):
 
         printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
                               else PLAIN_LINES, run_dir=cluster.run_dir,
-                              verbose=request.verbose)
+                              verbose=request.verbose,
+                              noise_said=self._noise_said.setdefault(str(cluster.run_dir), set()))
         dashboard = self._show_dashboard(cluster) if request.dashboard else None
         # The magic line goes along as a comment (IPython drops leading blank lines), so worker
         # tracebacks carry the line numbers the user sees in the notebook cell.
@@ -207,8 +212,9 @@ class TfdistMagics(Magics):
         if printer.hidden():
             print(f"tfdist_nb: {printer.hidden()} more lines are on disk in "
                   f"{cluster.run_dir}/events.jsonl (%tfdist_logs)")
-        if note := printer.held_back_note():
-            print(note)
+        for note in [*printer.noise_notes(), printer.held_back_note()]:
+            if note:
+                print(note)
         if result.profile:
             print(f"tfdist_nb: {result.profile}")
         sys.stdout.flush()

@@ -43,6 +43,23 @@ def tensorflow_info(stream: str, text: str) -> bool:
     return _TF_PY_INFO.match(text) is not None
 
 
+# Native lines that every task of a machine without an NVIDIA driver prints, harmless there:
+# said once per cluster instead of once per task and cell (docs/reference.md, Output in the cell)
+KNOWN_NOISE = {
+    "no-gpu": (re.compile(r"failed call to cuInit"),
+               "TensorFlow found no GPU on {n} task(s) ({tasks}): no NVIDIA driver here "
+               "(its 'failed call to cuInit' line is kept on disk: %tfdist_logs --grep cuInit)"),
+}
+
+
+def known_noise(stream: str, text: str) -> str | None:
+    """The KNOWN_NOISE key a line belongs to, or None."""
+    if stream not in ("stdout", "stderr"):
+        return None
+    return next((key for key, (pattern, _) in KNOWN_NOISE.items() if pattern.search(text)),
+                None)
+
+
 def parse_levels(text: str | None) -> set[str] | None:
     """``"WARNING,ERROR"`` -> ``{"WARNING", "ERROR"}``; ValueError naming an unknown level."""
     if text is None:

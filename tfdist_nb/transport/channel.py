@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist_nb.events import Event, OutputLine, RichOutput, TelemetrySample
+from tfdist_nb.transport.ordering import StreamOrder
 from tfdist_nb.transport.session import faster_session, message_time
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
+MARKS = "tfdist_marks"  # the write numbers tfdist_nb.worker.ordered_output adds to a stream
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ class KernelChannel:
         self._sink = sink
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
-        self._partial: dict[str, str] = {}
+        self._order = StreamOrder()
         self._pumps: list[asyncio.Task] = []
         self.iopub_alive = asyncio.Event()  # set by the first iopub message: that channel works
 
@@ -128,8 +130,12 @@ class KernelChannel:
         cell = self._cells.get(parent)
         ex = self._pending.get(parent)
         content = msg.get("content", {})
-        t = message_time(msg, time.time())
+        now = time.time()
+        t = message_time(msg, now)
         self.iopub_alive.set()
+        if kind != "stream":  # what waited for a gap to fill may be due; rich output and
+            # tracebacks come after the streams were flushed: everything before them is in
+            self._sink_lines(self._order.release(now, force=kind != TELEMETRY_MSG))
         if kind == TELEMETRY_MSG:
             self._sink([TelemetrySample(content.get("time", t), self.task, content)])
         elif kind == "stream":
@@ -137,7 +143,7 @@ class KernelChannel:
             text = content.get("text", "")
             if ex is not None:
                 (ex.stdout if name == "stdout" else ex.stderr).append(text)
-            self._emit_stream(t, name, text, cell)
+            self._sink_lines(self._order.add(name, text, content.get(MARKS), cell, now, t))
         elif kind in ("display_data", "execute_result", "update_display_data"):
             if ex is not None:
                 ex.outputs.append({"output_type": kind, **content})
@@ -156,16 +162,15 @@ class KernelChannel:
             if ex is not None and not ex.idle.done():
                 ex.idle.set_result(t)
 
-    def _emit_stream(self, t: float, name: str, text: str, cell: int | None) -> None:
-        buf = self._partial.pop(name, "") + text
-        *complete, rest = buf.split("\n")
-        if rest:
-            self._partial[name] = rest
-        self._emit_lines(t, name, complete, cell)
-
     def _flush_partials(self, cell: int | None) -> None:
-        for name in list(self._partial):
-            self._emit_lines(time.time(), name, [self._partial.pop(name)], cell)
+        """The cell went idle: every write is in; unfinished lines go out as they are."""
+        self._sink_lines(self._order.release(time.time(), force=True))
+        self._sink_lines(self._order.partials())
+
+    def _sink_lines(self, lines: list[tuple[float, str, str, int | None]]) -> None:
+        if lines:  # one batch per message: a flood costs one write, not one per line
+            self._sink([OutputLine(t, self.task, stream, text, cell)
+                        for t, stream, text, cell in lines])
 
     def _emit_lines(self, t: float, stream: str, lines: list[str], cell: int | None) -> None:
         if lines:  # one batch per message: a flood costs one write, not one per line

@@ -39,11 +39,26 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
 
         _tfdist_step_timer = True
 
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            # It never reads ``logs``: so Keras need not convert them each batch, and
+            # ParameterServerStrategy (whose logs are RemoteValues) accepts the callback.
+            self._supports_tf_logs = True
+            self._coordinated = False
+
         def on_train_begin(self, logs: Any = None) -> None:
             params = getattr(self, "params", None) or {}
             steps, epochs = params.get("steps"), params.get("epochs")
             if steps and epochs:
                 worker.set_total_steps(worker.steps_done() + int(steps) * int(epochs))
+            import tensorflow as tf
+
+            # With a ClusterCoordinator, fit only schedules the steps on the workers: the time
+            # from one batch's end to the next is the step rate (the coordinator's queue makes
+            # scheduling wait for the workers), its begin-to-end only the scheduling.
+            self._coordinated = bool(getattr(tf.distribute.get_strategy(),
+                                             "_should_use_with_coordinator", False))
+            self._last_end = None
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             from tfdist_nb.worker import inject
@@ -55,7 +70,12 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             t0 = getattr(self, "_t0", None)
-            duration = time.perf_counter() - t0 if t0 is not None else 0.0
+            if self._coordinated:
+                now, last = time.perf_counter(), getattr(self, "_last_end", None)
+                self._last_end = now
+                duration = now - (last if last is not None else t0 or now)
+            else:
+                duration = time.perf_counter() - t0 if t0 is not None else 0.0
             worker._record_step(getattr(self, "_begin", time.time()), duration, None)
             from tfdist_nb.worker import inject
 

@@ -93,6 +93,9 @@ def start(kernel: Any) -> None:
 
     _tag_log_records()
     _flush_output_sooner()
+    from tfdist_nb.worker import ordered_output
+
+    ordered_output.install()  # before any cell: every write numbered and stamped
 
     def send(content: dict[str, Any]) -> None:
         kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,

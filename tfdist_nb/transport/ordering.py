@@ -1,0 +1,108 @@
+"""A task's stdout and stderr put back into the order it wrote them, each line with its own time.
+
+The worker numbers every write and stamps it when made (``worker/ordered_output.py``); its two
+streams still travel as separate messages, so a ``tf.print`` line can arrive after the ``print``
+that followed it. Writes are held here until every lower number has arrived, then cut into
+lines: a line's time is the time its first write was made. Numbers are contiguous per process,
+so a gap is known exactly; a gap that is not filled within ``HOLD_S`` (a message lost with a
+dying process) is passed over rather than holding the output back, and the cell's idle status
+releases everything (docs/reference.md, "Output order and time").
+
+Messages without numbers (a kernel without the worker agent, a forked child's writes) pass
+through as they come, after what is held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+HOLD_S = 0.5
+
+
+@dataclass
+class _Write:
+    seq: int
+    time: float
+    stream: str
+    text: str
+    cell: int | None
+    arrived: float
+
+
+@dataclass
+class StreamOrder:
+    """Used from one thread (the channel's event loop)."""
+
+    _held: dict[int, _Write] = field(default_factory=dict)
+    _next: int = 1
+    _pid: int | None = None
+    _partial: dict[str, tuple[float, str, int | None]] = field(default_factory=dict)
+
+    def add(self, stream: str, text: str, marks: Any, cell: int | None, now: float,
+            sent: float) -> list[tuple[float, str, str, int | None]]:
+        """The lines this message completes, in write order: ``(time, stream, line, cell)``."""
+        pid, writes = self._writes(stream, text, marks, cell, now)
+        out: list[tuple[float, str, str, int | None]] = []
+        if pid is not None and pid != self._pid:
+            if self._pid is not None and writes[0].seq != 1:
+                pid = None  # a forked child, numbering on from its parent: as it comes
+            else:  # this kernel's process (again, after a restart): numbers begin anew
+                out += self.release(now, force=True)
+                self._pid, self._next = pid, 1
+        if pid is None:
+            return out + self.release(now, force=True) + self._lines(
+                _Write(0, sent, stream, text, cell, now))
+        for w in writes:
+            if w.seq < self._next:  # late, its gap already passed over: show it now
+                out += self._lines(w)
+            else:
+                self._held[w.seq] = w
+        return out + self.release(now)
+
+    def release(self, now: float, force: bool = False) -> list[tuple[float, str, str, int | None]]:
+        """Writes whose turn has come; ``force`` (the cell went idle) releases all."""
+        out: list[tuple[float, str, str, int | None]] = []
+        while self._held:
+            w = self._held.pop(self._next, None)
+            if w is None:
+                first = min(self._held)
+                if not force and now - self._held[first].arrived < HOLD_S:
+                    break
+                self._next = first
+                continue
+            self._next += 1
+            out += self._lines(w)
+        return out
+
+    def partials(self) -> list[tuple[float, str, str, int | None]]:
+        """Unfinished lines, as they are (the cell went idle)."""
+        out = [(t, stream, text, cell) for stream, (t, text, cell) in self._partial.items()]
+        self._partial.clear()
+        return sorted(out, key=lambda line: line[0])
+
+    def _writes(self, stream: str, text: str, marks: Any, cell: int | None,
+                now: float) -> tuple[int | None, list[_Write]]:
+        try:
+            pid, rows = int(marks["pid"]), marks["marks"]
+            if not rows or sum(int(r[2]) for r in rows) != len(text):
+                return None, []
+            writes, at = [], 0
+            for seq, t, n in rows:
+                writes.append(_Write(int(seq), float(t), stream, text[at:at + int(n)], cell,
+                                     now))
+                at += int(n)
+        except (TypeError, KeyError, ValueError, IndexError):
+            return None, []
+        return pid, writes
+
+    def _lines(self, w: _Write) -> list[tuple[float, str, str, int | None]]:
+        began, head, cell = self._partial.pop(w.stream, (w.time, "", w.cell))
+        *complete, rest = (head + w.text).split("\n")
+        out = []
+        for line in complete:
+            out.append((began, w.stream, line.rstrip("\r"), cell))
+            began, cell = w.time, w.cell
+        if rest:
+            self._partial[w.stream] = (began, rest, cell)
+        return out

@@ -1,0 +1,172 @@
+"""Everything this task writes, in the order it wrote it, each write stamped when it was made.
+
+ipykernel sends ``sys.stdout`` and ``sys.stderr`` as two separately buffered streams, and what
+native code writes to file descriptors 1 and 2 (``tf.print``, TensorFlow's C++ log) comes back
+through a pipe that a thread reads some time later. So the order between a ``print``, a
+``tf.print`` and an ``os.write`` is lost, and a line carries the time its batch was sent
+(docs/reference.md, "Output order and time").
+
+Here every write gets a sequence number and the time it was made, under one lock:
+
+- Python's writes to ``sys.stdout`` / ``sys.stderr`` first read whatever native code already
+  put in the pipes (non-blocking), so those bytes are numbered before the write that followed
+  them in the program;
+- one reader thread numbers the bytes native code writes while Python is quiet (stamped when
+  read, within milliseconds), and still echoes them to the kernel's process log;
+- the numbers go out with each stream message (``content["tfdist_marks"]``: ``[seq, time,
+  chars]`` per write, and the pid), and the controller merges the two streams back in order
+  (``transport/ordering.py``);
+- ``flush()`` reads the pipes first, so a cell's reply (which ipykernel sends after flushing
+  both streams) comes after every line native code wrote before it: the cell-end barrier.
+
+What a forked child writes carries its own pid and is passed on as it comes. The cost is a lock
+and two non-blocking reads per write (measured in bench/, part d).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import select
+import sys
+import threading
+import time
+from collections import defaultdict
+from io import StringIO
+from typing import Any
+
+MARKS = "tfdist_marks"
+READ_BYTES = 65536
+
+_installed: list[OrderedOutput] = []
+
+
+class OrderedOutput:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.seq = 0
+        self.pid = os.getpid()
+        self._pipes: dict[int, tuple[Any, Any]] = {}  # read fd -> (stream, utf-8 decoder)
+        self._outgoing: dict[str, list[list[float]] | None] = {}
+        self._raw: dict[int, Any] = {}  # id(stream) -> its own write, before ours
+
+    # ------------------------------------------------------------------ set-up
+    def install(self, streams: list[Any]) -> None:
+        for stream in streams:
+            if not (hasattr(stream, "_buffer_lock") and hasattr(stream, "register_hook")
+                    and isinstance(getattr(stream, "_buffers", None), dict)):
+                continue  # not ipykernel 7's OutStream: its output goes as it comes
+            self._wrap(stream)
+            self._take_over_fd(stream)
+        if self._pipes:
+            threading.Thread(target=self._read_forever, daemon=True,
+                             name="tfdist-ordered-output").start()
+
+    def _wrap(self, stream: Any) -> None:
+        write, flush, name = stream.write, stream.flush, stream.name
+        self._raw[id(stream)] = write
+        stream._tfdist_marks = defaultdict(list)
+
+        def ordered_write(text: str) -> int | None:
+            if not isinstance(text, str) or os.getpid() != self.pid:
+                return write(text)  # ipykernel's own TypeError; a forked child as it comes
+            with self.lock:
+                self._drain()
+                return self._write(stream, write, text)
+
+        def ordered_flush() -> None:
+            if os.getpid() == self.pid:
+                with self.lock:
+                    self._drain()
+            flush()
+
+        def rotate() -> dict[Any, Any]:
+            """ipykernel's buffer swap, with this stream's marks swapped under the same lock."""
+            with stream._buffer_lock:
+                buffers, stream._buffers = stream._buffers, defaultdict(StringIO)
+                marks, stream._tfdist_marks = stream._tfdist_marks, defaultdict(list)
+            self._outgoing[name] = None
+            for frozen, buffer in buffers.items():
+                buffer.tfdist_marks = marks.get(frozen)  # read by the hook, message by message
+            return buffers
+
+        def flush_buffers() -> Any:
+            for frozen, buffer in rotate().items():
+                data = buffer.getvalue()
+                self._outgoing[name] = buffer.tfdist_marks
+                buffer.close()
+                yield dict(frozen), data
+
+        def hook(msg: dict[str, Any]) -> dict[str, Any]:
+            marks = self._outgoing.get(name)
+            if marks and msg.get("msg_type") == "stream":
+                msg["content"][MARKS] = {"pid": self.pid, "marks": marks}
+            return msg
+
+        stream.write, stream.flush, stream._flush_buffers = ordered_write, ordered_flush, \
+            flush_buffers
+        # hooks are per thread: register it on the thread that sends (ipykernel's IO thread)
+        stream.pub_thread.schedule(lambda: stream.register_hook(hook))
+
+    def _take_over_fd(self, stream: Any) -> None:
+        """Point fd 1 or 2 at a pipe of ours (ipykernel's reader stays parked on its own)."""
+        std_fd = getattr(stream, "_original_stdstream_fd", None)
+        if not isinstance(std_fd, int) or getattr(stream, "_original_stdstream_copy", None) is None:
+            return  # ipykernel does not capture this descriptor
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.dup2(write, std_fd)
+        os.close(write)
+        self._pipes[read] = (stream, codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, stream: Any, write: Any, text: str) -> int | None:
+        with stream._buffer_lock:
+            self.seq += 1
+            key = frozenset(stream.parent_header.items())
+            stream._tfdist_marks[key].append([self.seq, round(time.time(), 6), len(text)])
+            return write(text)
+
+    def _drain(self) -> None:
+        """Number what native code has written so far (call with ``self.lock`` held)."""
+        for fd, (stream, decoder) in self._pipes.items():
+            while True:
+                try:
+                    data = os.read(fd, READ_BYTES)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    return
+                if not data:
+                    break
+                copy = getattr(stream, "_original_stdstream_copy", None)
+                if isinstance(copy, int):  # the kernel's process log keeps every byte
+                    with contextlib.suppress(OSError):
+                        os.write(copy, data)
+                text = decoder.decode(data)
+                if text:
+                    self._write(stream, self._raw[id(stream)], text)
+
+    def _read_forever(self) -> None:
+        poller = select.poll()
+        for fd in self._pipes:
+            poller.register(fd, select.POLLIN)
+        while True:
+            try:
+                poller.poll()
+            except InterruptedError:
+                continue
+            with self.lock:
+                self._drain()
+
+
+def install() -> OrderedOutput | None:
+    """Order this kernel's output (once per process); None when its streams are not
+    ipykernel's."""
+    if _installed:
+        return _installed[0]
+    ordered = OrderedOutput()
+    ordered.install([sys.stdout, sys.stderr])
+    _installed.append(ordered)
+    return ordered
