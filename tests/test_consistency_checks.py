@@ -37,6 +37,11 @@ everything = tf.data.Dataset.range(64).batch(8)
 # a dataset function that ignores its InputContext: every task reads all 40
 ignores_context = strategy.distribute_datasets_from_function(
     lambda ctx: tf.data.Dataset.range(40).batch(ctx.get_per_replica_batch_size(8)))
+# TensorFlow's multi-worker custom loop tutorial: an unseeded shuffle before the function's
+# own, correct, shard(): each task shuffles into its own order, so the shards overlap
+shuffled_then_sharded = strategy.distribute_datasets_from_function(
+    lambda ctx: tf.data.Dataset.range(64).shuffle(64)
+    .shard(ctx.num_input_pipelines, ctx.input_pipeline_id).batch(8))
 
 def fails_on_worker_1(x):
     if tw.task[1] == 1:
@@ -109,6 +114,10 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
     fn = c.check("sharding", "ignores_context")
     assert not fn.ok and fn.per_task == {"worker:0": 40, "worker:1": 40}
     assert fn.missing.empty and "does not shard by its InputContext" in fn.summary
+    tutorial = c.check("sharding", "shuffled_then_sharded")
+    assert not tutorial.ok and sum(tutorial.per_task.values()) == 64
+    assert "shuffles without a seed before its shard(2, 0) call" in tutorial.summary
+    assert "InputContext" not in tutorial.summary  # it does shard by it
 
     # EXPR that exists on one task only: named, and nothing is read (no collective waits)
     c.run("only_here = by_data", on="worker:0")
@@ -182,7 +191,16 @@ def test_auto_shard_policy_follows_the_files_of_the_source(tmp_path: Path) -> No
     assert describe_pipeline(one)["files"] == 1 and not describe_pipeline(one)["batched"]
     assert not describe_pipeline(tf.data.Dataset.range(8).shard(2, 1))["file_based"]
     assert describe_pipeline(tf.data.Dataset.range(8).shard(2, 1))["shards"] == [
-        {"num_shards": 2, "index": 1}]
+        {"num_shards": 2, "index": 1, "after_unseeded_shuffle": False}]
+    # a shuffle before the split: unseeded it is named, seeded (or after the split) it is not
+    for shuffle_seed, shard_after, unseeded in ((None, True, True), (7, True, False),
+                                                (None, False, False)):
+        data = tf.data.Dataset.range(8)
+        data = (data.shuffle(8, seed=shuffle_seed).shard(2, 1) if shard_after
+                else data.shard(2, 1).shuffle(8, seed=shuffle_seed))
+        said = describe_pipeline(data)
+        assert said["shards"][0]["after_unseeded_shuffle"] is unseeded, (shuffle_seed, shard_after)
+        assert said["unseeded_shuffle"] is (shuffle_seed is None)
 
     def explain(pipeline: dict[str, Any], policy: str, workers: int = 2) -> tuple[str, str]:
         _, effective, why = sharding_check.policy_explained(
@@ -240,3 +258,28 @@ def test_sharding_analysis_names_overlap_missing_and_empty_tasks() -> None:
     assert list(report.missing["element"]) == ["4"]
     assert "worker:1 read no element while the others did" in report.summary
     assert report.imbalance == float("inf")
+
+
+def _overlapping(described: dict) -> str:
+    """The summary of two tasks that both read elements a and b."""
+    reads = {t: {"examples": 2, "counts": {"a": 1, "b": 1}, "previews": {"a": "1", "b": "2"},
+                 "steps": 1} for t in described}
+    return sharding_check.analyse(described, reads).summary
+
+
+def test_the_overlap_cause_comes_from_each_pipelines_structure() -> None:
+    def desc(policy: str, pipeline: dict) -> dict:
+        return {"kind": "distributed", "made_by": "experimental_distribute_dataset",
+                "policy": policy, "workers": 2, "pipeline": {"file_based": False, **pipeline}}
+
+    # tasks whose options differ: named as such, not blamed on a shuffle
+    differ = _overlapping({"worker:0": desc("DATA", {}), "worker:1": desc("OFF", {})})
+    assert "shard in different ways (worker:0 DATA, worker:1 none)" in differ
+    assert "shuffle" not in differ
+    # DATA over an unseeded shuffle: the shuffle is named, with the tasks that have it
+    shuffled = _overlapping({t: desc("DATA", {"unseeded_shuffle": True})
+                             for t in ("worker:0", "worker:1")})
+    assert "shuffles without a seed (on worker:0 and worker:1)" in shuffled
+    plain = _overlapping({t: desc("DATA", {"unseeded_shuffle": False})
+                          for t in ("worker:0", "worker:1")})
+    assert "without a seed" not in plain and "by position" in plain

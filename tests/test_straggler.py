@@ -21,6 +21,15 @@ def test_small_jitter_is_not_a_straggler() -> None:
     assert find_stragglers({"worker:0": rows(0.0), "worker:1": rows(0.002)}) == []
 
 
+def test_a_steady_lag_of_a_few_ms_on_short_steps_is_scheduler_noise_not_a_straggler() -> None:
+    """A busy 2-core host: worker:1 arrives 2.5 ms late in every 5 ms step (half the step, so
+    the ratio alone would flag it); under MIN_LAG_MS it is not worth a user's look."""
+    short = {"worker:0": rows(0.0, step_ms=5.0), "worker:1": rows(0.0025, step_ms=5.0)}
+    assert find_stragglers(short) == []
+    late = {"worker:0": rows(0.0, step_ms=5.0), "worker:1": rows(0.012, step_ms=5.0)}
+    assert [f.task for f in find_stragglers(late)] == ["worker:1"]
+
+
 def test_too_few_steps_or_one_task_say_nothing() -> None:
     assert find_stragglers({"worker:0": rows(0.0, n=5), "worker:1": rows(0.5, n=5)}) == []
     assert find_stragglers({"worker:0": rows(0.0)}) == []

@@ -128,7 +128,10 @@ class CheckRunner:
         there first (on the inspection subshells, nothing read), then every task reads it at
         once on its main shell, the first task also reading the undistributed dataset
         (docs/reference.md, Checks)."""
-        described = await self._ask("sharding_describe", expr=expr)
+        # describing evaluates EXPR and serialises its graph: a large in-memory dataset takes a
+        # while, so it gets the read's limit too (at least PROBE_TIMEOUT_S)
+        described = await self._ask("sharding_describe", expr=expr,
+                                    timeout=max(PROBE_TIMEOUT_S, float(max_seconds)))
         problem = sharding_check.describe_problem(described)
         if problem is not None:
             return problem

@@ -40,6 +40,7 @@ class EventHub:
         self.alerts: deque[str] = deque(maxlen=ALERTS_KEPT)
         self.stragglers: dict[str, Straggler] = {}
         self._startup_waits = StartupWaitDetector()
+        self._waits_said: dict[str, int] = {}  # task -> start-up waits TF reported this cell
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
         self._cell_started = 0.0
@@ -47,6 +48,7 @@ class EventHub:
     def new_cell(self) -> None:
         """Stragglers are judged afresh in each cell, on its own steps, with a new alert."""
         self.stragglers, self._cell_started = {}, time.time()
+        self._waits_said = {}
 
     def add_listener(self, fn: Listener) -> None:
         with self._lock:
@@ -100,6 +102,11 @@ class EventHub:
             # the coordination leader briefly lists its own agent, which joins a moment later
             return
         states = self._task_states()
+        said = self._waits_said[wait.task] = self._waits_said.get(wait.task, 0) + 1
+        if said == 1 and all(states.get(n, ("", ""))[1] == "busy" for n in wait.stragglers):
+            # every task it waits for is running this cell and joins in a moment (a healthy
+            # start); TensorFlow repeats the wait while it lasts, and that is said
+            return
         named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
                  for n in wait.stragglers]
         self.note(wait.task, f"creating the strategy waits for {wait.missing}/{wait.total} "

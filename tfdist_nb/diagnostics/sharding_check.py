@@ -293,14 +293,40 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
 
 
 def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
-    """The likely reason several tasks read the same elements."""
-    first = described[sorted(described, key=_order)[0]]
-    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in
-                       (d.get("pipeline") or {}).get("shards", [])) for t, d in described.items()}
+    """The likely reason several tasks read the same elements, read from the pipelines' own
+    structure (their shard() calls and the shuffles before them)."""
+    order = sorted(described, key=_order)
+    first = described[order[0]]
+    ways = {t: policy_explained(described[t])[1] for t in order}
+    if len(set(ways.values())) > 1:
+        said = ", ".join(f"{t} {way}" for t, way in ways.items())
+        return (f"the tasks shard in different ways ({said}): each task must build the same "
+                "pipeline with the same options (a cell or a branch that ran on some tasks "
+                "only?)")
+    pipes = {t: d.get("pipeline") or {} for t, d in described.items()}
+    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in p.get("shards", []))
+              for t, p in pipes.items()}
+    shuffled = sorted((t for t, p in pipes.items()
+                       if any(s.get("after_unseeded_shuffle") for s in p.get("shards", []))),
+                      key=_order)
+    if shuffled and effective in ("shard()", "function"):
+        calls = ", ".join(f"shard({n}, {i})" for n, i in shards[shuffled[0]])
+        return (f"the pipeline shuffles without a seed before its {calls} call (on "
+                f"{_names(shuffled)}): each task shuffles into its own order, so the shards it "
+                "cuts overlap with the others' and miss elements; shard before shuffling, or "
+                "give that shuffle the same seed on every task")
     if effective == "shard()" and len(shards) > 1 and len(set(shards.values())) == 1:
         call = ", ".join(f"shard({n}, {i})" for n, i in next(iter(shards.values())))
         return (f"every task calls {call}: the index must be the task's own, e.g. "
                 f"dataset.shard(num_workers, tw.task[1])")
+    if effective == "function" and any(shards.values()):
+        calls = "; ".join(f"{t} " + ", ".join(f"shard({n}, {i})" for n, i in shards[t])
+                          for t in sorted(shards, key=_order))
+        return (f"the dataset function shards ({calls}) but the shards overlap: check that "
+                "num_shards is ctx.num_input_pipelines and index ctx.input_pipeline_id")
+    if effective == "function":  # no shard() call at all
+        return ("the dataset function does not shard by its InputContext: "
+                "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
     if effective == "shard()":
         return "the pipeline's own shard() calls do not split it: check num_shards and index"
     if effective == "none" and first.get("kind") == "dataset":
@@ -309,12 +335,16 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
     if effective == "none":
         return ("auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
                 "FILE), or shard it yourself")
-    if effective == "function":
-        return ("the dataset function does not shard by its InputContext: "
-                "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
+    unseeded = sorted((t for t, p in pipes.items() if p.get("unseeded_shuffle")), key=_order)
+    if effective == "DATA" and unseeded:
+        return (f"DATA sharding keeps every n-th element by position, and the pipeline "
+                f"shuffles without a seed (on {_names(unseeded)}), so each task keeps its share "
+                "of a different order; give the shuffle the same seed on every task, or shuffle "
+                "after the split")
     if effective == "DATA":
         return ("DATA sharding keeps every n-th element by position, so an order that differs "
-                "between tasks (an unseeded shuffle before the split) overlaps")
+                "between tasks (a non-deterministic map or interleave before the split) "
+                "overlaps")
     return f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)"
 
 

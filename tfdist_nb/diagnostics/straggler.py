@@ -18,6 +18,11 @@ WINDOW = 20
 MIN_STEPS = 8
 LAST_FRACTION = 0.7
 LAG_RATIO = 0.3  # of the median step time: "consistently over 1.3x the others"
+# And at least this much a step, whatever the step time: on a busy host the OS scheduler alone
+# makes one task arrive 1-3 ms late for many steps in a row (a healthy 2-worker MWMS loop on 2
+# cores: median lag up to 2.3 ms, docs/performance.md), which with a 5 ms step passes the ratio;
+# 10 ms a step is a second lost per 100 steps, the smallest lag worth a user's look.
+MIN_LAG_MS = 10.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,8 @@ def find_stragglers(steps: dict[str, list[list[Any]]], window: int = WINDOW) -> 
         lags = [lag[task] for lag in per_step]
         last = sum(lag[task] == max(lag.values()) and lag[task] > 0 for lag in per_step)
         lag, fraction = statistics.median(lags), last / len(recent)
-        if fraction >= LAST_FRACTION and lag > LAG_RATIO * max(step_ms - lag, 1.0):
+        if (fraction >= LAST_FRACTION and lag >= MIN_LAG_MS
+                and lag > LAG_RATIO * max(step_ms - lag, 1.0)):
             out.append(Straggler(task, lag, fraction, len(recent), step_ms))
     return out
 

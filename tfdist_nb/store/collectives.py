@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfdist_nb.ledger_runs import unfold
+
 KEEP_ROWS = 2000
 
 
@@ -34,7 +36,12 @@ class LedgerView:
             self._clear()
         self.issued = int(ledger.get("issued", 0))
         self.counts = {str(k): int(v) for k, v in (ledger.get("counts") or {}).items()}
-        for row in ledger.get("rows") or ():
+        rows = list(ledger.get("rows") or ())
+        for run in ledger.get("runs") or ():
+            rows.extend(unfold(run))
+        if ledger.get("runs"):
+            rows.sort(key=lambda r: r["seq"])
+        for row in rows:
             seq = row["seq"]
             self.rows[seq] = row
             self.rows.move_to_end(seq)

@@ -9,6 +9,7 @@ magic line as line 1 (docs/reference.md, "Collectives and hangs").
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -63,6 +64,7 @@ def site(frames: Iterable[tuple[str, int]]) -> str:
     return fallback or "?"
 
 
+@functools.lru_cache(maxsize=4096)  # per call of a traced step (the ledger's called_at)
 def _library(filename: str) -> bool:
     return (any(part in filename for part in _own) or filename.startswith("<")
             or (filename.startswith(_stdlib) and "-packages" not in filename))

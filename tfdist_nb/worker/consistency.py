@@ -37,6 +37,9 @@ BATCH_OPS = frozenset({"BatchDataset", "BatchDatasetV2", "PaddedBatchDataset",
                        "PaddedBatchDatasetV2", "ParallelBatchDataset", "MapAndBatchDataset",
                        "ExperimentalMapAndBatchDataset", "RebatchDataset", "RebatchDatasetV2"})
 UNBATCH_OPS = frozenset({"UnbatchDataset", "ExperimentalUnbatchDataset"})
+# Shuffles whose seeds are inputs 2 and 3 (0 and 0: no seed given, nor a global one)
+SHUFFLE_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
+                         "ShuffleAndRepeatDatasetV2"})
 POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
 
 
@@ -75,12 +78,13 @@ def _const_strings(node: Any) -> int | None:
 
 
 def describe_pipeline(dataset: Any) -> dict[str, Any]:
-    """What the dataset's graph says: batched at the end, its own ``shard()`` calls, and
-    whether (and from how many files) it reads files."""
+    """What the dataset's graph says: batched at the end, its own ``shard()`` calls (each with
+    whether an unseeded shuffle comes before it), whether its output passed an unseeded
+    shuffle, and whether (and from how many files) it reads files."""
     graph = _graph(dataset)
     if graph is None:
-        return {"graph": False, "batched": None, "shards": [], "file_based": None,
-                "files": None, "readers": []}
+        return {"graph": False, "batched": None, "shards": [], "unseeded_shuffle": None,
+                "file_based": None, "files": None, "readers": []}
     nodes = {n.name: n for n in graph.node}
 
     def source(name: str) -> Any:
@@ -103,8 +107,22 @@ def describe_pipeline(dataset: Any) -> dict[str, Any]:
         if node.op in UNBATCH_OPS or not node.input:
             break
         node = source(node.input[0])
-    shards = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2])}
+    def unseeded_upstream(name: str) -> bool:
+        """An unseeded shuffle between this input and the source: its order differs from
+        task to task (and from epoch to epoch)."""
+        node = source(name)
+        while node is not None:
+            if (node.op in SHUFFLE_OPS and len(node.input) >= 4
+                    and const_int(node.input[2]) == 0 and const_int(node.input[3]) == 0):
+                return True
+            node = source(node.input[0]) if node.input else None
+        return False
+
+    shards = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
+               "after_unseeded_shuffle": unseeded_upstream(n.input[0])}
               for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
+    last = next((n for n in graph.node if n.op == "_Retval"), None)
+    unseeded = bool(last is not None and last.input and unseeded_upstream(last.input[0]))
     every = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     readers = sorted({n.op for n in every if n.op in READER_OPS})
     files = None
@@ -112,7 +130,7 @@ def describe_pipeline(dataset: Any) -> dict[str, Any]:
         counts = [c for n in graph.node if n.op in READER_OPS | {"TensorSliceDataset"}
                   and n.input for c in [_const_strings(source(n.input[0]))] if c is not None]
         files = max(counts) if counts else None
-    return {"graph": True, "batched": batched, "shards": shards,
+    return {"graph": True, "batched": batched, "shards": shards, "unseeded_shuffle": unseeded,
             "file_based": bool(readers), "files": files, "readers": readers}
 
 

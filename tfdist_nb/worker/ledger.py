@@ -7,8 +7,9 @@ its position among this task's collectives of the same group, which is how Tenso
 across tasks (instance keys are handed out in that order), so rows with the same group and index on
 two tasks are the same collective, or should be.
 
-Rows go out with the telemetry samples (new and changed rows only) and at the end of each cell;
-the worker keeps the last ``KEEP`` rows for ``%tfdist_collectives``.
+Rows go out with the telemetry samples (new and changed rows only, repeated completed calls
+folded into runs: ``tfdist_nb.ledger_runs``) and at the end of each cell; the worker keeps the
+last ``KEEP`` rows.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfdist_nb.events import describe_tensor
+from tfdist_nb.ledger_runs import fold
 
 KEEP = 5000
 MAX_ROWS_PER_MESSAGE = 2000
@@ -60,6 +62,7 @@ class Ledger:
         self._seq = 0
         self._counts: dict[int | None, int] = {}
         self._dirty: dict[int, dict[str, Any]] = {}
+        self._open: dict[int, dict[str, Any]] = {}  # entered, not yet closed
         self._lock = threading.Lock()
 
     def enter(self, ops: list[Op] | tuple[Op, ...], function: str, call: int | None = None,
@@ -89,6 +92,7 @@ class Ledger:
                     row["check"] = check
                 self._rows.append(row)
                 self._dirty[self._seq] = row
+                self._open[self._seq] = row
                 rows.append(row)
         return rows
 
@@ -98,6 +102,7 @@ class Ledger:
             for row in rows:
                 row["state"], row["done"] = state, now
                 self._dirty[row["seq"]] = row
+                self._open.pop(row["seq"], None)
 
     def pending(self) -> bool:
         return bool(self._dirty)
@@ -108,20 +113,22 @@ class Ledger:
         sample (a hang is named from it)."""
         limit = time.time() - older_than_s
         with self._lock:
-            return any(r["state"] == "entered" and r["entered"] <= limit
-                       for r in self._dirty.values())
+            return any(r["entered"] <= limit and seq in self._dirty
+                       for seq, r in self._open.items())
 
     def drain(self) -> dict[str, Any] | None:
-        """The rows that are new or changed since the last drain (copies), with this task's
-        per-group counts; None when nothing changed."""
+        """The rows that are new or changed since the last drain (copies; completed calls
+        folded into runs), with this task's per-group counts; None when nothing changed."""
         with self._lock:
             if not self._dirty:
                 return None
             seqs = sorted(self._dirty)[:MAX_ROWS_PER_MESSAGE]
             rows = [dict(self._dirty.pop(s)) for s in seqs]
-            return {"rows": rows, "issued": self._seq,
-                    "counts": {str(k): v for k, v in self._counts.items()},
-                    "more": bool(self._dirty)}
+            issued, more = self._seq, bool(self._dirty)
+            counts = {str(k): v for k, v in self._counts.items()}
+        single, runs = fold(rows)
+        return {"rows": single, **({"runs": runs} if runs else {}), "issued": issued,
+                "counts": counts, "more": more}
 
     def recent(self, last: int | None = None) -> list[dict[str, Any]]:
         with self._lock:

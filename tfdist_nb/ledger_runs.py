@@ -1,0 +1,116 @@
+"""How completed collectives travel: repeated calls folded into runs, unfolded on arrival (pure).
+
+A training loop issues the same collectives every step, so a ledger sent row by row is the same
+dozen fields again and again: about 200 kB a second per task at 200 steps/s, encoded on the task
+and decoded, written and indexed on the controller, all on the cores the training needs
+(bench/, part c). Consecutive completed calls of one traced function from one line (or eager
+collectives from one line) are therefore sent as one *run*: the fields they share once, and per
+call only its first sequence number and its times. ``unfold`` gives back exactly the rows that
+were folded, so the controller, the run directory and the JupyterLab pane see every collective
+(docs/reference.md, "Collectives and hangs").
+
+A call is folded only when the run's arithmetic reproduces its sequence numbers, positions and
+call numbers; anything else (an open, failed or aborted row, a manifest check) goes as a row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# The fields a row's collective shares with the same collective in the next call of the run.
+SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in_control_flow")
+CALL = ("function", "called_at")
+
+
+def fold(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split ``rows`` (in sequence order) into rows sent as they are and runs of completed
+    calls; a call is the rows one ledger entry made (same function and call number)."""
+    single: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    run: dict[str, Any] | None = None
+    for call in _calls(rows):
+        if not _foldable(call):
+            single.extend(call)
+            run = None
+            continue
+        if run is not None and _continues(run, call):
+            run["calls"].append([call[0]["seq"], call[0]["entered"], call[0]["done"]])
+            continue
+        run = {"ops": [{k: r.get(k) for k in SHARED} for r in call],
+               **{k: call[0].get(k) for k in CALL},
+               "index": [r.get("index") for r in call], "call": call[0].get("call"),
+               "calls": [[call[0]["seq"], call[0]["entered"], call[0]["done"]]]}
+        runs.append(run)
+    return single, runs
+
+
+def unfold(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows ``fold`` made ``run`` of, in sequence order."""
+    ops, first = run["ops"], run["index"]
+    per_group = _per_group(ops)
+    out = []
+    for k, (seq, entered, done) in enumerate(run["calls"]):
+        call = None if run.get("call") is None else run["call"] + k
+        for j, op in enumerate(ops):
+            index = None if first[j] is None else first[j] + k * per_group[str(op["group"])]
+            out.append({"seq": seq + j, **op, "index": index, "function": run.get("function"),
+                        "call": call, "called_at": run.get("called_at"), "state": "done",
+                        "entered": entered, "done": done})
+    return out
+
+
+def _calls(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    calls: list[list[dict[str, Any]]] = []
+    for row in rows:
+        last = calls[-1][-1] if calls else None
+        if (last is not None and row.get("function") != "eager" and row.get("call") is not None
+                and (last.get("function"), last.get("call")) == (row.get("function"),
+                                                                 row.get("call"))
+                and row["seq"] == last["seq"] + 1):
+            calls[-1].append(row)
+        else:
+            calls.append([row])
+    return calls
+
+
+def _foldable(call: list[dict[str, Any]]) -> bool:
+    first = call[0]
+    return all(r.get("state") == "done" and r.get("kind") != "check" and "members" not in r
+               and "check" not in r and r.get("entered") == first.get("entered")
+               and r.get("done") == first.get("done") for r in call)
+
+
+def _continues(run: dict[str, Any], call: list[dict[str, Any]]) -> bool:
+    """Whether ``call`` is the next call of ``run``: the same collectives from the same place,
+    the next sequence numbers, positions and call number."""
+    ops = run["ops"]
+    k = len(run["calls"])
+    if len(call) != len(ops) or any(call[0].get(f) != run.get(f) for f in CALL):
+        return False
+    last_seq = run["calls"][-1][0]
+    if call[0]["seq"] != last_seq + len(ops):
+        return False
+    if run.get("call") is None:
+        if call[0].get("call") is not None:
+            return False
+    elif call[0].get("call") != run["call"] + k:
+        return False
+    per_group = _per_group(ops)
+    for j, (op, row) in enumerate(zip(ops, call, strict=True)):
+        if any(op[f] != row.get(f) for f in SHARED):
+            return False
+        first = run["index"][j]
+        want = None if first is None else first + k * per_group[str(op["group"])]
+        if row.get("index") != want:
+            return False
+    return True
+
+
+def _per_group(ops: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of a call's collectives belong to each group: a group's positions advance by
+    that much per call."""
+    counts: dict[str, int] = {}
+    for op in ops:
+        if op.get("kind") != "check":
+            counts[str(op["group"])] = counts.get(str(op["group"]), 0) + 1
+    return counts
