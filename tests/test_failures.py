@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -154,6 +155,9 @@ def test_strategy_start_up_waiting_for_a_task_is_named() -> None:
                        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
                        on=0, timeout=20, on_event=seen.append)
         assert result.tasks["worker:0"].status == "timeout"
+        # where it waits: the user's line first, not only TensorFlow's innermost frame
+        assert re.search(r"main thread .* at cell \d+ line 2 \(.*tensorflow",
+                         result.tasks["worker:0"].explanation), result.tasks["worker:0"].explanation
         # TensorFlow holds the GIL while it waits for the peers, so the task's own threads
         # (telemetry, output forwarding) are frozen: the gap in its heartbeats tells
         gaps = [a for a in c.alerts() if "no heartbeat for" in a]

@@ -584,11 +584,17 @@ class Cluster:
         return "all"
 
     def keras_summary(self) -> str:
-        """Which TensorFlow and Keras the tasks run, with the MWMS ``fit`` caveat for Keras 3."""
+        """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
+        the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
         flavours = sorted({str(rt.info.get("keras_flavour")) for rt in self.tasks.values()})
         tf = sorted({str(rt.info.get("tensorflow")) for rt in self.tasks.values()})
         text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
-        if "keras 3" in flavours and self.spec.workers + self.spec.chief > 1:
+        if "keras 3" not in flavours:
+            return text
+        if self.spec.ps:
+            text += (": model.fit under ParameterServerStrategy (DatasetCreator, "
+                     "ClusterCoordinator) runs on tf_keras: TF_USE_LEGACY_KERAS=1")
+        elif self.spec.workers + self.spec.chief > 1:
             text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
         return text
 

@@ -49,10 +49,12 @@ class Inspector:
         """The tasks a MultiWorkerMirroredStrategy groups together: the chief and workers."""
         return {rt.name for rt in self.tasks.values() if rt.task.role in ("chief", "worker")}
 
-    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None:
+    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
+                      ended: dict[str, str]) -> None:
         """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
         which TensorFlow does while it holds the GIL (creating a strategy that waits for its
-        peers, for one); name the tasks that are not running the cell with it."""
+        peers, for one); name the tasks that ended this cell (``ended``: name -> status) and
+        those not running it."""
         v = self.hub.live.view(rt.name)
         if v.last_sample is None or time.time() - v.last_sample < HEARTBEAT_GAP_S:
             self._gapped.discard(rt.name)
@@ -61,11 +63,15 @@ class Inspector:
             return
         self._gapped.add(rt.name)
         names = {b.name for b in busy}
-        others = [f"{t.name} ({t.state.value})" for t in self.tasks.values()
-                  if t.name not in names and t.task.role in ("worker", "chief")]
+        peers = [t for t in self.tasks.values()
+                 if t.name not in names and t.task.role in ("worker", "chief")]
+        done = [f"{t.name} ({ended[t.name]})" for t in peers if t.name in ended]
+        others = [f"{t.name} ({t.state.value})" for t in peers if t.name not in ended]
         text = (f"no heartbeat for {time.time() - v.last_sample:.0f}s: its Python threads are "
                 "blocked (TensorFlow holds the GIL, as when creating a strategy that waits for "
                 "its peers to join)")
+        if done:
+            text += f"; already ended this cell: {', '.join(done)}"
         if others:
             text += f"; not running this cell: {', '.join(others)}: run it on every task"
         self.hub.note(rt.name, text, "WARNING")
@@ -113,6 +119,7 @@ def format_stacks(found: dict[str, Any] | None) -> str:
     if found is None:
         return "(no answer: the task is dead or did not answer in time)"
     main = found.get("main", {})
-    parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
+    line = f" ({main['line']})" if main.get("line") not in (None, "?") else ""
+    parts = [f"main thread: {main.get('kind')} at {main.get('at')}{line}"]
     parts += [f"--- {name} ---\n{stack}" for name, stack in found.get("threads", {}).items()]
     return "\n".join(parts)

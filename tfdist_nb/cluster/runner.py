@@ -43,7 +43,8 @@ class Inspector(Protocol):
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
-    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime]) -> None: ...
+    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
+                      ended: dict[str, str]) -> None: ...
 
     def cell_steps(self, rt: TaskRuntime) -> int: ...
 
@@ -94,8 +95,9 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
                 control.hang = hang
                 control.stop("hang")
                 break
+            ended = {n: r.status for n, r in results.items()}
             for rt in busy:
-                inspector.heartbeat_gap(rt, busy)
+                inspector.heartbeat_gap(rt, busy, ended)
             if watch is not None:
                 _watch_stalls(watch, inspector, busy, control)
         if deadline is not None and time.monotonic() >= deadline:
@@ -268,7 +270,7 @@ def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
     """One line naming the tasks inside a TensorFlow op and those elsewhere (the likely
     cause when the others wait in a collective)."""
     inside = [t for t, s in stacks.items() if s and s.get("main", {}).get("kind") == "tensorflow"]
-    elsewhere = {t: s["main"].get("at") for t, s in stacks.items()
+    elsewhere = {t: _main_at(s["main"]) for t, s in stacks.items()
                  if s and s.get("main", {}).get("kind") in ("python", "idle")}
     if not inside or not elsewhere:
         return ""
@@ -309,7 +311,7 @@ def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
     main = stack.get("main", {})
     where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
              "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
-    said = f"main thread {where} at {main.get('at')}"
+    said = f"main thread {where} at {_main_at(main)}"
     if res.status == "stalled":
         said = (f"{res.task} made no progress (no step, no output, no CPU of its own) for "
                 f"{stall_timeout:.0f}s; {said}")
@@ -317,6 +319,15 @@ def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
         said += (". Collectives were aborted to release the tasks: restart all tasks "
                  "(%tfdist_restart) before training again")
     res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."
+
+
+def _main_at(main: dict[str, Any]) -> str:
+    """The user's line first (``cell 5 line 3``), the innermost frame after it: a frame in
+    TensorFlow's own code says where it waits, not which of the user's lines led there."""
+    line, at = main.get("line"), main.get("at")
+    if line and line != "?" and main.get("kind") != "idle":
+        return f"{line} ({at})" if at else str(line)
+    return str(at)
 
 
 async def _wait_all(futures: list, timeout: float) -> None:

@@ -211,10 +211,12 @@ _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}
 
 
 def _where(frame: Any) -> dict[str, Any]:
-    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func"}`` for a frame.
+    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func", "line": "cell N
+    line L"}`` for a frame.
 
     Standard-library frames (a thread pool's wait, say) are looked through: what matters is the
-    innermost frame of TensorFlow or of the user's code.
+    innermost frame of TensorFlow or of the user's code; ``line`` is the user's own line that
+    led there (inside TensorFlow ``at`` is TensorFlow's frame, which helps nobody alone).
     """
     if frame is None:
         return {"kind": "unknown", "at": ""}
@@ -232,7 +234,9 @@ def _where(frame: Any) -> dict[str, Any]:
 
     inner = next((fr for fr in frames if not in_stdlib(fr.f_code.co_filename)), frames[0])
     kind = "tensorflow" if any(p in inner.f_code.co_filename for p in _TF_PARTS) else "python"
-    return {"kind": kind, "at": _at(inner)}
+    from tfdist_nb.worker import cellmap
+
+    return {"kind": kind, "at": _at(inner), "line": cellmap.site(cellmap.python_frames(frame))}
 
 
 def _cell_file_test() -> Callable[[str], bool]:
