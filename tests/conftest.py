@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,13 @@ def worker_kernels() -> set[int]:
                 hosts and _netns_id(proc.info["pid"]) in hosts):
             found.add(proc.info["pid"])
     return found
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,

@@ -11,7 +11,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
@@ -45,12 +44,6 @@ def ensure_chromium() -> str:
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

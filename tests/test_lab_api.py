@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
-from tests.test_browser import free_port
+from tests.conftest import free_port, wait_for
 
 TICKS = ("import time, tfdist_nb.worker as tw\n"
          "for i in range(10):\n"

@@ -25,8 +25,8 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.conftest import wait_for
-from tests.test_browser import CHROMIUM_ARGS, ensure_chromium, free_port
+from tests.conftest import free_port, wait_for
+from tests.test_browser import CHROMIUM_ARGS, ensure_chromium
 
 pytestmark = pytest.mark.cluster
 

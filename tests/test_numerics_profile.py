@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import gzip
+import json
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port, wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.profiler import Capture, describe
 from tfdist_nb.display.printer import failure_report
@@ -49,6 +56,44 @@ def test_numerics_names_the_first_task_and_op_and_profile_traces_every_task(
         assert "MatMul" in busy.profile  # the busiest host ops, per task
         for task in ("worker:0", "worker:1"):  # each trace named by its task
             assert f"  {task} (localhost_" in busy.profile, busy.profile
+    # the line's TensorBoard, as the README's install gives it, lists the capture in its
+    # profile plugin: the run, and one host per task
+    hosts = tensorboard_profile_hosts(tmp_path / "prof")
+    assert sorted(hosts) == sorted(t.name.removesuffix(".xplane.pb") for t in traces)
+
+
+def tensorboard_profile_hosts(logdir: Path) -> list[str]:
+    """Start ``tensorboard --logdir`` on loopback and read its profile plugin's HTTP API: it
+    must be active and list exactly one run; returns that run's hosts."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}/data"
+
+    def get(path: str) -> object:
+        with urllib.request.urlopen(base + path, timeout=30) as reply:
+            body = reply.read()  # the profile plugin gzips its answers whatever was asked
+            if reply.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            return json.loads(body.decode())
+
+    def answers() -> object:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with contextlib.suppress(OSError):
+            return get("/plugins_listing")
+        return None
+
+    try:
+        plugins = wait_for(answers, 90, "TensorBoard to answer")
+        assert plugins["profile"]["enabled"], plugins  # type: ignore[index]
+        runs = get("/plugin/profile/runs")
+        assert isinstance(runs, list) and len(runs) == 1, runs
+        found = get(f"/plugin/profile/hosts?run={runs[0]}&tag=trace_viewer")
+        return [h["hostname"] for h in found]  # type: ignore[union-attr,index]
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 def test_a_task_missing_from_the_capture_is_named() -> None:
