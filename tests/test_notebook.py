@@ -53,6 +53,10 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
     summary = out[out.index(">>> %tfdist_status --table"):]
     assert "worker:0" in summary and "worker:1" in summary and "idle" in summary
     assert "stopped 2 task(s) of 2 workers" in out
+    # a healthy run: no warning about any task, and nothing from the notebook's own kernel
+    # (it runs on ipc sockets, so ipykernel has no plain-TCP warning to print)
+    assert "] tfdist_nb: " not in out, out
+    assert "without encryption" not in out + proc.stderr
     nb = nbformat.read(saved, as_version=4)
     assert not [e for c in nb.cells if c.cell_type == "code" for e in errors_of(c)]
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,14 @@ def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) 
     import nbformat
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
+    from traitlets.config import Config
 
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    # The notebook's own kernel on ipc sockets in a private (0700) temp dir, as the tasks' are:
+    # nothing listens on TCP, and ipykernel has no plain-TCP warning to print first
+    sockets = tempfile.mkdtemp(prefix="tfdist-quickstart-")
+    ipc = Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(sockets, "kernel")}})
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", config=ipc,
                             resources={"metadata": {"path": str(notebook.parent)}})
     started = time.monotonic()
     failed = None
@@ -58,6 +65,8 @@ def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) 
         client.execute()
     except CellExecutionError as exc:
         failed = exc
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
