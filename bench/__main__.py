@@ -8,7 +8,8 @@
     workers (from ``bench.startup``) vs ``DirectView.execute(block=True)``, silent=True and
     silent=False; goal at most 1.0x at every size.
 (c) ``bench.training`` training step time with telemetry vs plain processes; goal at most 1.05x.
-(d) ``bench.flood``    100k lines per task: goal 0 lines lost, controller RSS growth <= 200 MB.
+(d) ``bench.flood``    100k lines per task: goal 0 lines lost, controller RSS growth <= 200 MB;
+                      written through print, stderr and os.write in turn: 0 lines out of order.
 (e) ``bench.detect``   crash detected within 2 s, stall within stall_timeout + 2 s.
 (f) ``bench.network``  ``%tfdist_check network``'s all-reduce bus bandwidth vs the same
     all-reduce in plain processes; goal within 0.9x-1.1x at 1, 16 and 64 MB.
@@ -157,6 +158,13 @@ def rows_flood(res: dict[str, Any]) -> list[dict[str, str]]:
                  f"{ours['peak_rss_growth_mb']:.0f}",
                  f"ipyparallel {alt['peak_rss_growth_mb']:.0f}" if alt else "", "",
                  f"<= {RSS_GOAL_MB:.0f}", ours["peak_rss_growth_mb"] <= RSS_GOAL_MB)]
+    mixed = res.get("interleaved")
+    if mixed:
+        rows.append(_row("(d)", f"{what}, print / stderr / os.write in turn: lines out of "
+                         "order", str(mixed["out_of_order"]),
+                         f"lost {mixed['lines_lost']}, times back {mixed['time_back']}, "
+                         f"controller CPU {mixed['controller_cpu_s']:.2f} s", "", "0",
+                         mixed["out_of_order"] == 0 and mixed["lines_lost"] == 0))
     if alt:
         rows.append(_row("", f"  {what}: wall (s) / controller CPU (s)",
                          f"{ours['wall_s']:.2f} / {ours['controller_cpu_s']:.2f}",

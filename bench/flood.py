@@ -5,7 +5,9 @@
 Measures for tfdist_nb (worker kernels -> run directory, live store and dashboard) and, in the
 same run, for ipyparallel (``DirectView.execute(..., silent=False, block=True)``, which gathers
 the output in memory): wall time, the controller's CPU seconds and peak RSS growth, and lines
-lost (every line is checked by its number).
+lost (every line is checked by its number). A second tfdist_nb flood writes its lines in turn
+through print, sys.stderr and os.write(1, ...) and counts lines out of order on disk (ipyparallel
+does not capture file-descriptor writes, so it has no counterpart).
 """
 
 from __future__ import annotations
@@ -23,6 +25,20 @@ from typing import Any
 import psutil
 
 CODE = "for i in range({n}): print(i)"
+# The same count of lines written in turn through Python's stdout, its stderr and straight to
+# file descriptor 1 (what tf.print and TensorFlow's C++ log do): each task's lines must arrive
+# in the order it wrote them, on disk as live (docs/reference.md, "Output order and time")
+MIXED = """
+import os, sys
+for i in range({n}):
+    k = i % 3
+    if k == 0:
+        print(i)
+    elif k == 1:
+        sys.stderr.write(f"{{i}}\\n")
+    else:
+        os.write(1, f"{{i}}\\n".encode())
+"""
 
 
 class PeakRss:
@@ -79,6 +95,47 @@ def tfdist(n_workers: int, lines: int) -> dict[str, Any]:
         return out
 
 
+def tfdist_interleaved(n_workers: int, lines: int) -> dict[str, Any]:
+    """The mixed flood: also counts, per task, lines that arrived after a line written later,
+    and times that go backwards."""
+    from tfdist_nb import Cluster
+
+    with Cluster(workers=n_workers, preload=()) as cluster:
+        order: dict[str, Any] = {}
+
+        def flood() -> int:
+            assert cluster.run(MIXED.format(n=lines), timeout=900).ok
+            order.update(_order_on_disk(cluster.run_dir / "events.jsonl", lines))
+            return order.pop("count")
+
+        out = _measure(flood, lines * n_workers)
+        return {**out, **order}
+
+
+def _order_on_disk(path: Any, lines: int) -> dict[str, int]:
+    """``count`` (distinct numbered lines), ``out_of_order`` (lines whose number is below one
+    already seen from the same task) and ``time_back`` (lines stamped before the line before)."""
+    seen: dict[str, set[int]] = {}
+    top: dict[str, int] = {}
+    last_t: dict[str, float] = {}
+    late = back = 0
+    with open(path) as f:
+        for raw in f:
+            rec = json.loads(raw)
+            if rec.get("kind") != "output" or not str(rec.get("text", "")).isdigit():
+                continue
+            task, i = rec["task"], int(rec["text"])
+            if i < top.get(task, -1):
+                late += 1
+            top[task] = max(top.get(task, -1), i)
+            if rec["time"] < last_t.get(task, float("-inf")):
+                back += 1
+            last_t[task] = rec["time"]
+            seen.setdefault(task, set()).add(i)
+    count = sum(len(v & set(range(lines))) for v in seen.values())
+    return {"count": count, "out_of_order": late, "time_back": back}
+
+
 def _count_on_disk(path: Any, lines: int) -> int:
     seen: dict[str, list[int]] = {}
     with open(path) as f:
@@ -120,7 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.lines = 10_000
     os.environ.setdefault("TFDIST_RUNS_DIR", tempfile.mkdtemp(prefix="tfdist_bench_"))
-    results = {"tfdist_nb": tfdist(args.workers, args.lines)}
+    results = {"tfdist_nb": tfdist(args.workers, args.lines),
+               "interleaved": tfdist_interleaved(args.workers, args.lines)}
     if not args.no_ipyparallel:
         results["ipyparallel"] = ipyparallel(args.workers, args.lines)
     print(f"{args.lines} lines x {args.workers} tasks   wall s   controller CPU s   "
@@ -128,6 +186,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, r in results.items():
         print(f"{name:22s} {r['wall_s']:7.2f}   {r['controller_cpu_s']:16.2f}   "
               f"{r['peak_rss_growth_mb']:12.1f}   {r['lines_lost']:10d}")
+    mixed = results["interleaved"]
+    print(f"interleaved print / stderr / os.write: {mixed['out_of_order']} line(s) out of "
+          f"order, {mixed['time_back']} stamped before the line before")
     if args.json:
         args.json.write_text(json.dumps({"workers": args.workers, "lines": args.lines,
                                          **results}, indent=1))

@@ -57,7 +57,10 @@ def test_summary_table_marks_each_goal() -> None:
                   "tfdist_nb": {"lines_lost": 0, "peak_rss_growth_mb": 26.0, "wall_s": 2.4,
                                 "controller_cpu_s": 2.1},
                   "ipyparallel": {"lines_lost": 0, "peak_rss_growth_mb": 17.0, "wall_s": 1.0,
-                                  "controller_cpu_s": 0.2}},
+                                  "controller_cpu_s": 0.2},
+                  "interleaved": {"lines_lost": 0, "out_of_order": 3, "time_back": 0,
+                                  "peak_rss_growth_mb": 20.0, "wall_s": 3.0,
+                                  "controller_cpu_s": 2.5}},
         "detect": {"error": "exit status 1"},
         "network": {"workers": 2, "rows": [
             {"size_mb": 16.0, "tfdist_nb": 0.19, "plain": 0.2, "ratio": 0.95},
@@ -71,6 +74,9 @@ def test_summary_table_marks_each_goal() -> None:
     quiet = by_measure["x = 1 round trip, 16 tasks, no TF (ms), vs silent=True"]
     assert (loud["result"], quiet["result"]) == ("met", "NOT MET")
     assert by_measure["median step time, 2 workers, 300 steps (ms)"]["result"] == "met"
+    mixed = by_measure["100000 lines x 2 tasks, print / stderr / os.write in turn: lines out of "
+                       "order"]
+    assert (mixed["tfdist_nb"], mixed["result"]) == ("3", "NOT MET")
     assert [r["goal"] for r in rows if r["goal"]] == sorted(r["goal"] for r in rows if r["goal"])
     failed = next(r for r in rows if r["goal"] == "(e)")
     assert failed["result"] == "NOT MET"  # a failed part shows

@@ -131,6 +131,10 @@ class Lifecycle:
                 self.warm_note = f"{self.warm_note} on fresh TF ports"
                 killed = asyncio.ensure_future(self._kill(old))
                 try:
+                    if len(spares) < len(targets):
+                        # a task started cold reuses its directory's connection file and
+                        # socket names, which the old process's clean-up removes: it goes first
+                        await killed
                     await self.launch(targets, deadline, spares)
                 finally:
                     await killed
