@@ -110,3 +110,28 @@ def test_check_magic_without_a_cluster_checks_a_given_tf_config(ip: Any) -> None
         ip.run_line_magic("tfdist_check", "sharing")
     with pytest.raises(UsageError, match="no cluster is running"):
         ip.run_line_magic("tfdist_check", "network")
+
+
+def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_path: Any) -> None:
+    """A regular expression that does not compile, a tail that is not a count of lines, and a
+    --save path that cannot be written are UsageErrors saying which; a saved log is 0600."""
+    import os
+    import stat
+
+    ip.run_cell_magic("tfcluster", "1 worker", "print('one line')")
+    try:
+        for line, needle in [("--grep (", "is not a regular expression"),
+                             ("--tail 0", "is not a number of lines"),
+                             ("--tail -2", "is not a number of lines"),
+                             (f"--save {tmp_path}/no/such/dir/x.jsonl",
+                              "--save: cannot write")]:
+            with pytest.raises(UsageError, match=needle) as info:
+                ip.run_line_magic("tfdist_logs", line)
+            assert "example: %tfdist_logs" in str(info.value), line
+        saved = tmp_path / "logs.jsonl"
+        df = ip.run_line_magic("tfdist_logs", f"--tail 1 --grep 'one line' --save {saved}")
+        assert list(df["text"]) == ["one line"]
+        assert "one line" in saved.read_text()
+        assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
+    finally:
+        ip.run_line_magic("tfdist_stop", "")

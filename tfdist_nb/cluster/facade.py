@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import os
 import queue
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -472,6 +473,14 @@ class Cluster:
             levels = parse_levels(level)
         except ValueError as exc:
             raise SpecError(str(exc)) from None
+        if grep is not None:
+            try:
+                re.compile(grep)
+            except re.error as exc:
+                raise SpecError(f"grep: {grep!r} is not a regular expression ({exc})") from None
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)
+                                 or tail < 1):
+            raise SpecError(f"tail: {tail!r} is not a number of lines (1 or more)")
         return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
                           levels=levels)
 

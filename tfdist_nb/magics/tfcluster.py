@@ -5,6 +5,7 @@ the user's mistakes (with an example), and hands off to the
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from typing import Any
@@ -32,6 +33,19 @@ def _parse(magic: Any, line: str, example: str = EXAMPLE) -> Any:
         raise _usage(f"cannot read the line: {exc}", example) from None
     except UsageError as exc:
         raise _usage(exc, example) from None
+
+
+def _save_private(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through
+    a symlink; a path that cannot be written is a UsageError naming why."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise _usage(f"--save: cannot write {path}: {exc.strerror or exc}",
+                     "example: %tfdist_logs --save ./tfdist_logs.jsonl") from None
 
 
 def _check_options(args: Any) -> dict[str, Any]:
@@ -286,7 +300,8 @@ class TfdistMagics(Magics):
         except (SpecError, ValueError) as exc:
             raise _usage(exc, "example: %tfdist_logs --on 1 --grep 'loss|step'") from None
         if args.save:
-            df.to_json(args.save, orient="records", lines=True, date_format="iso")
+            _save_private(args.save, df.to_json(orient="records", lines=True,
+                                                date_format="iso"))
         return df
 
     @magic_arguments()
