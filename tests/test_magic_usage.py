@@ -112,6 +112,25 @@ def test_check_magic_without_a_cluster_checks_a_given_tf_config(ip: Any) -> None
         ip.run_line_magic("tfdist_check", "network")
 
 
+BAD_NUMBERS = [
+    ("tfdist_logs", "--tail 0", "argument --tail: '0': must be a finite number at least 1"),
+    ("tfdist_check", "sharding ds --max-seconds inf", "'inf': must be a finite number above 0"),
+    ("tfdist_check", "variables v --atol -1", "'-1': must be a finite number at least 0"),
+    ("tfdist_inject", "oom --limit-mb -5", "'-5': must be a finite number above 0"),
+    ("tfdist_inject", "straggler --seconds nan", "'nan': must be a finite number above 0"),
+    ("tfdist_profile", "--duration-ms 0", "'0': must be a finite number at least 1"),
+    ("tfdist_collectives", "--last many", "'many' is not a number"),
+]
+
+
+@pytest.mark.parametrize(("magic", "line", "needle"), BAD_NUMBERS)
+def test_numbers_out_of_range_are_usage_errors_before_anything_runs(
+        ip: Any, magic: str, line: str, needle: str) -> None:
+    """Read when the line is parsed: no cluster is needed to be told, and none is touched."""
+    with pytest.raises(UsageError, match=needle):
+        ip.run_line_magic(magic, line)
+
+
 def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_path: Any) -> None:
     """A regular expression that does not compile, a tail that is not a count of lines, and a
     --save path that cannot be written are UsageErrors saying which; a saved log is 0600."""
@@ -121,8 +140,8 @@ def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_pa
     ip.run_cell_magic("tfcluster", "1 worker", "print('one line')")
     try:
         for line, needle in [("--grep (", "is not a regular expression"),
-                             ("--tail 0", "is not a number of lines"),
-                             ("--tail -2", "is not a number of lines"),
+                             ("--tail 0", "argument --tail: '0': must be a finite number"),
+                             ("--tail -2", "argument --tail: '-2': must be a finite number"),
                              (f"--save {tmp_path}/no/such/dir/x.jsonl",
                               "--save: cannot write")]:
             with pytest.raises(UsageError, match=needle) as info:

@@ -5,6 +5,8 @@ the user's mistakes (with an example), and hands off to the
 
 from __future__ import annotations
 
+import argparse
+import math
 import os
 import shlex
 import sys
@@ -33,6 +35,30 @@ def _parse(magic: Any, line: str, example: str = EXAMPLE) -> Any:
         raise _usage(f"cannot read the line: {exc}", example) from None
     except UsageError as exc:
         raise _usage(exc, example) from None
+
+
+def _number(kind: type, least: float, inclusive: bool = False) -> Any:
+    """An argparse type: a finite number of ``kind`` above ``least`` (or equal to it with
+    ``inclusive``); anything else is the option's usage error, not a failure deep inside."""
+    bound = f"{'at least' if inclusive else 'above'} {least:g}"
+
+    def read(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number {bound}")
+        return value
+
+    read.__name__ = kind.__name__  # argparse names the type in its messages
+    return read
+
+
+POSITIVE_S = _number(float, 0.0)
+POSITIVE_N = _number(int, 1, inclusive=True)
+NOT_NEGATIVE = _number(float, 0.0, inclusive=True)
+NOT_NEGATIVE_N = _number(int, 0, inclusive=True)
 
 
 def _save_private(path: str, text: str) -> None:
@@ -278,7 +304,7 @@ class TfdistMagics(Magics):
     @magic_arguments()
     @_on_option
     @argument("--grep", metavar="RE", help="only lines matching this regular expression")
-    @argument("--tail", type=int, metavar="N", help="only the last N lines")
+    @argument("--tail", type=POSITIVE_N, metavar="N", help="only the last N lines")
     @argument("--level", metavar="LEVELS",
               help="only lines of these levels, comma separated: DEBUG, INFO, WARNING, ERROR, "
                    "CRITICAL, FATAL (e.g. --level INFO: TensorFlow's INFO records)")
@@ -327,7 +353,7 @@ class TfdistMagics(Magics):
 
     @magic_arguments()
     @_on_option
-    @argument("--last", type=int, default=20, metavar="N",
+    @argument("--last", type=NOT_NEGATIVE_N, default=20, metavar="N",
               help="the last N collectives of each task (default 20; 0: all kept)")
     @line_magic
     def tfdist_collectives(self, line: str) -> Any:
@@ -424,11 +450,11 @@ class TfdistMagics(Magics):
     @argument("kind",
               help="straggler | hang | raise | uneven | crash | nan | oom | bad-shard | clear")
     @_on_option
-    @argument("--at-step", type=int, metavar="K",
+    @argument("--at-step", type=NOT_NEGATIVE_N, metavar="K",
               help="step at which hang/raise/crash/nan happen; uneven: steps before data ends")
-    @argument("--seconds", type=float, metavar="S", help="straggler delay per step (0.3)")
+    @argument("--seconds", type=POSITIVE_S, metavar="S", help="straggler delay per step (0.3)")
     @argument("--where", choices=["input", "step"], help="straggler: delay the input or step")
-    @argument("--limit-mb", type=float, metavar="MB",
+    @argument("--limit-mb", type=POSITIVE_S, metavar="MB",
               help="oom: memory this task may grow by before its limit kills it (500)")
     @line_magic
     def tfdist_inject(self, line: str) -> None:
@@ -500,12 +526,14 @@ class TfdistMagics(Magics):
     @argument("--reference", metavar="EXPR", default=None,
               help="sharding: the undistributed dataset, evaluated in the first task, that "
                    "missing elements are counted against")
-    @argument("--max-elements", type=int, default=None, metavar="N",
+    @argument("--max-elements", type=POSITIVE_N, default=None, metavar="N",
               help="sharding: stop after N examples per task (default 10000)")
-    @argument("--max-seconds", type=float, default=None, metavar="S",
+    @argument("--max-seconds", type=POSITIVE_S, default=None, metavar="S",
               help="sharding: stop reading after S seconds (default 30)")
-    @argument("--atol", type=float, default=None, help="variables: absolute tolerance (1e-6)")
-    @argument("--rtol", type=float, default=None, help="variables: relative tolerance (1e-5)")
+    @argument("--atol", type=NOT_NEGATIVE, default=None,
+              help="variables: absolute tolerance (1e-6)")
+    @argument("--rtol", type=NOT_NEGATIVE, default=None,
+              help="variables: relative tolerance (1e-5)")
     @_on_option
     @line_magic
     def tfdist_check(self, line: str) -> Any:
@@ -624,14 +652,14 @@ class TfdistMagics(Magics):
             raise _usage(exc, example) from None
 
     @magic_arguments()
-    @argument("--duration-ms", type=int, default=2000, metavar="N",
+    @argument("--duration-ms", type=POSITIVE_N, default=2000, metavar="N",
               help="how long to trace (default 2000)")
     @argument("--logdir", metavar="DIR", help="where the trace goes (default: the run "
                                               "directory's profile/)")
     @argument("--now", action="store_true",
               help="trace what the tasks do now and wait for it, instead of arming the "
                    "capture for the next cell")
-    @argument("--delay-ms", type=int, default=500, metavar="N",
+    @argument("--delay-ms", type=NOT_NEGATIVE_N, default=500, metavar="N",
               help="with an armed capture: start this long after the next cell is sent")
     @line_magic
     def tfdist_profile(self, line: str) -> None:
