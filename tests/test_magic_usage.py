@@ -30,6 +30,8 @@ BAD_LINES = [
     ("2 workers --bogus", "unrecognized arguments: --bogus"),
     ("2 workers --env NOEQUALS", "--env expects KEY=VALUE"),
     ("2 workers --env 1BAD=x", "--env expects KEY=VALUE"),
+    ("2 workers --env TF_CONFIG={}", "--env TF_CONFIG=... cannot be set: each task's TF_CONFIG"),
+    ("2 workers --env TFDIST_TASK=worker:0", "--env TFDIST_TASK=... cannot be set"),
     ("2 workers --on worker:7", "no task worker:7 in a cluster of 2 workers"),
     ("2 workers --on gpu:1", "cannot read task 'gpu:1'"),
     ("2 workers --timeout -5", "--timeout must be a positive number"),

@@ -22,6 +22,14 @@ _DROP_PREFIX = ("TFDIST_TASK",)
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+# Variables tfdist_nb sets for each task itself; an --env of one would be silently replaced
+TASK_OWNED = {
+    "TF_CONFIG": "each task's TF_CONFIG is built from the cluster SPEC (docs/reference.md, "
+                 "TF_CONFIG); check one of your own with %tfdist_check tfconfig FILE",
+    "TFDIST_TASK": "it names the task (tw.task) and is set by tfdist_nb",
+}
+
+
 def parse_env_items(items: list[str] | None) -> dict[str, str]:
     """``["KEY=VALUE", ...]`` → dict; a malformed item raises ValueError naming it."""
     out: dict[str, str] = {}
@@ -29,6 +37,8 @@ def parse_env_items(items: list[str] | None) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not ENV_KEY.fullmatch(key):
             raise ValueError(f"--env expects KEY=VALUE with KEY a variable name, got {item!r}")
+        if key in TASK_OWNED:
+            raise ValueError(f"--env {key}=... cannot be set: {TASK_OWNED[key]}")
         out[key] = value
     return out
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 from tfdist_nb.cluster import registry
 from tfdist_nb.cluster.checks import CheckRunner
-from tfdist_nb.cluster.environment import resolve_python
+from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.export import restart_times
 from tfdist_nb.cluster.hub import EventHub
@@ -91,6 +91,9 @@ class Cluster:
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
         if start_timeout <= 0:
             raise SpecError("start_timeout must be positive (seconds for the whole start)")
+        owned = sorted(set(env or {}) & set(TASK_OWNED))
+        if owned:
+            raise SpecError(f"env={owned[0]} cannot be set: {TASK_OWNED[owned[0]]}")
         self.hosts = list(hosts) if hosts else None
         self.launcher_options = dict(launcher_options or {})
         chosen = (launcher if isinstance(launcher, Launcher)
