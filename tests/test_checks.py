@@ -64,6 +64,13 @@ def test_a_port_in_use_on_this_host_is_named(tmp_path: Path) -> None:
     assert [e for e in report.errors if f"localhost:{port} is in use" in e], report.errors
 
 
+def test_a_missing_tf_config_file_is_said_so_not_called_bad_json(tmp_path: Path) -> None:
+    report = check_tf_config(str(tmp_path / "nonexistent.json"))
+    assert not report.ok
+    assert any("nonexistent.json: No such file or directory" in e for e in report.errors)
+    assert not any("not valid JSON" in e for e in report.errors), report.errors
+
+
 def test_a_valid_tf_config_passes() -> None:
     report = check_tf_config(GOOD)
     assert report.ok and report.errors == [] and "valid and consistent" in report.summary

@@ -26,7 +26,9 @@ def load_config(config: str | Mapping[str, Any] | Path) -> tuple[str, list[str]]
     if isinstance(config, Mapping):
         return json.dumps(config), []
     text = str(config)
-    if isinstance(config, Path) or (not text.lstrip().startswith("{") and Path(text).is_file()):
+    json_like = text.lstrip().startswith(("{", "[", '"'))
+    path_like = not json_like and ("/" in text or text.endswith(".json") or Path(text).exists())
+    if isinstance(config, Path) or path_like:
         try:
             return Path(text).read_text(), []
         except OSError as exc:
