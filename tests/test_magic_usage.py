@@ -156,3 +156,18 @@ def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_pa
         assert stat.S_IMODE(os.stat(saved).st_mode) == 0o600
     finally:
         ip.run_line_magic("tfdist_stop", "")
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "inf"])
+def test_a_telemetry_interval_that_would_starve_the_tasks_is_refused_up_front(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """It used to make every start wait for start_timeout (a telemetry thread that never
+    sleeps); now the cluster is not even made, and nothing starts."""
+    from tfdist_nb import Cluster
+    from tfdist_nb.errors import SpecError
+
+    monkeypatch.setenv("TFDIST_TELEMETRY_INTERVAL", value)
+    workers = worker_kernels()
+    with pytest.raises(SpecError, match="TFDIST_TELEMETRY_INTERVAL=.*at least 0.05"):
+        Cluster(workers=1)
+    assert worker_kernels() == workers

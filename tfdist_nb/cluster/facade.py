@@ -56,6 +56,7 @@ from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.state import StateFile, snapshot
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
+from tfdist_nb.worker.telemetry import telemetry_interval
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_TIMEOUT_S = 30.0
@@ -91,6 +92,12 @@ class Cluster:
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
         if start_timeout <= 0:
             raise SpecError("start_timeout must be positive (seconds for the whole start)")
+        for where, value in (("the environment", os.environ.get("TFDIST_TELEMETRY_INTERVAL")),
+                             ("env=", (env or {}).get("TFDIST_TELEMETRY_INTERVAL"))):
+            try:
+                telemetry_interval(value)
+            except ValueError as exc:
+                raise SpecError(f"{exc} (from {where})") from None
         owned = sorted(set(env or {}) & set(TASK_OWNED))
         if owned:
             raise SpecError(f"env={owned[0]} cannot be set: {TASK_OWNED[owned[0]]}")

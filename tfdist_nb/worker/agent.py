@@ -89,7 +89,7 @@ def start(kernel: Any) -> None:
     """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
     from tfdist_nb.worker import _collectives, _keras, _sharding, _tfdata
     from tfdist_nb.worker.gpu import GpuSampler
-    from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry
+    from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry, telemetry_interval
 
     _tag_log_records()
     _flush_output_sooner()
@@ -101,7 +101,10 @@ def start(kernel: Any) -> None:
         kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,
                             ident=MSG_TYPE.encode())
 
-    interval = float(os.environ.get("TFDIST_TELEMETRY_INTERVAL", "1.0"))
+    try:
+        interval = telemetry_interval(os.environ.get("TFDIST_TELEMETRY_INTERVAL"))
+    except ValueError:  # set on a remote host behind the controller's back: the default
+        interval = 1.0
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     worker._telemetry = telemetry  # before the instrumentation, so its failures can be said
     from tfdist_nb.worker import cellmap

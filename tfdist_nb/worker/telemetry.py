@@ -29,6 +29,25 @@ LEDGER_TICK_S = 0.25
 LEDGER_WAIT_S = 0.2
 
 
+MIN_TELEMETRY_INTERVAL_S = 0.05  # below it the telemetry thread would starve the kernel
+
+
+def telemetry_interval(text: str | None) -> float:
+    """Seconds between heartbeats from ``$TFDIST_TELEMETRY_INTERVAL`` (default 1.0); a value
+    that is not a finite number at least MIN_TELEMETRY_INTERVAL_S raises ValueError saying so
+    (the controller checks it before any task starts: docs/reference.md)."""
+    if text is None or text == "":
+        return 1.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= MIN_TELEMETRY_INTERVAL_S or value == float("inf"):
+        raise ValueError(f"TFDIST_TELEMETRY_INTERVAL={text!r}: must be a number of seconds, "
+                         f"at least {MIN_TELEMETRY_INTERVAL_S} (default 1.0)")
+    return value
+
+
 class Telemetry:
     def __init__(self, send: Callable[[dict[str, Any]], None], interval_s: float = 1.0,
                  gpu: Any = None) -> None:
