@@ -168,6 +168,6 @@ def test_a_telemetry_interval_that_would_starve_the_tasks_is_refused_up_front(
 
     monkeypatch.setenv("TFDIST_TELEMETRY_INTERVAL", value)
     workers = worker_kernels()
-    with pytest.raises(SpecError, match="TFDIST_TELEMETRY_INTERVAL=.*at least 0.05"):
+    with pytest.raises(SpecError, match=r"TFDIST_TELEMETRY_INTERVAL=.*at least 0\.05"):
         Cluster(workers=1)
     assert worker_kernels() == workers
