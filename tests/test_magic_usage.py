@@ -133,7 +133,7 @@ def test_numbers_out_of_range_are_usage_errors_before_anything_runs(
         ip.run_line_magic(magic, line)
 
 
-def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_path: Any) -> None:
+def test_bad_paths_and_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_path: Any) -> None:
     """A regular expression that does not compile, a tail that is not a count of lines, and a
     --save path that cannot be written are UsageErrors saying which; a saved log is 0600."""
     import os
@@ -149,6 +149,13 @@ def test_bad_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_pa
             with pytest.raises(UsageError, match=needle) as info:
                 ip.run_line_magic("tfdist_logs", line)
             assert "example: %tfdist_logs" in str(info.value), line
+        in_the_way = tmp_path / "a-file"
+        in_the_way.write_text("not a directory")
+        for magic, line, needle in [
+                ("tfdist_profile", f"--logdir {in_the_way}/x", "--logdir .*cannot make this"),
+                ("tfdist_numerics", f"on --dump {in_the_way}", "--dump .*cannot make this")]:
+            with pytest.raises(UsageError, match=needle):
+                ip.run_line_magic(magic, line)
         saved = tmp_path / "logs.jsonl"
         df = ip.run_line_magic("tfdist_logs", f"--tail 1 --grep 'one line' --save {saved}")
         assert list(df["text"]) == ["one line"]

@@ -518,6 +518,8 @@ class Cluster:
         ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
         targets = self._runtimes("all")
         root = Path(dump_dir).absolute() if dump_dir else None
+        if root is not None and on:
+            _directory_to_write(root, "--dump")
         said = self._require_loop().run(_gather(*(
             rt.agent.call("set_numerics", timeout=60, on=on,
                           dump_root=str(root / rt.task.slug) if root else None)
@@ -540,6 +542,7 @@ class Cluster:
         self._runtimes("all")
         assert self.rundir is not None
         where = Path(logdir).absolute() if logdir else self.rundir.path / "profile"
+        _directory_to_write(where, "--logdir")
         capture = Capture(where, int(duration_ms), 0 if now else int(delay_ms))
         if not now:
             self._armed_profile = capture
@@ -677,3 +680,16 @@ def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> i
 async def _gather(*coros: Any) -> list[Any]:
     """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
     return list(await asyncio.gather(*coros))
+
+
+def _directory_to_write(path: Path, option: str) -> None:
+    """Make ``path`` (owner-only) or say in one line why it cannot hold what will be written
+    there (a file in the way, a read-only mount, no permission): a SpecError naming
+    ``option``, before any task is asked to write."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SpecError(f"{option} {path}: cannot make this directory "
+                        f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"{option} {path}: not writable by this user")
