@@ -133,7 +133,8 @@ def test_numbers_out_of_range_are_usage_errors_before_anything_runs(
         ip.run_line_magic(magic, line)
 
 
-def test_bad_paths_and_log_options_are_usage_errors_and_save_is_owner_only(ip: Any, tmp_path: Any) -> None:
+def test_bad_paths_and_log_options_are_usage_errors_and_save_is_owner_only(
+        ip: Any, tmp_path: Any) -> None:
     """A regular expression that does not compile, a tail that is not a count of lines, and a
     --save path that cannot be written are UsageErrors saying which; a saved log is 0600."""
     import os
