@@ -64,3 +64,54 @@ def test_notebook_machinery_is_left_out_with_a_comment() -> None:
         "    pass  # tfdist_nb export: IPython-only, left out: %timeit i",
         "print('kept')"]
     compile(out, "cell", "exec")  # still valid Python
+
+
+def _export(directory: Path, force: bool = False, env: dict | None = None,
+            code: str = "x = 1") -> Path:
+    from tfdist_nb.cluster.export import export
+    from tfdist_nb.topology import ClusterSpec
+
+    return export(directory, cluster_id="c1", spec=ClusterSpec(workers=2),
+                  cells=[{"cell": 1, "code": code, "targets": ["worker:0", "worker:1"]}],
+                  env=env or {}, python="python", force=force)
+
+
+def test_export_keeps_the_users_own_files_and_follows_no_symlink(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from tfdist_nb.cluster.export import ExportError
+
+    mine = tmp_path / "train.py"
+    mine.write_text("print('my own training script')\n")
+    with pytest.raises(ExportError, match=r"train\.py exists and was not written by"):
+        _export(tmp_path)
+    assert mine.read_text() == "print('my own training script')\n"
+    assert not (tmp_path / "launch.sh").exists()  # nothing half-written
+    out = _export(tmp_path, force=True)
+    assert "Reproducer exported by tfdist_nb" in (out / "train.py").read_text()
+    assert _export(tmp_path) == out  # its own files it replaces without --force
+    modes = {n: stat.S_IMODE(os.stat(out / n).st_mode) for n in ("train.py", "launch.sh")}
+    assert modes == {"train.py": 0o600, "launch.sh": 0o700}
+    # a symlink planted in its place (to a file of someone else's) is never written through
+    target = tmp_path / "elsewhere.sh"
+    target.write_text("untouched\n")
+    (out / "launch.sh").unlink()
+    (out / "launch.sh").symlink_to(target)
+    with pytest.raises(ExportError, match="it is a symbolic link"):
+        _export(tmp_path, force=True)
+    assert target.read_text() == "untouched\n"
+    with pytest.raises(ExportError, match=r"cannot make the directory .*Not a directory"):
+        _export(target / "repro")
+
+
+def test_export_names_what_look_like_secrets_without_showing_them(tmp_path: Path) -> None:
+    from tfdist_nb.cluster.export import SecretsWarning
+
+    code = "api_key = 'sk-123'\nlr = 0.1\nos.environ['WANDB_API_KEY'] = 'w-9'\n"
+    with pytest.warns(SecretsWarning) as said:
+        _export(tmp_path, env={"HF_TOKEN": "hf-1", "TF_USE_LEGACY_KERAS": "1"}, code=code)
+    text = str(said[0].message)
+    for name in ("launch.sh: HF_TOKEN", "cell 1: api_key", "WANDB_API_KEY"):
+        assert name in text, text
+    assert "sk-123" not in text and "hf-1" not in text and "lr" not in text

@@ -15,8 +15,8 @@ import json
 import os
 import re
 import shlex
-import stat
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,18 +50,89 @@ TASK = os.environ.get("TFDIST_TASK") or "{{}}:{{}}".format(*(tw.task or ("?", "?
 '''
 
 
+# The first lines of what export writes: a file that begins otherwise is the user's own
+OURS = {"train.py": '#!/usr/bin/env python\n"""Reproducer exported by tfdist_nb',
+        "launch.sh": "#!/usr/bin/env bash\n# Exported by tfdist_nb"}
+MODES = {"train.py": 0o600, "launch.sh": 0o700}  # the cells (and their secrets) stay private
+_SECRET = re.compile(r"(?i)(api[_-]?key|token|secret|passw(or)?d|credential|private[_-]?key)")
+_ASSIGNED = re.compile(r"""(?i)\b([\w.\[\]'"-]*?(?:api[_-]?key|token|secret|passw(?:or)?d|"""
+                       r"""credential|private[_-]?key)[\w'"\]-]*)\s*[=:]\s*(?:f?['"]|\d)""")
+
+
+class ExportError(ValueError):
+    """The reproducer cannot be written where asked (the reason in words)."""
+
+
+class SecretsWarning(UserWarning):
+    """The exported files carry what look like secrets (named, never shown)."""
+
+
 def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterSpec,
            cells: list[dict[str, Any]], env: Mapping[str, str], python: str,
-           restarts: Iterable[float] = (), default_targets: list[str] | None = None) -> Path:
-    """Write ``train.py`` and ``launch.sh`` into ``directory`` (created owner-only when new);
-    ``restarts``: times at which all tasks were restarted (marked between cells)."""
+           restarts: Iterable[float] = (), default_targets: list[str] | None = None,
+           force: bool = False) -> Path:
+    """Write ``train.py`` (0600) and ``launch.sh`` (0700) into ``directory`` (created
+    owner-only when new); ``restarts``: times at which all tasks were restarted (marked between
+    cells). A file of those names that export did not write is left alone (ExportError) unless
+    ``force``; a symlink is never followed. What looks like a secret in the cells or ``env``
+    is named in a ``SecretsWarning``."""
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (out / "train.py").write_text(train_script(cluster_id, spec, cells, list(restarts)))
-    launch = out / "launch.sh"
-    launch.write_text(launch_script(spec, env, python, default_targets))
-    launch.chmod(launch.stat().st_mode | stat.S_IXUSR)
+    texts = {"train.py": train_script(cluster_id, spec, cells, list(restarts)),
+             "launch.sh": launch_script(spec, env, python, default_targets)}
+    try:
+        out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise ExportError(f"cannot make the directory {out}: {exc.strerror or exc}") from None
+    if not force:
+        for name in texts:
+            if not _ours_or_absent(out / name):
+                raise ExportError(f"{out / name} exists and was not written by %tfdist_export: "
+                                  "give another directory, or --force (force=True) to replace "
+                                  "it")
+    for name, text in texts.items():
+        _write_private(out / name, text, MODES[name])
+    found = secrets(cells, env)
+    if found:
+        warnings.warn(SecretsWarning(
+            f"the reproducer in {out} (owner-only) carries what look like secrets: "
+            f"{', '.join(found)}; remove them before sharing it"), stacklevel=3)
     return out
+
+
+def _ours_or_absent(path: Path) -> bool:
+    try:
+        if path.is_symlink() or not path.is_file():
+            return not os.path.lexists(path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(200).startswith(OURS[path.name])
+    except OSError:
+        return False
+
+
+def _write_private(path: Path, text: str, mode: int) -> None:
+    """Replace ``path`` with ``text`` at ``mode`` whatever the umask, never through a
+    symlink (one in its place is an ExportError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        why = "it is a symbolic link" if os.path.islink(path) else exc.strerror or str(exc)
+        raise ExportError(f"cannot write {path}: {why}") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), mode)
+        f.write(text)
+
+
+def secrets(cells: list[dict[str, Any]], env: Mapping[str, str]) -> list[str]:
+    """Where the exported files would carry a secret: ``env`` names that look like one, and
+    cell lines that assign a literal to such a name (``cell 3: api_key``); values never."""
+    found = [f"launch.sh: {k}" for k in sorted(env) if _SECRET.search(k)]
+    for number, cell in enumerate(cells, 1):
+        for m in _ASSIGNED.finditer(str(cell.get("code", ""))):
+            said = f"cell {cell.get('cell', number)}: {m.group(1)}"
+            if said not in found:
+                found.append(said)
+    return found
 
 
 def train_script(cluster_id: str, spec: ClusterSpec, cells: list[dict[str, Any]],

@@ -26,8 +26,8 @@ import pandas as pd
 from tfdist_nb.cluster import registry
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
+from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
-from tfdist_nb.cluster.export import restart_times
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
@@ -556,18 +556,22 @@ class Cluster:
             raise TfdistError(str(failed))
         return self._profile_text(lead, None, capture)
 
-    def export(self, directory: str | os.PathLike[str]) -> Path:
+    def export(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
         """A standalone reproducer of what the cluster ran (``%tfdist_export``): ``train.py``
         (the cells, in order) and ``launch.sh`` (the same tasks here, same TF_CONFIG layout and
-        env). Works on a stopped cluster too."""
+        env), owner-only. Works on a stopped cluster too. Files of those names that it did not
+        write are kept (SpecError) unless ``force``; secrets are named in a SecretsWarning."""
         if self.rundir is None:
             raise ClusterNotRunningError("the cluster has not run anything yet")
         targets = self.default_targets()
-        return export_reproducer(
-            directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
-            env=self.extra_env, python=self.python,
-            restarts=restart_times(self.rundir.iter_events()),
-            default_targets=None if targets == "all" else targets.split(","))
+        try:
+            return export_reproducer(
+                directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
+                env=self.extra_env, python=self.python,
+                restarts=restart_times(self.rundir.iter_events()),
+                default_targets=None if targets == "all" else targets.split(","), force=force)
+        except ExportError as exc:
+            raise SpecError(str(exc)) from None
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""

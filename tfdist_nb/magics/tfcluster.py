@@ -608,6 +608,8 @@ class TfdistMagics(Magics):
 
     @magic_arguments()
     @argument("directory", help="where train.py and launch.sh go (created if missing)")
+    @argument("--force", action="store_true",
+              help="replace a train.py / launch.sh there that %%tfdist_export did not write")
     @line_magic
     def tfdist_export(self, line: str) -> None:
         """Write a standalone reproducer of what the cluster ran: ``DIR/train.py`` (the cells,
@@ -621,7 +623,10 @@ class TfdistMagics(Magics):
         """
         example = "example: %tfdist_export repro/"
         args = _parse(self.tfdist_export, line, example)
-        out = _require_any().export(args.directory)
+        try:
+            out = _require_any().export(args.directory, force=args.force)
+        except SpecError as exc:
+            raise _usage(exc, example) from None
         print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
               f"bash {out / 'launch.sh'}")
 
