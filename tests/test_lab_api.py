@@ -292,6 +292,33 @@ def test_a_run_whose_controller_died_is_orphaned(run_base: Path, server: dict[st
     assert found[0]["tasks"][0]["state"] == "busy"  # the last state it wrote
 
 
+@pytest.mark.timeout(60)
+def test_a_fifo_or_a_symlink_in_a_run_directory_hangs_nothing_and_leaks_nothing(
+        run_base: Path, server: dict[str, str], tmp_path: Path) -> None:
+    """A FIFO named state.json used to block every endpoint of the Jupyter server (its open()
+    ran on the server's loop); a symlinked events.jsonl was followed and served."""
+    secret = tmp_path / "elsewhere.jsonl"
+    secret.write_text(json.dumps({"kind": "output", "task": "worker:0", "stream": "stdout",
+                                  "text": "SECRET-FROM-ELSEWHERE", "time": 1.0}) + "\n")
+    fifo = run_base / "20000101-000000-f1f0f1"
+    fifo.mkdir(mode=0o700)
+    os.mkfifo(fifo / "state.json")
+    (fifo / "events.jsonl").write_text("")
+    linked = run_base / "20000101-000000-11nked"
+    linked.mkdir(mode=0o700)
+    (linked / "events.jsonl").symlink_to(secret)
+    (linked / "state.json").write_text(json.dumps({"cluster_id": linked.name}))
+
+    listed = {c["id"] for c in get(server, "")}  # answers, within get()'s 10 s
+    assert fifo.name in listed and linked.name in listed
+    with urllib.request.urlopen(f"{server['base']}/api/status?token={server['token']}",
+                                timeout=10) as resp:
+        assert resp.status == 200
+    detail = get(server, f"/{linked.name}")
+    assert "SECRET-FROM-ELSEWHERE" not in json.dumps(detail)
+    assert get(server, f"/{fifo.name}")["id"] == fifo.name
+
+
 # ---------------------------------------------------------------------- the parts on their own
 def test_tail_reads_only_what_was_appended(tmp_path: Path) -> None:
     from tfdist_nb.lab.tail import JsonlTail

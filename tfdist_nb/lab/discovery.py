@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tfdist_nb.store.rundir import DEFAULT_ROOT
+from tfdist_nb.store.safe_read import regular_stat
 
 CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 MAX_SUBDIRS = 200    # top-level folders of the root looked into
@@ -55,7 +56,7 @@ def is_run_dir(path: Path) -> bool:
         return False
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
         return False
-    return (path / "state.json").is_file() or (path / "events.jsonl").is_file()
+    return any(regular_stat(path / name) is not None for name in ("state.json", "events.jsonl"))
 
 
 def find_clusters(base_dirs: Iterable[Path]) -> dict[str, Path]:

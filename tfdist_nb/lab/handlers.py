@@ -7,13 +7,21 @@
 
 One :class:`ClusterIndex` per server owns the watches; a periodic callback polls the watched
 clusters' files (only their new bytes) and pushes the news to their subscribers.
+
+No file is touched on the server's event loop: the index does its reading on one thread of its
+own, and a request waits for it at most ``IO_TIMEOUT_S`` (then 504), so a run directory on a
+hung network filesystem slows the panes, never ``/api/status`` or the rest of Jupyter
+(docs/security.md). Files are opened without following links and only when regular
+(``store/safe_read.py``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +30,7 @@ from jupyter_server.auth.decorator import authorized, ws_authenticated
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
-from tornado.ioloop import PeriodicCallback
+from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from tfdist_nb.lab.discovery import CLUSTER_ID, find_clusters
@@ -31,6 +39,7 @@ from tfdist_nb.lab.model import ClusterWatch
 AUTH_RESOURCE = "tfdist"
 SCAN_CACHE_S = 2.0
 HEARTBEAT_S = 10.0  # an update with the summary at least this often to a subscriber
+IO_TIMEOUT_S = 10.0  # a request waits this long for the run directories, then 504
 
 
 class ClusterIndex:
@@ -47,6 +56,19 @@ class ClusterIndex:
         self._scanned = 0.0
         self._paths: dict[str, Path] = {}
         self._beat: dict[str, float] = {}
+        # every read of the run directories happens here, one at a time (the watches are not
+        # shared between threads)
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-io")
+        self._ticking = False
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the index's reading thread, awaited at most IO_TIMEOUT_S."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(self._io.submit(fn, *args)),
+                                          IO_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise web.HTTPError(504, "the run directories did not answer within "
+                                     f"{IO_TIMEOUT_S:.0f}s (a hung filesystem?)") from None
 
     def scan(self, force: bool = False) -> dict[str, Path]:
         if force or time.monotonic() - self._scanned > SCAN_CACHE_S:
@@ -77,12 +99,14 @@ class ClusterIndex:
                 out.append(watch.summary())
         return out
 
-    def detail(self, cluster_id: str) -> dict[str, Any] | None:
+    def detail(self, cluster_id: str) -> tuple[dict[str, Any], Callable[[], None]] | None:
+        """(reading thread) One cluster's detail, and the delivery of its news to the
+        subscribers, for the loop to call."""
         watch = self.get(cluster_id)
         if watch is None:
             return None
-        self.poll(watch)
-        return watch.detail()
+        message = self.collect(watch)
+        return watch.detail(), lambda: self.deliver(watch, message)
 
     # ------------------------------------------------------------------ streams
     def subscribe(self, watch: ClusterWatch, sock: Any) -> None:
@@ -94,36 +118,61 @@ class ClusterIndex:
     def unsubscribe(self, cluster_id: str, sock: Any) -> None:
         self.subscribers.get(cluster_id, set()).discard(sock)
 
-    def poll(self, watch: ClusterWatch) -> None:
-        """Read the watch's new lines and state; send them to its subscribers."""
+    def collect(self, watch: ClusterWatch) -> str | None:
+        """(reading thread) The watch's new lines and state as an update message, or None
+        when there is nothing to say."""
         changed = watch.refresh_state()
         news = watch.poll()
         now = time.monotonic()
         beat = now - self._beat.get(watch.id, 0.0) >= HEARTBEAT_S
         if not (changed or beat or news["events"] or news["telemetry"] or news["lateness"]):
-            return
+            return None
         self._beat[watch.id] = now
-        socks = list(self.subscribers.get(watch.id, ()))
-        if not socks:
+        return json.dumps({"type": "update", "cluster": watch.summary(alert_list=True),
+                           **news}, default=str)
+
+    def deliver(self, watch: ClusterWatch, message: str | None) -> None:
+        """(loop) Send an update to the watch's subscribers."""
+        if message is None:
             return
-        message = json.dumps({"type": "update", "cluster": watch.summary(alert_list=True), **news},
-                             default=str)
-        for sock in socks:
+        for sock in list(self.subscribers.get(watch.id, ())):
             try:
                 sock.write_message(message)
             except WebSocketClosedError:
                 self.unsubscribe(watch.id, sock)
 
     def tick(self) -> None:
-        for cid, socks in list(self.subscribers.items()):
-            watch = self.watches.get(cid)
-            if not socks or watch is None:
-                continue
+        """(loop) Poll the watched clusters on the reading thread; deliver when it is done.
+        A poll still running (a slow filesystem) is not queued behind."""
+        if self._ticking:
+            return
+        watched = [(cid, w) for cid, socks in list(self.subscribers.items())
+                   if socks and (w := self.watches.get(cid)) is not None]
+        if not watched:
+            return
+        self._ticking = True
+        done = self._io.submit(self._collect_all, watched)
+        IOLoop.current().add_future(done, self._delivered)
+
+    def _collect_all(self, watched: list[tuple[str, ClusterWatch]]
+                     ) -> list[tuple[ClusterWatch, str | None]]:
+        out = []
+        for cid, watch in watched:
             try:
-                self.poll(watch)
+                out.append((watch, self.collect(watch)))
             except Exception:  # one broken run directory must not stop the others
                 if self.log is not None:
                     self.log.exception("tfdist: polling cluster %s failed", cid)
+        return out
+
+    def _delivered(self, done: Future) -> None:
+        self._ticking = False
+        try:
+            found = done.result()
+        except Exception:  # logged per cluster already; a failure here is the executor's
+            return
+        for watch, message in found:
+            self.deliver(watch, message)
 
 
 def _index(handler: web.RequestHandler) -> ClusterIndex:
@@ -135,8 +184,9 @@ class ClustersHandler(APIHandler):
 
     @web.authenticated
     @authorized
-    def get(self) -> None:
-        self.finish(json.dumps(_index(self).summaries(), default=str))
+    async def get(self) -> None:
+        index = _index(self)
+        self.finish(json.dumps(await index.off_loop(index.summaries), default=str))
 
 
 class ClusterHandler(APIHandler):
@@ -144,11 +194,14 @@ class ClusterHandler(APIHandler):
 
     @web.authenticated
     @authorized
-    def get(self, cluster_id: str) -> None:
-        found = _index(self).detail(cluster_id)
+    async def get(self, cluster_id: str) -> None:
+        index = _index(self)
+        found = await index.off_loop(index.detail, cluster_id)
         if found is None:
             raise web.HTTPError(404, f"no cluster {cluster_id!r} in the run directories")
-        self.finish(json.dumps(found, default=str))
+        detail, deliver = found
+        deliver()
+        self.finish(json.dumps(detail, default=str))
 
 
 class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):  # type: ignore[misc]
@@ -162,19 +215,21 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):  # type: 
                                                                    AUTH_RESOURCE))
         if not allowed:
             raise web.HTTPError(403)
-        self.watch = _index(self).get(cluster_id)
+        index = _index(self)
+        self.watch = await index.off_loop(index.get, cluster_id)
         if self.watch is None:
             raise web.HTTPError(404, f"no cluster {cluster_id!r} in the run directories")
         await super().get(cluster_id)
 
-    def open(self, cluster_id: str) -> None:  # type: ignore[override]
+    async def open(self, cluster_id: str) -> None:  # type: ignore[override]
         super().open()
         index, watch = _index(self), self.watch
         assert watch is not None
-        index.poll(watch)  # bring it up to date (and tell the others) before the snapshot
+        # bring it up to date (and tell the others) before the snapshot
+        message, detail = await index.off_loop(lambda: (index.collect(watch), watch.detail()))
+        index.deliver(watch, message)
         index.subscribe(watch, self)
-        self.write_message(json.dumps({"type": "snapshot", "cluster": watch.detail()},
-                                      default=str))
+        self.write_message(json.dumps({"type": "snapshot", "cluster": detail}, default=str))
 
     def on_message(self, message: str | bytes) -> None:
         """Nothing to receive: the stream is read-only."""

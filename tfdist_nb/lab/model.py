@@ -19,6 +19,7 @@ from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import step_lags
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.store.collectives import LedgerView
+from tfdist_nb.store.safe_read import regular_stat
 from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
 
 LINES_KEPT = 1000        # merged log tail of the cluster
@@ -105,11 +106,8 @@ class ClusterWatch:
     # ------------------------------------------------------------------ the state file
     def refresh_state(self) -> bool:
         """Re-read state.json if it changed and re-judge the status; True if either changed."""
-        try:
-            st = os.stat(self.path / STATE_FILE)
-            key: tuple[int, int, int] | None = (st.st_mtime_ns, st.st_size, st.st_ino)
-        except OSError:
-            key = None
+        st = regular_stat(self.path / STATE_FILE)
+        key = None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
         changed = False
         if key != self._state_key:
             state = read_state(self.path) if key is not None else None

@@ -8,9 +8,10 @@ read starts ``initial_bytes`` before the end, so a huge log is never read whole.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from tfdist_nb.store.safe_read import read_regular, regular_stat
 
 INITIAL_BYTES = 1 << 20  # the first read of a file: its last MiB
 MAX_READ = 4 << 20       # at most this much per poll; the rest comes with the next ones
@@ -30,9 +31,8 @@ class JsonlTail:
 
     def read_new(self) -> list[dict[str, Any]]:
         """The records appended since the last call (whole lines only)."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
+        st = regular_stat(self.path)  # a FIFO or a link in its place reads as nothing
+        if st is None:
             return []
         if self.offset is None or st.st_ino != self._ino or st.st_size < self.offset:
             # first read, or the file was replaced / truncated: start again near its end
@@ -42,9 +42,9 @@ class JsonlTail:
             self._partial = b""
         if st.st_size == self.offset:
             return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(min(self.max_read, st.st_size - self.offset))
+        data = read_regular(self.path, self.offset, min(self.max_read, st.st_size - self.offset))
+        if not data:
+            return []
         self.offset += len(data)
         self.bytes_read += len(data)
         lines = (self._partial + data).split(b"\n")

@@ -31,6 +31,8 @@ from typing import Any
 
 import psutil
 
+from tfdist_nb.store.safe_read import read_regular
+
 STATE_FILE = "state.json"
 SCHEMA = 1
 HEARTBEAT_S = 5.0
@@ -144,10 +146,12 @@ class StateFile:
 # ---------------------------------------------------------------------- the reader's side
 def read_state(run_dir: Path) -> dict[str, Any] | None:
     """The state file of a run directory, or None when it has none (or not yet a whole one)."""
+    raw = read_regular(Path(run_dir) / STATE_FILE)  # never a FIFO or a link (safe_read)
+    if raw is None:
+        return None
     try:
-        with open(Path(run_dir) / STATE_FILE, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:
         return None
     return data if isinstance(data, dict) else None
 
