@@ -8,6 +8,8 @@
     workers (from ``bench.startup``) vs ``DirectView.execute(block=True)``, silent=True and
     silent=False; goal at most 1.0x at every size.
 (c) ``bench.training`` training step time with telemetry vs plain processes; goal at most 1.05x.
+    ``bench.ledger``   beside it: one second of a loop's collective ledger on the wire, rows
+    as they were vs completed calls folded into runs (bytes, task and controller cost).
 (d) ``bench.flood``    100k lines per task: goal 0 lines lost, controller RSS growth <= 200 MB;
                       written through print, stderr and os.write in turn: 0 lines out of order.
 (e) ``bench.detect``   crash detected within 2 s, stall within stall_timeout + 2 s.
@@ -47,7 +49,8 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
                 ["--workers", "2", "--quick"]),
     "rtt": (["--tasks", "2", "8", "16", "--repeat", "3", "--rtt", "50"],
             ["--tasks", "2", "4", "--quick"]),
-    "training": (["--workers", "2", "--steps", "300", "--repeat", "3"], ["--quick"]),
+    "training": (["--workers", "2", "--steps", "300", "--repeat", "7"], ["--quick"]),
+    "ledger": (["--repeat", "20"], ["--quick"]),
     "flood": (["--workers", "2", "--lines", "100000"], ["--quick"]),
     "detect": (["--repeat", "3", "--stall-timeout", "10"], ["--quick"]),
     "network": (["--workers", "2", "--repeat", "3"], ["--quick"]),
@@ -146,6 +149,18 @@ def rows_training(res: dict[str, Any]) -> list[dict[str, str]]:
     return [_row("(c)", f"median step time, {res['workers']} workers, {res['steps']} steps (ms)",
                  f"{med['tfdist_nb']:.2f}", f"plain TF_CONFIG {med['plain']:.2f}",
                  f"{ratio:.3f}x", f"<= {TRAIN_GOAL:.2f}x", ratio <= TRAIN_GOAL)]
+
+
+def rows_ledger(res: dict[str, Any]) -> list[dict[str, str]]:
+    rows, runs, ratio = res["rows"], res["runs"], res["ratio"]
+    what = f"  ledger, 1 s at {res['steps_per_s']} steps/s x {res['ops']} collectives"
+    cpu = (runs["task_ms"] + runs["controller_ms"]) / (rows["task_ms"] + rows["controller_ms"])
+    return [_row("", f"{what}: bytes on the wire", f"{runs['bytes']:.0f}",
+                 f"row by row {rows['bytes']:.0f}", f"{ratio['bytes']:.3f}x", "", None),
+            _row("", f"{what}: task + controller CPU (ms)",
+                 f"{runs['task_ms']:.1f} + {runs['controller_ms']:.1f}",
+                 f"row by row {rows['task_ms']:.1f} + {rows['controller_ms']:.1f}",
+                 f"{cpu:.3f}x", "", None)]
 
 
 def rows_flood(res: dict[str, Any]) -> list[dict[str, str]]:
@@ -251,10 +266,12 @@ def rows_hangs(res: dict[str, Any]) -> list[dict[str, str]]:
 
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
+    "ledger": [rows_ledger],
     "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
     "warm": [rows_warm], "fleet": [rows_fleet], "hangs": [rows_hangs],
 }
-LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "flood": "(d)", "detect": "(e)",
+LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "ledger": "(c)", "flood": "(d)",
+          "detect": "(e)",
           "network": "(f)", "warm": "(g)", "fleet": "(h)",
           "hangs": "(i)"}
 

@@ -110,3 +110,13 @@ def test_summary_has_the_many_task_goals() -> None:
     assert result[f"{tel}: newest sample age, max (s)"] == "met"
     assert result[f"{tel}: steps lost"] == "met"
     assert result[f"{tel}: controller CPU (share of a core)"] == "NOT MET"
+
+
+def test_ledger_benchmark_compares_rows_and_runs_carrying_the_same_rows() -> None:
+    """Process-free: both forms unfold to every row on the controller (checked inside), and
+    runs are a small fraction of the bytes."""
+    from bench import ledger
+
+    res = ledger.main(["--quick", "--steps-per-s", "50"])
+    assert set(res) >= {"rows", "runs", "ratio"}
+    assert res["ratio"]["bytes"] < 0.2

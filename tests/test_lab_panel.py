@@ -176,6 +176,10 @@ def test_lab_pane_opens_survives_a_reload_and_turns_read_only(lab: dict[str, str
             see_ticks_move(page)
             expect(pane.locator(".tfdist-lab-chart svg path.tfdist-lab-line-path").first
                    ).to_be_attached(timeout=20_000)
+            # the lateness chart's axis reaches the straggler threshold (dashed), so a healthy
+            # run's ms of jitter stays flat at its foot instead of filling the chart
+            expect(pane.locator(".tfdist-lab-chart svg line.tfdist-lab-floor")).to_have_count(
+                1, timeout=20_000)
             page.screenshot(path=str(tmp_path / "pane-live.png"))
 
             # the sidebar lists it; opening it again reuses the one pane

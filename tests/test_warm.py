@@ -167,6 +167,20 @@ def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> N
             "cluster"]["worker"][0]
 
 
+def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold() -> None:
+    """The usual moment: a restart soon after the first strategy, one spare ready and the next
+    still warming. It used to wait out start_timeout on the cold task (issue 21): the old
+    process's clean-up removed the connection file the cold task had just been given."""
+    with Cluster(workers=2, start_timeout=45, warm=1) as c:  # one spare: the mix is certain
+        cold = losses(c.run(cell("mwms_loop"), timeout=180))
+        ready_spares(c, 1)
+        c.restart()
+        assert c.warm_note is not None and c.warm_note.startswith("cold start for ")
+        assert "(1 of 2 from spares)" in c.warm_note
+        assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
+        assert set(c.status()["state"]) == {"idle"}
+
+
 def test_resize_by_the_magic_takes_the_old_clusters_spares(capsys: Any) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 

@@ -71,6 +71,8 @@ export interface ISeries {
 export interface IClusterDetail extends IClusterSummary {
   logs: ILogLine[];
   series: { [task: string]: ISeries };
+  /** the smallest lag a task is flagged a straggler for (ms): the lateness chart's floor */
+  lateness_floor_ms?: number;
 }
 
 export interface ISample extends ILatest {

@@ -41,8 +41,10 @@ function fmt(v: number): string {
   return a >= 10 || v === 0 ? v.toFixed(0) : v.toFixed(1);
 }
 
-/** Draw ``lines`` into ``host`` (replacing what was there). */
-export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean): void {
+/** Draw ``lines`` into ``host`` (replacing what was there). ``yFloor``: the y axis reaches at
+ * least this high, drawn as a dashed line (a threshold that matters), so noise far below it is
+ * not magnified into a trend by an axis scaled to the noise. */
+export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean, yFloor = 0): void {
   host.textContent = '';
   const pts = lines.flatMap(l => l.points);
   const svg = el('svg', {
@@ -65,6 +67,7 @@ export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean): 
     x0 -= 1;
     x1 += 1;
   }
+  y1 = Math.max(y1, yFloor);
   if (y1 === y0) {
     y1 = y0 + 1;
   }
@@ -85,6 +88,17 @@ export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean): 
     const t = el('text', { x: PAD.left - 4, y: sy(y) + 3, 'text-anchor': 'end', class: 'tfdist-lab-tick' });
     t.textContent = label;
     svg.appendChild(t);
+  }
+  if (yFloor > 0) {
+    svg.appendChild(
+      el('line', {
+        x1: PAD.left,
+        y1: sy(yFloor),
+        x2: W - PAD.right,
+        y2: sy(yFloor),
+        class: 'tfdist-lab-floor'
+      })
+    );
   }
   const xl = el('text', { x: W - PAD.right, y: H - 4, 'text-anchor': 'end', class: 'tfdist-lab-tick' });
   xl.textContent = xIsTime ? `last ${fmt(x1 - x0)} s` : `steps ${fmt(x0)}-${fmt(x1)}`;

@@ -31,6 +31,8 @@ interface IChartDef {
   title: string;
   xIsTime: boolean;
   points: (s: ISeries) => [number, number][];
+  /** the y axis reaches at least this (from the cluster's detail), e.g. the straggler threshold */
+  floor?: (d: IClusterDetail | null) => number;
 }
 
 function pairs(rows: Num[][], xi: number, yi: number): [number, number][] {
@@ -47,7 +49,13 @@ function pairs(rows: Num[][], xi: number, yi: number): [number, number][] {
 
 const CHARTS: IChartDef[] = [
   { key: 'step_time', title: 'step time (ms) by step', xIsTime: false, points: s => pairs(s.steps, 0, 2) },
-  { key: 'lateness', title: 'lateness (ms) by step', xIsTime: false, points: s => pairs(s.lateness, 0, 1) },
+  {
+    key: 'lateness',
+    title: 'lateness (ms) by step; dashed: the straggler threshold',
+    xIsTime: false,
+    points: s => pairs(s.lateness, 0, 1),
+    floor: d => d?.lateness_floor_ms ?? 10
+  },
   { key: 'cpu', title: 'CPU (%)', xIsTime: true, points: s => pairs(s.samples, 0, 1) },
   { key: 'rss', title: 'RSS (MB)', xIsTime: true, points: s => pairs(s.samples, 0, 2) },
   { key: 'gpu', title: 'GPU utilisation (%)', xIsTime: true, points: s => pairs(s.samples, 0, 3) }
@@ -95,6 +103,7 @@ function trim<T>(arr: T[], n: number): void {
 export class ClusterPanel extends Widget {
   readonly clusterId: string;
   private _summary: IClusterSummary | null = null;
+  private _detail: IClusterDetail | null = null;
   private _alerts: string[] = [];
   private _logs: ILogLine[] = [];
   private _series = new Map<string, ISeries>();
@@ -318,6 +327,7 @@ export class ClusterPanel extends Widget {
 
   private _applySnapshot(detail: IClusterDetail): void {
     this._summary = detail;
+    this._detail = detail;
     this._alerts = detail.alert_list || [];
     this._logs = (detail.logs || []).slice(-LOGS_KEPT);
     this._series = new Map(Object.entries(detail.series || {}));
@@ -469,7 +479,7 @@ export class ClusterPanel extends Widget {
         host.textContent = 'no GPU readings';
         continue;
       }
-      drawChart(host, lines, def.xIsTime);
+      drawChart(host, lines, def.xIsTime, def.floor ? def.floor(this._detail) : 0);
     }
   }
 
