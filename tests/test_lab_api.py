@@ -309,8 +309,9 @@ def test_a_fifo_or_a_symlink_in_a_run_directory_hangs_nothing_and_leaks_nothing(
     (linked / "events.jsonl").symlink_to(secret)
     (linked / "state.json").write_text(json.dumps({"cluster_id": linked.name}))
 
-    listed = {c["id"] for c in get(server, "")}  # answers, within get()'s 10 s
-    assert fifo.name in listed and linked.name in listed
+    # listed (each answer within get()'s 10 s; the listing is cached for 2 s)
+    wait_for(lambda: {fifo.name, linked.name} <= {c["id"] for c in get(server, "")}, 15,
+             "both run directories listed")
     with urllib.request.urlopen(f"{server['base']}/api/status?token={server['token']}",
                                 timeout=10) as resp:
         assert resp.status == 200

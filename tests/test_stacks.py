@@ -6,6 +6,7 @@ SLURM nodes usually set TMPDIR: a cell's stack must read as the user's code ther
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -64,5 +65,8 @@ def test_a_cell_in_a_busy_python_loop_reads_as_python(tmp_path: Path, tmpdir: st
             runner.join(60)
         assert not runner.is_alive()
         assert stacks[-1].splitlines()[0].endswith(" in <module>")
+        # and the notebook's numbering of that line, which the temp file name does not tell
+        assert re.match(r"  the user's line that led there: cell \d+ line \d+$",
+                        stacks[-1].splitlines()[1]), stacks[-1]
         assert not any(s.startswith("main thread: idle") for s in stacks), stacks
         assert results[0].tasks["worker:0"].error.ename == "KeyboardInterrupt"

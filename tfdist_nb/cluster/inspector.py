@@ -119,7 +119,8 @@ def format_stacks(found: dict[str, Any] | None) -> str:
     if found is None:
         return "(no answer: the task is dead or did not answer in time)"
     main = found.get("main", {})
-    line = f" ({main['line']})" if main.get("line") not in (None, "?") else ""
-    parts = [f"main thread: {main.get('kind')} at {main.get('at')}{line}"]
+    parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
+    if main.get("line") not in (None, "?"):
+        parts.append(f"  the user's line that led there: {main['line']}")
     parts += [f"--- {name} ---\n{stack}" for name, stack in found.get("threads", {}).items()]
     return "\n".join(parts)

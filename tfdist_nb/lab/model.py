@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.diagnostics.hangs import describe_row
-from tfdist_nb.diagnostics.straggler import step_lags
+from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.safe_read import regular_stat
@@ -223,8 +223,11 @@ class ClusterWatch:
                 "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
 
     def detail(self) -> dict[str, Any]:
+        """The summary, the log tail, every task's series, and the lateness chart's floor:
+        the smallest lag the straggler detector speaks for (diagnostics/straggler.py)."""
         return {**self.summary(alert_list=True), "logs": list(self.lines),
-                "series": {name: s.to_json() for name, s in self.series.items()}}
+                "series": {name: s.to_json() for name, s in self.series.items()},
+                "lateness_floor_ms": MIN_LAG_MS}
 
     def _task_dirs(self) -> list[str]:
         try:
