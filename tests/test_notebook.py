@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.notebooks import cell_text
+from tests.notebooks import ANSI, cell_text
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
@@ -59,6 +59,18 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
     assert "without encryption" not in out + proc.stderr
     nb = nbformat.read(saved, as_version=4)
     assert not [e for c in nb.cells if c.cell_type == "code" for e in errors_of(c)]
+    # in the notebook's own outputs, in order: each task's tf.print lines (its stderr) before
+    # the print that followed them (stdout), and the cell's closing lines after every task line
+    first = next(c for c in nb.cells if c.cell_type == "code" and "%%tfcluster" in c.source)
+    lines = ANSI.sub("", "".join(o.get("text", "") for o in first.outputs)).splitlines()
+    task_lines = [i for i, ln in enumerate(lines) if ln.startswith("[worker:")]
+    closing = [i for i, ln in enumerate(lines) if ln.startswith("tfdist_nb: ")
+               and i > min(task_lines)]
+    assert closing and min(closing) > max(task_lines), lines
+    for task in ("worker:0", "worker:1"):
+        losses = [i for i, ln in enumerate(lines) if ln.startswith(f"[{task}] loss ")]
+        final = next(i for i, ln in enumerate(lines) if ln.startswith(f"[{task}] {task} final"))
+        assert len(losses) == 20 and max(losses) < final, lines
 
 
 def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ class LivePrinter:
         self.per_task: dict[str, int] = {}
         self.verbose = verbose
         self.held_back = 0
+        self._last: TextIO | None = None  # the stream written last (see _write)
         # known harmless native lines: held back, said once per cluster (the caller keeps
         # ``noise_said`` for the cluster's life)
         self.noise: dict[str, set[str]] = {}
@@ -59,11 +60,26 @@ class LivePrinter:
             if event.stream in ("stdout", "stderr") and not self._hold(event):
                 self._line(event)
         elif isinstance(event, RichOutput) and event.msg_type != "update_display_data":
-            self.stdout.write(f"{label(event.task, self.colour)} output:\n")
-            self.stdout.flush()
+            self._write(self.stdout, f"{label(event.task, self.colour)} output:\n")
+            self.flush()
             self._show_rich(event)
         elif isinstance(event, TaskNote) and event.level in ("WARNING", "ERROR"):
-            self.stderr.write(f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
+            self._write(self.stderr, f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
+
+    def _write(self, out: TextIO, text: str) -> None:
+        """Write to ``out``, flushing the other stream first when the stream changes: in a
+        notebook stdout and stderr are two buffers sent apart, which would put a task's
+        ``tf.print`` lines (stderr) after the ``print`` lines (stdout) that followed them
+        (docs/reference.md, "Output order and time")."""
+        if self._last is not None and self._last is not out:
+            self._last.flush()
+        self._last = out
+        out.write(text)
+
+    def flush(self) -> None:
+        """Everything written so far goes out, before the cell's closing lines."""
+        for out in (self.stdout, self.stderr):
+            out.flush()
 
     def _hold(self, event: OutputLine) -> bool:
         """Whether to keep this line out of the cell (a TensorFlow INFO record, or the rest of
@@ -106,11 +122,11 @@ class LivePrinter:
         self.per_task[event.task] = n
         out = self.stdout if event.stream == "stdout" else self.stderr
         if self.max_lines is None or n <= self.max_lines:
-            out.write(f"{label(event.task, self.colour)} {event.text}\n")
+            self._write(out, f"{label(event.task, self.colour)} {event.text}\n")
         elif n == self.max_lines + 1:
             where = f" in {self.run_dir}/events.jsonl" if self.run_dir else ""
-            self.stdout.write(f"{label(event.task, self.colour)} ... more lines are in the "
-                              f"dashboard and on disk{where} (%tfdist_logs --on {event.task})\n")
+            self._write(self.stdout, f"{label(event.task, self.colour)} ... more lines are in "
+                        f"the dashboard and on disk{where} (%tfdist_logs --on {event.task})\n")
 
     def hidden(self) -> int:
         """Lines not printed because of the cap (all of them are on disk)."""

@@ -247,6 +247,7 @@ class TfdistMagics(Magics):
         except (SpecError, ClusterNotRunningError) as exc:
             raise _usage(exc) from None
         finally:
+            printer.flush()  # the tasks' lines go out before the closing lines, in order
             if dashboard is not None:
                 dashboard.refresh()
         if printer.hidden():
