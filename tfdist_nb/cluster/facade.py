@@ -414,7 +414,7 @@ class Cluster:
         assert self.rundir is not None and self.hub is not None
         self._cell += 1
         cell = self._cell
-        self.hub.new_cell()
+        self.hub.new_cell([rt.name for rt in targets])
         self.rundir.write_cell(cell, code, [rt.name for rt in targets])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put

@@ -41,14 +41,17 @@ class EventHub:
         self.stragglers: dict[str, Straggler] = {}
         self._startup_waits = StartupWaitDetector()
         self._waits_said: dict[str, int] = {}  # task -> start-up waits TF reported this cell
+        self._running: set[str] = set()  # the tasks the current cell was sent to
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
         self._cell_started = 0.0
 
-    def new_cell(self) -> None:
-        """Stragglers are judged afresh in each cell, on its own steps, with a new alert."""
+    def new_cell(self, targets: list[str] | None = None) -> None:
+        """Stragglers are judged afresh in each cell, on its own steps, with a new alert;
+        ``targets``: the tasks running it."""
         self.stragglers, self._cell_started = {}, time.time()
         self._waits_said = {}
+        self._running = set(targets or ())
 
     def add_listener(self, fn: Listener) -> None:
         with self._lock:
@@ -103,9 +106,10 @@ class EventHub:
             return
         states = self._task_states()
         said = self._waits_said[wait.task] = self._waits_said.get(wait.task, 0) + 1
-        if said == 1 and all(states.get(n, ("", ""))[1] == "busy" for n in wait.stragglers):
-            # every task it waits for is running this cell and joins in a moment (a healthy
-            # start); TensorFlow repeats the wait while it lasts, and that is said
+        if said == 1 and set(wait.stragglers) <= self._running:
+            # every task it waits for was sent this cell and joins in a moment (a healthy
+            # start; by the time TF's line is here it may even have ended the cell); TensorFlow
+            # repeats the wait while it lasts, and that is said
             return
         named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
                  for n in wait.stragglers]
