@@ -189,3 +189,41 @@ def test_a_task_that_dies_between_cells_is_dead_at_once_with_an_alert() -> None:
         back = c.run("print('x' in dir())")
         assert back.ok and back.tasks["worker:1"].stdout.strip() == "False"  # a new process
         assert back.tasks["worker:0"].stdout.strip() == "True"
+
+
+def test_a_stopped_task_is_said_stopped_and_a_later_cell_is_refused_with_advice() -> None:
+    """kill -STOP on a task in a cell: the stall report says the process is stopped (not that
+    TensorFlow holds the GIL), and the next cell is refused naming the task and what to do,
+    instead of 'no transition from stalled on run' on every later cell (issue 21)."""
+    import os
+    import signal
+
+    from tfdist_nb.errors import ClusterNotRunningError
+
+    with Cluster(workers=2, preload=(), warm=False) as c:
+        assert c.run("x = 1").ok
+        pid = next(rt.pid for rt in c.tasks.values() if rt.name == "worker:1")
+        results: list[Any] = []
+        runner = threading.Thread(target=lambda: results.append(
+            c.run("import time\ntime.sleep(1000)", stall_timeout=10, timeout=120)))
+        runner.start()
+        wait_for(lambda: set(c.status()["state"]) == {"busy"}, 20, "both tasks in the cell")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            runner.join(90)
+            assert not runner.is_alive()
+            stalled = results[0].tasks["worker:1"]
+            assert stalled.status == "stalled"
+            assert f"process (pid {pid}) is stopped" in stalled.explanation, stalled.explanation
+            assert "holds no Python frame" not in stalled.explanation
+            stopped = [a for a in c.alerts() if "is stopped" in a]
+            assert stopped and f"kill -CONT {pid}" in stopped[0], c.alerts()
+            assert not any("holds the GIL" in a for a in c.alerts() if a.startswith("worker:1"))
+            with pytest.raises(ClusterNotRunningError,
+                               match="worker:1: it is still in an earlier cell"):
+                c.run("print(1)")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        c.restart(on="worker:1")
+        again = c.run("print('back')")
+        assert again.ok and set(c.status()["state"]) == {"idle"}

@@ -19,12 +19,25 @@ def test_normal_life() -> None:
         assert s is expected
 
 
-def test_dead_task_cannot_run() -> None:
-    with pytest.raises(ValueError, match="dead; restart"):
-        next_state(S.DEAD, E.RUN)
+def test_a_task_that_cannot_run_a_cell_refuses_it_with_advice() -> None:
+    from tfdist_nb.cluster.state import CannotRun
+
+    for state, advice in [(S.DEAD, "%tfdist_restart"), (S.STALLED, "%tfdist_interrupt"),
+                          (S.STARTING, "in a moment"), (S.STOPPED, "%%tfcluster SPEC")]:
+        with pytest.raises(CannotRun, match=advice):
+            next_state(state, E.RUN)
 
 
-def test_stopped_is_final() -> None:
-    with pytest.raises(ValueError, match="stopped"):
-        next_state(S.STOPPED, E.READY)
+def test_every_state_answers_every_event() -> None:
+    """Total: no combination is an internal error; observations that do not apply (a late
+    reply, progress of a task that is not stalled) leave the state as it is."""
+    for state in S:
+        for event in E:
+            if event is E.RUN and state in (S.DEAD, S.STALLED, S.STARTING, S.RESTARTING,
+                                            S.STOPPED):
+                continue  # refused with advice (above)
+            assert isinstance(next_state(state, event), S)
+    assert next_state(S.IDLE, E.PROGRESS) is S.IDLE
+    assert next_state(S.DEAD, E.DONE) is S.DEAD
+    assert next_state(S.STOPPED, E.READY) is S.STOPPED
     assert next_state(S.STOPPED, E.STOP) is S.STOPPED

@@ -36,7 +36,7 @@ from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
 from tfdist_nb.cluster.spares import SparePool, supports_spares
-from tfdist_nb.cluster.state import TaskEvent, TaskState
+from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
 from tfdist_nb.diagnostics.env_check import critical_mismatch
@@ -411,6 +411,14 @@ class Cluster:
         targets = self._runtimes(self.default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be positive")
+        refused = []
+        for rt in targets:  # a task still stalled in an earlier cell cannot take this one
+            try:
+                next_state(rt.state, TaskEvent.RUN)
+            except CannotRun as exc:
+                refused.append(f"{rt.name}: {exc}")
+        if refused:
+            raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
         assert self.rundir is not None and self.hub is not None
         self._cell += 1
         cell = self._cell

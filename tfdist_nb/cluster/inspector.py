@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import psutil
+
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -50,13 +52,15 @@ class Inspector:
         return {rt.name for rt in self.tasks.values() if rt.task.role in ("chief", "worker")}
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
-                      ended: dict[str, str]) -> None:
+                      ended: dict[str, str], since: float) -> None:
         """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
         which TensorFlow does while it holds the GIL (creating a strategy that waits for its
         peers, for one); name the tasks that ended this cell (``ended``: name -> status) and
-        those not running it."""
+        those not running it. ``since``: when the cell was sent (a task stopped before its
+        first heartbeat of the cell is quiet since then)."""
         v = self.hub.live.view(rt.name)
-        if v.last_sample is None or time.time() - v.last_sample < HEARTBEAT_GAP_S:
+        last = max(v.last_sample or since, since)
+        if time.time() - last < HEARTBEAT_GAP_S:
             self._gapped.discard(rt.name)
             return
         if rt.name in self._gapped:
@@ -67,14 +71,24 @@ class Inspector:
                  if t.name not in names and t.task.role in ("worker", "chief")]
         done = [f"{t.name} ({ended[t.name]})" for t in peers if t.name in ended]
         others = [f"{t.name} ({t.state.value})" for t in peers if t.name not in ended]
-        text = (f"no heartbeat for {time.time() - v.last_sample:.0f}s: its Python threads are "
-                "blocked (TensorFlow holds the GIL, as when creating a strategy that waits for "
-                "its peers to join)")
+        quiet = time.time() - last
+        if _process_stopped(rt):
+            text = (f"no heartbeat for {quiet:.0f}s: its process (pid {rt.pid}) is stopped "
+                    f"(state T: SIGSTOP, or Ctrl-Z in a terminal); kill -CONT {rt.pid} lets it "
+                    f"go on, %tfdist_restart --on {rt.name} replaces it")
+        else:
+            text = (f"no heartbeat for {quiet:.0f}s: its Python threads are blocked "
+                    "(TensorFlow holds the GIL, as when creating a strategy that waits for its "
+                    "peers to join)")
         if done:
             text += f"; already ended this cell: {', '.join(done)}"
         if others:
             text += f"; not running this cell: {', '.join(others)}: run it on every task"
         self.hub.note(rt.name, text, "WARNING")
+
+    def stopped(self, rt: TaskRuntime) -> bool:
+        """Whether the task's process is stopped (SIGSTOP): it answers nothing until SIGCONT."""
+        return _process_stopped(rt)
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]:
         v = self.hub.live.view(rt.name)
@@ -113,6 +127,16 @@ class Inspector:
                 await self.abort_collectives(rt, "interrupted by the user")
                 aborted.append(rt.name)
         return aborted
+
+
+def _process_stopped(rt: TaskRuntime) -> bool:
+    """Whether a task on this host is a stopped process (``/proc/PID/stat`` state T)."""
+    if rt.pid is None or getattr(rt.handle, "host", None) not in ("localhost", "127.0.0.1"):
+        return False
+    try:
+        return psutil.Process(rt.pid).status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
 
 
 def format_stacks(found: dict[str, Any] | None) -> str:

@@ -44,13 +44,15 @@ class Inspector(Protocol):
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
-                      ended: dict[str, str]) -> None: ...
+                      ended: dict[str, str], since: float) -> None: ...
 
     def cell_steps(self, rt: TaskRuntime) -> int: ...
 
     def ledger(self, name: str) -> LedgerView: ...
 
     def members(self) -> set[str]: ...
+
+    def stopped(self, rt: TaskRuntime) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -97,7 +99,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
                 break
             ended = {n: r.status for n, r in results.items()}
             for rt in busy:
-                inspector.heartbeat_gap(rt, busy, ended)
+                inspector.heartbeat_gap(rt, busy, ended, execs[rt.name].started)
             if watch is not None:
                 _watch_stalls(watch, inspector, busy, control)
         if deadline is not None and time.monotonic() >= deadline:
@@ -293,11 +295,18 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str
         return _crashed(rt, ex, code, inspector)
     rt.channel.abandon(ex)
     res = _result(rt, ex, status, None)
-    res.explanation = (
-        "the cluster was stopped while the cell ran" if reason == "stopped" else
-        f"{rt.name} did not answer within {grace_s:.0f}s and is still busy "
-        "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
-        "restart it with %tfdist_restart.")
+    if reason == "stopped":
+        res.explanation = "the cluster was stopped while the cell ran"
+    elif inspector is not None and inspector.stopped(rt):
+        res.explanation = (
+            f"{rt.name}'s process (pid {rt.pid}) is stopped (state T: SIGSTOP, or Ctrl-Z in a "
+            f"terminal), so it cannot answer; kill -CONT {rt.pid} lets it go on, "
+            f"%tfdist_restart --on {rt.name} replaces it.")
+    else:
+        res.explanation = (
+            f"{rt.name} did not answer within {grace_s:.0f}s and is still busy "
+            "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
+            "restart it with %tfdist_restart.")
     return res
 
 

@@ -1,13 +1,15 @@
 """The task state machine (states: docs/reference.md, Status columns), pure: events in, the
 next state out.
 
-Both the controller and the tests drive it without processes; an impossible transition is a bug in
-the caller and raises.
+Both the controller and the tests drive it without processes. It is total: a cell sent to a task
+that cannot run it is refused with advice (``CannotRun``), never an internal error.
 """
 
 from __future__ import annotations
 
 import enum
+
+from tfdist_nb.errors import TfdistError
 
 
 class TaskState(str, enum.Enum):
@@ -48,19 +50,34 @@ _TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
 }
 
 
+# What a task in each state says when asked to run a cell it cannot run (the refusal's advice)
+_CANNOT_RUN = {
+    _S.DEAD: "it is dead; bring it back with %tfdist_restart",
+    _S.STALLED: ("it is still in an earlier cell that did not answer the interrupt (stalled); "
+                 "%tfdist_interrupt it, or %tfdist_restart it"),
+    _S.STARTING: "it is still starting; run the cell again in a moment",
+    _S.RESTARTING: "it is restarting; run the cell again in a moment",
+    _S.STOPPED: "the cluster was stopped; start one with %%tfcluster SPEC",
+}
+
+
+class CannotRun(TfdistError, ValueError):
+    """A task asked to run a cell in a state that cannot (the message says what to do)."""
+
+
 def next_state(state: TaskState, event: TaskEvent) -> TaskState:
-    """The state after ``event``; exits, restarts and stops are accepted from any live state."""
+    """The state after ``event``; total: every state answers every event. Exits, restarts and
+    stops are accepted from any live state; a cell sent to a task that cannot run it is a
+    ``CannotRun`` naming why and what to do; an observation that does not apply (a late reply,
+    progress of a task not stalled) leaves the state as it is."""
     if event is TaskEvent.STOP:
         return TaskState.STOPPED
+    if event is TaskEvent.RUN and state in _CANNOT_RUN:
+        raise CannotRun(_CANNOT_RUN[state])
     if state is TaskState.STOPPED:
-        raise ValueError(f"task is stopped; cannot handle {event.value}")
+        return state  # final: whatever arrives late
     if event is TaskEvent.EXITED:
         return TaskState.DEAD
     if event is TaskEvent.RESTART:
         return TaskState.RESTARTING
-    try:
-        return _TRANSITIONS[(state, event)]
-    except KeyError:
-        if state is TaskState.DEAD:
-            raise ValueError(f"task is dead; restart it before {event.value}") from None
-        raise ValueError(f"no transition from {state.value} on {event.value}") from None
+    return _TRANSITIONS.get((state, event), state)
