@@ -41,6 +41,8 @@ def ensure_chromium() -> str:
         f"{CHROMIUM} missing: install Debian's chromium (apt-get install chromium) or set "
         "TFDIST_CHROMIUM to a Chromium binary")
     return CHROMIUM
+
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-dev-shm-usage"]

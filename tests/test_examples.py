@@ -31,9 +31,13 @@ LIMIT_S = 180  # a notebook's hard limit on 2 cores (issue 12); pytest-timeout e
 # The healthy cells of every notebook warn about no task (issue 20); the cells that do, by
 # code-cell position, and what they must say (the failing cells, tagged raises-exception, say
 # theirs in their own tests). A new warning anywhere else is a false alarm.
+# Notebook 10 kills worker:1 (injected OOM) while the chief trains without it: the exit watch
+# may say so in that cell, or after it (then no cell shows it); optional (None), but nowhere else.
 WARNS = {"04_data_sharding": {2: "input not sharded", 7: "input not sharded"},
          "05_input_pipeline": {3: "worker:1 is a straggler"},
-         "07_straggler": {3: "worker:1 is a straggler"}}
+         "07_straggler": {3: "worker:1 is a straggler"},
+         "10_parameter_server": {5: None}}
+MAY_SAY = {"10_parameter_server": {5: "worker:1 killed by SIGKILL"}}
 WARNING = re.compile(r"^\[(?:chief|worker|ps|evaluator):\d+\] tfdist_nb: .*$", re.M)
 
 
@@ -42,10 +46,12 @@ def run(name: str, tmp_path: Path) -> Executed:
     said = {i: WARNING.findall(cell_text(c)) for i, c in enumerate(nb.cells)
             if RAISES not in c.metadata.get("tags", [])}
     expected = WARNS.get(name, {})
-    assert {i for i, lines in said.items() if lines} == set(expected), {
-        i: lines for i, lines in said.items() if lines}
-    for i, needle in expected.items():
-        assert any(needle in line for line in said[i]), (i, said[i])
+    warned = {i for i, lines in said.items() if lines}
+    required = {i for i, needle in expected.items() if needle is not None}
+    assert required <= warned <= set(expected), {i: lines for i, lines in said.items() if lines}
+    for i in warned:
+        needle = expected[i] or MAY_SAY[name][i]
+        assert all(needle in line for line in said[i]), (i, said[i])
     return nb
 
 

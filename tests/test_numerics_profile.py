@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,43 +58,83 @@ def test_numerics_names_the_first_task_and_op_and_profile_traces_every_task(
         for task in ("worker:0", "worker:1"):  # each trace named by its task
             assert f"  {task} (localhost_" in busy.profile, busy.profile
     # the line's TensorBoard, as the README's install gives it, lists the capture in its
-    # profile plugin: the run, and one host per task
-    hosts = tensorboard_profile_hosts(tmp_path / "prof")
-    assert sorted(hosts) == sorted(t.name.removesuffix(".xplane.pb") for t in traces)
+    # profile plugin: the run, and one host per task, through its HTTP API and in a browser
+    with tensorboard(tmp_path / "prof") as base:
+        run, hosts = profile_run_and_hosts(base)
+        assert sorted(hosts) == sorted(t.name.removesuffix(".xplane.pb") for t in traces)
+        shown = profile_tab_in_chromium(base, run, tmp_path / "tensorboard-profile.png")
+        assert "Sessions (1)" in shown and "Overview Page" in shown, shown[:2000]
 
 
-def tensorboard_profile_hosts(logdir: Path) -> list[str]:
-    """Start ``tensorboard --logdir`` on loopback and read its profile plugin's HTTP API: it
-    must be active and list exactly one run; returns that run's hosts."""
+@contextlib.contextmanager
+def tensorboard(logdir: Path) -> Iterator[str]:
+    """``tensorboard --logdir`` on loopback, once it answers; its base URL."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir),
                              "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    base = f"http://127.0.0.1:{port}/data"
+    base = f"http://127.0.0.1:{port}"
 
-    def get(path: str) -> object:
-        with urllib.request.urlopen(base + path, timeout=30) as reply:
-            body = reply.read()  # the profile plugin gzips its answers whatever was asked
-            if reply.headers.get("Content-Encoding") == "gzip":
-                body = gzip.decompress(body)
-            return json.loads(body.decode())
-
-    def answers() -> object:
+    def answers() -> bool:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         with contextlib.suppress(OSError):
-            return get("/plugins_listing")
-        return None
+            return _get(base, "/data/plugins_listing") is not None
+        return False
 
     try:
-        plugins = wait_for(answers, 90, "TensorBoard to answer")
-        assert plugins["profile"]["enabled"], plugins  # type: ignore[index]
-        runs = get("/plugin/profile/runs")
-        assert isinstance(runs, list) and len(runs) == 1, runs
-        found = get(f"/plugin/profile/hosts?run={runs[0]}&tag=trace_viewer")
-        return [h["hostname"] for h in found]  # type: ignore[union-attr,index]
+        wait_for(answers, 90, "TensorBoard to answer")
+        yield base
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _get(base: str, path: str) -> object:
+    with urllib.request.urlopen(base + path, timeout=30) as reply:
+        body = reply.read()  # the profile plugin gzips its answers whatever was asked
+        if reply.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return json.loads(body.decode())
+
+
+def profile_run_and_hosts(base: str) -> tuple[str, list[str]]:
+    """The profile plugin, active, lists exactly one run: it and its hosts."""
+    plugins = _get(base, "/data/plugins_listing")
+    assert plugins["profile"]["enabled"], plugins  # type: ignore[index]
+    runs = _get(base, "/data/plugin/profile/runs")
+    assert isinstance(runs, list) and len(runs) == 1, runs
+    found = _get(base, f"/data/plugin/profile/hosts?run={runs[0]}&tag=trace_viewer")
+    return runs[0], [h["hostname"] for h in found]  # type: ignore[union-attr,index]
+
+
+def profile_tab_in_chromium(base: str, run: str, screenshot: Path) -> str:
+    """TensorBoard's Profile tab in headless Chromium, as a user opens it: the page's text
+    once it shows the capture's session ``run``."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser import CHROMIUM_ARGS, ensure_chromium
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=ensure_chromium(), headless=True,
+                                    args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(f"{base}/#profile", timeout=60_000)
+
+            def shown() -> str | None:
+                # TensorBoard draws each plugin's page in a frame of its own
+                texts = []
+                for frame in page.frames:
+                    with contextlib.suppress(Exception):  # a frame replaced meanwhile
+                        texts.append(frame.locator("body").inner_text(timeout=5_000))
+                text = "\n".join(texts)
+                return text if run in text and "Sessions" in text else None
+
+            text = wait_for(shown, 60, f"the Profile tab to show session {run}", interval=0.5)
+            page.screenshot(path=str(screenshot))
+            return text
+        finally:
+            browser.close()
 
 
 def test_a_task_missing_from_the_capture_is_named() -> None:
