@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.store.rundir import open_private
 from tfdist_nb.topology import ClusterSpec
 
 _MAGIC = re.compile(r"^(\s*)([%!].*)$")
@@ -112,14 +113,12 @@ def _ours_or_absent(path: Path) -> bool:
 def _write_private(path: Path, text: str, mode: int) -> None:
     """Replace ``path`` with ``text`` at ``mode`` whatever the umask, never through a
     symlink (one in its place is an ExportError)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, mode)
+        f = open_private(path, "w", permissions=mode)
     except OSError as exc:
         why = "it is a symbolic link" if os.path.islink(path) else exc.strerror or str(exc)
         raise ExportError(f"cannot write {path}: {why}") from None
-    with os.fdopen(fd, "w") as f:
-        os.fchmod(f.fileno(), mode)
+    with f:
         f.write(text)
 
 

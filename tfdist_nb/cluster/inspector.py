@@ -72,10 +72,8 @@ class Inspector:
         done = [f"{t.name} ({ended[t.name]})" for t in peers if t.name in ended]
         others = [f"{t.name} ({t.state.value})" for t in peers if t.name not in ended]
         quiet = time.time() - last
-        if _process_stopped(rt):
-            text = (f"no heartbeat for {quiet:.0f}s: its process (pid {rt.pid}) is stopped "
-                    f"(state T: SIGSTOP, or Ctrl-Z in a terminal); kill -CONT {rt.pid} lets it "
-                    f"go on, %tfdist_restart --on {rt.name} replaces it")
+        if stopped := self.stopped(rt):
+            text = f"no heartbeat for {quiet:.0f}s: its {stopped}"
         else:
             text = (f"no heartbeat for {quiet:.0f}s: its Python threads are blocked "
                     "(TensorFlow holds the GIL, as when creating a strategy that waits for its "
@@ -86,9 +84,13 @@ class Inspector:
             text += f"; not running this cell: {', '.join(others)}: run it on every task"
         self.hub.note(rt.name, text, "WARNING")
 
-    def stopped(self, rt: TaskRuntime) -> bool:
-        """Whether the task's process is stopped (SIGSTOP): it answers nothing until SIGCONT."""
-        return _process_stopped(rt)
+    def stopped(self, rt: TaskRuntime) -> str | None:
+        """When the task's process is stopped (SIGSTOP; it answers nothing until SIGCONT), that
+        and what to do, in words; None when it is not (or is on another host)."""
+        if not _process_stopped(rt):
+            return None
+        return (f"process (pid {rt.pid}) is stopped (state T: SIGSTOP, or Ctrl-Z in a terminal); "
+                f"kill -CONT {rt.pid} lets it go on, %tfdist_restart --on {rt.name} replaces it")
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]:
         v = self.hub.live.view(rt.name)

@@ -52,7 +52,7 @@ class Inspector(Protocol):
 
     def members(self) -> set[str]: ...
 
-    def stopped(self, rt: TaskRuntime) -> bool: ...
+    def stopped(self, rt: TaskRuntime) -> str | None: ...
 
 
 @dataclass(eq=False)
@@ -297,11 +297,8 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str
     res = _result(rt, ex, status, None)
     if reason == "stopped":
         res.explanation = "the cluster was stopped while the cell ran"
-    elif inspector is not None and inspector.stopped(rt):
-        res.explanation = (
-            f"{rt.name}'s process (pid {rt.pid}) is stopped (state T: SIGSTOP, or Ctrl-Z in a "
-            f"terminal), so it cannot answer; kill -CONT {rt.pid} lets it go on, "
-            f"%tfdist_restart --on {rt.name} replaces it.")
+    elif inspector is not None and (stopped := inspector.stopped(rt)):
+        res.explanation = f"{rt.name} cannot answer: its {stopped}."
     else:
         res.explanation = (
             f"{rt.name} did not answer within {grace_s:.0f}s and is still busy "

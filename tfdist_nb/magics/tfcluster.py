@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -18,6 +18,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
 from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, glue_sbatch, plan
+from tfdist_nb.store.rundir import open_private
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
@@ -64,10 +65,8 @@ NOT_NEGATIVE_N = _number(int, 0, inclusive=True)
 def _save_private(path: str, text: str) -> None:
     """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through
     a symlink; a path that cannot be written is a UsageError naming why."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags, 0o600)
-        with os.fdopen(fd, "w") as f:
+        with open_private(Path(path), "w") as f:
             f.write(text)
     except OSError as exc:
         raise _usage(f"--save: cannot write {path}: {exc.strerror or exc}",

@@ -86,13 +86,14 @@ def _cluster_dir(path: Path) -> Path:
     return path
 
 
-def open_private(path: Path, mode: str = "a") -> Any:
-    """Open a file created readable by the owner only, whatever the umask (never through a
-    symlink: the run holds code, output and environments, docs/security.md)."""
+def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
+    """Open a file created readable by the owner only (``permissions``), whatever the umask
+    (never through a symlink: the run holds code, output and environments, docs/security.md);
+    also what the exported reproducer and a saved log are written with."""
     flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
              | (os.O_APPEND if mode == "a" else os.O_TRUNC))
-    fd = os.open(path, flags, 0o600)
-    os.fchmod(fd, 0o600)
+    fd = os.open(path, flags, permissions)
+    os.fchmod(fd, permissions)
     return os.fdopen(fd, mode, encoding="utf-8")
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from tfdist_nb.worker.probes import _user_ns, find_strategy
@@ -97,32 +98,32 @@ def describe_pipeline(dataset: Any) -> dict[str, Any]:
         vals = list(node.attr["value"].tensor.int64_val)
         return int(vals[0]) if vals else None
 
-    batched: bool | None = False
-    node = next((n for n in graph.node if n.op == "_Retval"), None)
-    node = source(node.input[0]) if node is not None and node.input else None
-    while node is not None:
-        if node.op in BATCH_OPS:
-            batched = True
-            break
-        if node.op in UNBATCH_OPS or not node.input:
-            break
-        node = source(node.input[0])
+    def chain(name: str) -> Iterator[Any]:
+        """The nodes from input ``name`` up to the source, along each node's first input."""
+        node = source(name)
+        while node is not None:
+            yield node
+            node = source(node.input[0]) if node.input else None
+
     def unseeded_upstream(name: str) -> bool:
         """An unseeded shuffle between this input and the source: its order differs from
         task to task (and from epoch to epoch)."""
-        node = source(name)
-        while node is not None:
-            if (node.op in SHUFFLE_OPS and len(node.input) >= 4
-                    and const_int(node.input[2]) == 0 and const_int(node.input[3]) == 0):
-                return True
-            node = source(node.input[0]) if node.input else None
-        return False
+        return any(n.op in SHUFFLE_OPS and len(n.input) >= 4 and const_int(n.input[2]) == 0
+                   and const_int(n.input[3]) == 0 for n in chain(name))
 
+    out = next((n for n in graph.node if n.op == "_Retval"), None)
+    output = out.input[0] if out is not None and out.input else None
+    batched: bool | None = False
+    for node in chain(output) if output else ():
+        if node.op in BATCH_OPS:
+            batched = True
+            break
+        if node.op in UNBATCH_OPS:
+            break
     shards = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
                "after_unseeded_shuffle": unseeded_upstream(n.input[0])}
               for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
-    last = next((n for n in graph.node if n.op == "_Retval"), None)
-    unseeded = bool(last is not None and last.input and unseeded_upstream(last.input[0]))
+    unseeded = bool(output and unseeded_upstream(output))
     every = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     readers = sorted({n.op for n in every if n.op in READER_OPS})
     files = None
