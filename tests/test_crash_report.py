@@ -58,3 +58,29 @@ def test_a_cgroup_near_its_limit_counts_an_address_space_limit_does_not() -> Non
     # RLIMIT_AS fails allocations (MemoryError); it never sends a SIGKILL
     assert likely_oom(KILL, {**near, "mem_limit_source": "rlimit"}) is None
 
+
+
+PROFILER = ["I0000 profiler_session.cc:117] Profiler session initializing.",
+            "I0000 profiler_session.cc:132] Profiler session started.",
+            "W0000 dataset.cc:997] Input of GeneratorDatasetOp::Dataset will not be optimized",
+            "I0000 profiler_session.cc:81] Profiler session collecting data."]
+
+
+def test_a_signal_inside_a_profiler_capture_is_said_to_be_tensorflows_profiler() -> None:
+    # the last lines of a task TF 2.21's profiler killed in CI (SIGSEGV while collecting)
+    text = crash_report("worker:1", -signal.SIGSEGV, None, PROFILER, [])
+    assert text.splitlines()[0] == "worker:1 killed by SIGSEGV."
+    assert ("It died inside TensorFlow's profiler, during a %tfdist_profile capture (its last "
+            "profiler line: 'Profiler session collecting data'") in text
+    # the abort's own line comes on the process log (stderr), after the session started
+    aborted = crash_report("worker:0", -signal.SIGABRT, None, PROFILER[:2],
+                           ["free(): invalid pointer"])
+    assert "its last profiler line: 'Profiler session started'" in aborted
+
+
+def test_a_crash_after_the_capture_ended_or_an_exit_is_not_blamed_on_the_profiler() -> None:
+    ended = [*PROFILER, "I0000 profiler_session.cc:164] Profiler session tear down.", "step 9"]
+    said = "died inside TensorFlow's profiler"
+    assert said not in crash_report("worker:1", -signal.SIGSEGV, None, ended, [])
+    assert said not in crash_report("worker:1", 1, None, PROFILER, [])
+    assert said not in crash_report("worker:1", -signal.SIGSEGV, None, ["step 9"], [])

@@ -26,9 +26,20 @@ def test_numerics_names_the_first_task_and_op_and_profile_traces_every_task(
     with Cluster(workers=2) as c:
         said = c.numerics(True, dump_dir=tmp_path / "dbg")
         assert "NaN/Inf checking on on 2 task(s)" in said and "one root per task" in said
-        # worker:1 takes the log of a negative number a little before worker:0 does
-        result = c.run("import time, tensorflow as tf, tfdist_nb.worker as tw\n"
-                       "time.sleep(0.0 if tw.task[1] == 1 else 0.5)\n"
+        # worker:1 takes the log of a negative number first; worker:0 does the same once
+        # worker:1's error was published (IPython's post_run_cell comes after the traceback)
+        flag = tmp_path / "worker1-raised"
+        result = c.run("import os, time, tensorflow as tf, tfdist_nb.worker as tw\n"
+                       "if tw.task[1] == 1:\n"
+                       "    def mark(_):\n"
+                       "        get_ipython().events.unregister('post_run_cell', mark)\n"
+                       f"        open({str(flag)!r}, 'w').close()\n"
+                       "    get_ipython().events.register('post_run_cell', mark)\n"
+                       "else:\n"
+                       "    t = time.monotonic()\n"
+                       f"    while not os.path.exists({str(flag)!r}) and "
+                       "time.monotonic() - t < 60:\n"
+                       "        time.sleep(0.01)\n"
                        "y = tf.math.log(tf.constant(-1.0))\n")
         assert not result.ok
         assert {r.status for r in result.tasks.values()} == {"error"}

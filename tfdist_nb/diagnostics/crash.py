@@ -66,6 +66,22 @@ def likely_oom(code: int, last: dict[str, Any] | None,
     return None
 
 
+def in_profiler_capture(code: int, lines: list[str]) -> str | None:
+    """The profiler line a task printed last, when it died of a signal between TensorFlow's
+    "Profiler session started" / "collecting data" and its "tear down": the crash happened
+    inside TensorFlow's own profiler while it held this task's trace (TF 2.21 does this now and
+    then, SIGSEGV or ``free(): invalid pointer`` then SIGABRT), not in the user's code."""
+    if code >= 0:
+        return None
+    for line in reversed(lines):
+        if "Profiler session tear down" in line:
+            return None
+        for phase in ("Profiler session collecting data", "Profiler session started"):
+            if phase in line:
+                return phase
+    return None
+
+
 def crash_report(task: str, code: int, last: dict[str, Any] | None, last_lines: list[str],
                  log_tail: list[str], what: str | None = None,
                  after: dict[str, Any] | None = None) -> str:
@@ -74,6 +90,11 @@ def crash_report(task: str, code: int, last: dict[str, Any] | None, last_lines: 
     what = what or describe_exit(code)
     oom = likely_oom(code, last, after)
     parts = [f"{task} {what}" + (f": likely out of memory ({oom})." if oom else ".")]
+    if profiling := in_profiler_capture(code, last_lines + log_tail):
+        parts.append(f"It died inside TensorFlow's profiler, during a %tfdist_profile capture "
+                     f"(its last profiler line: '{profiling}', no 'tear down' after it): a "
+                     "crash in TensorFlow, not in this cell's code. Restart the task "
+                     "(%tfdist_restart) and run the cell again, or without the capture.")
     if last:
         gpu = last.get("gpu_mem_mb")
         parts.append(f"Last resource sample: RSS {last.get('rss_mb', 0):.0f} MB, CPU "
