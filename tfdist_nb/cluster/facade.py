@@ -17,6 +17,7 @@ import queue
 import re
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
-from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
@@ -215,8 +216,8 @@ class Cluster:
                 rt.transition(TaskEvent.STOP)
         if self._state is not None:
             self._state.close()
-        if self.rundir is not None:
-            self.rundir.close()
+        if self.rundir is not None and (lost := self.rundir.close()):
+            warnings.warn(f"tfdist_nb: {lost}", RuntimeWarning, stacklevel=2)
         registry.forget(self)
 
     def __enter__(self) -> Cluster:
@@ -423,10 +424,11 @@ class Cluster:
         self._cell += 1
         cell = self._cell
         self.hub.new_cell([rt.name for rt in targets])
-        self.rundir.write_cell(cell, code, [rt.name for rt in targets])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put
         self.hub.add_listener(listener)
+        if disk := self.rundir.write_cell(cell, code, [rt.name for rt in targets]):
+            self.hub.note(RUN_DIRECTORY, *disk)  # said in this cell's output too
         loop = self._require_loop()
         control = RunControl()
         fut = loop.submit(run_cell(targets, code, cell, timeout, control,
@@ -635,6 +637,11 @@ class Cluster:
     @property
     def run_dir(self) -> Path | None:
         return self.rundir.path if self.rundir else None
+
+    def disk_trouble(self) -> str | None:
+        """Why the run directory cannot be written now (its output is held in memory meanwhile,
+        docs/reference.md), else None."""
+        return self.rundir.trouble() if self.rundir else None
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"

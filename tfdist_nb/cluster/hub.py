@@ -1,9 +1,10 @@
 """The cluster's event hub: every event of every task passes here, on the loop thread.
 
-Disk first (the run directory keeps everything), then the live store, then the listeners (a
-running cell's relay). The detectors that read the stream live here too: straggler lateness from
-step records, strategy start-up waits from TensorFlow's log, and the tasks' own notes; what they
-find becomes a note (kept with the events) and, at WARNING or above, an alert.
+Disk first (the run directory keeps everything; a disk that refuses the write holds the batch in
+memory and never keeps it from the rest, docs/reference.md), then the live store, then the
+listeners (a running cell's relay). The detectors that read the stream live here too: straggler
+lateness from step records, strategy start-up waits from TensorFlow's log, and the tasks' own
+notes; what they find becomes a note (kept with the events) and, at WARNING or above, an alert.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tfdist_nb.store.tails import LiveStore
 
 STRAGGLER_ROWS = 60
 ALERTS_KEPT = 50
+RUN_DIRECTORY = "run directory"  # the name the disk's troubles are said under
 Listener = Callable[[list[Event]], None]
 
 
@@ -62,7 +64,7 @@ class EventHub:
             self._listeners = tuple(f for f in self._listeners if f is not fn)
 
     def sink(self, events: list[Event]) -> None:
-        self.rundir.write_events(events)
+        disk = self.rundir.write_events(events)
         self.live.add_many(events)
         for fn in self._listeners:
             fn(events)
@@ -74,6 +76,8 @@ class EventHub:
                     self.note(event.task, note.get("text", ""), note.get("level", "INFO"))
                 if event.data.get("steps"):
                     self._check_stragglers()
+        if disk is not None:
+            self.note(RUN_DIRECTORY, *disk)
 
     def note(self, task: str, text: str, level: str = "INFO") -> None:
         """A finding or a controller message about ``task``, kept with its events."""

@@ -63,11 +63,13 @@ class TaskPanel:
     def invalidate(self) -> None:
         self._seen = ()
 
-    def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False) -> bool:
+    def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False,
+               disk_trouble: str | None = None) -> bool:
         inside = view.ledger.current()
         # while the task waits in a collective the panel counts the seconds
         ticking = int(time.time()) if inside is not None else 0
-        key = (view.revision, state, straggler, self.stream.value, self.grep.value, ticking)
+        key = (view.revision, state, straggler, self.stream.value, self.grep.value, ticking,
+               disk_trouble)
         if key == self._seen:
             return False
         self._seen = key
@@ -89,9 +91,11 @@ class TaskPanel:
                           "style='font-size:11px;margin:0;white-space:pre-wrap'>"
                           + "\n".join(html.escape(ANSI.sub("", x)) for x in reversed(lines))
                           + "</pre></div>")
+        kept = (f"all are on disk in {html.escape(self.run_dir)}/events.jsonl" if not disk_trouble
+                else f"the run directory cannot be written now ({html.escape(disk_trouble)}): "
+                "the lines not on disk yet are held in memory")
         self.footer.value = (f"<small>newest first: {len(lines)} of {view.lines_total} lines; "
-                             f"all are on disk in {html.escape(self.run_dir)}/events.jsonl "
-                             f"(<code>%tfdist_logs --on {self.task}</code>)</small>")
+                             f"{kept} (<code>%tfdist_logs --on {self.task}</code>)</small>")
         return True
 
     def _filtered(self, view: TaskView) -> list[str]:
@@ -313,9 +317,10 @@ class Dashboard(_box_class()):  # type: ignore[misc]
                 changed |= self.grid.update(grid_rows(self.names, views, state_pid,
                                                       dict(c.stragglers), c.alerts()))
                 changed |= self._choose_panels(c.alerts())
+            trouble = c.disk_trouble()
             for name, panel in self.panels.items():
                 state, pid = state_pid(name)
-                changed |= panel.update(views[name], state, pid, name in c.stragglers)
+                changed |= panel.update(views[name], state, pid, name in c.stragglers, trouble)
             changed |= self.charts.update(list(views.values()), c.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(str(c.spec))} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"

@@ -250,8 +250,10 @@ class TfdistMagics(Magics):
             if dashboard is not None:
                 dashboard.refresh()
         if printer.hidden():
-            print(f"tfdist_nb: {printer.hidden()} more lines are on disk in "
-                  f"{cluster.run_dir}/events.jsonl (%tfdist_logs)")
+            trouble = cluster.disk_trouble()
+            kept = (f"on disk in {cluster.run_dir}/events.jsonl" if trouble is None else
+                    f"kept (in memory until the run directory can be written: {trouble})")
+            print(f"tfdist_nb: {printer.hidden()} more lines are {kept} (%tfdist_logs)")
         for note in [*printer.noise_notes(), printer.held_back_note()]:
             if note:
                 print(note)

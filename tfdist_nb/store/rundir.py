@@ -8,7 +8,10 @@
     tasks/<task>/         tf_config.json, env.json, kernel.log (what the process wrote before
                           ipykernel captured fd 1/2), kernel connection file while it runs
 
-Each batch is flushed as it is written, so a crash of the controller loses nothing already received.
+Each batch is written as it arrives, so a crash of the controller loses nothing already received.
+A disk that refuses a write (full, a quota, gone read-only) never keeps a line from the user: the
+batch is held in memory (bounded) and written when the disk takes it again (``store/appender``);
+what changed is returned once, for the controller to say.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.events import Event, OutputLine
+from tfdist_nb.store.appender import DiskChange, HeldAppender
 
 DEFAULT_ROOT = "tfdist_runs"
+HOLD_EVENTS_BYTES = 64 << 20  # output held in memory while the disk refuses it
+HOLD_OTHER_BYTES = 16 << 20  # telemetry, cells
 _ENCODER = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=...) builds one a call
 _STR = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # C-accelerated
 
@@ -97,6 +103,27 @@ def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
     return os.fdopen(fd, mode, encoding="utf-8")
 
 
+def _private_appender(path: Path, limit: int) -> HeldAppender:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
+                 0o600)
+    os.fchmod(fd, 0o600)
+    return HeldAppender(fd, limit)
+
+
+def describe_change(path: Path, change: DiskChange) -> str:
+    """The one sentence a change of the disk's fortunes is said with."""
+    if change.kind == "failed":
+        return (f"cannot write the run directory {path} ({change.error}): output is kept in "
+                f"memory (up to {HOLD_EVENTS_BYTES >> 20} MB) and written there when the disk "
+                "takes it again; it still shows live and in %tfdist_logs")
+    if change.kind == "dropping":
+        return (f"the run directory {path} still cannot be written ({change.error}) and the "
+                f"memory kept for it is full: the oldest held lines are dropped ({change.lines} "
+                "so far); they were shown live but will not be on disk")
+    return (f"the run directory {path} is written again: {change.lines} line(s) held in "
+            "memory meanwhile are now on disk")
+
+
 class RunDirectory:
     """Appends events and cells; safe to call from the loop thread and the caller's thread."""
 
@@ -106,9 +133,11 @@ class RunDirectory:
         _make_missing_dirs(base)
         self.path = _cluster_dir(base / cluster_id)
         self._lock = threading.Lock()
-        self._events = open_private(self.path / "events.jsonl")
-        self._cells = open_private(self.path / "cells.jsonl")
-        self._telemetry = open_private(self.path / "telemetry.jsonl")
+        self._troubled = self._dropping_said = False  # said: cannot be written / dropping
+        self._recovered = 0  # held lines written out since the trouble began
+        self._events = _private_appender(self.path / "events.jsonl", HOLD_EVENTS_BYTES)
+        self._cells = _private_appender(self.path / "cells.jsonl", HOLD_OTHER_BYTES)
+        self._telemetry = _private_appender(self.path / "telemetry.jsonl", HOLD_OTHER_BYTES)
 
     def task_dir(self, slug: str) -> Path:
         return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
@@ -119,39 +148,97 @@ class RunDirectory:
             json.dump(data, f, indent=1, sort_keys=True)
         return path
 
-    def write_events(self, events: list[Event]) -> None:
-        """Append a batch and flush it: a crash of the controller loses nothing written."""
+    def write_events(self, events: list[Event]) -> tuple[str, str] | None:
+        """Append a batch: on disk at once (a crash of the controller loses nothing written),
+        or held in memory while the disk refuses it. Returns what to tell the user, once per
+        change (the disk refused, held lines are being dropped, it takes them again)."""
         output = [_line_json(e) if isinstance(e, OutputLine) else _ENCODER.encode(e.to_json())
                   for e in events if e.kind != "telemetry"]
         telemetry = [_ENCODER.encode(e.to_json()) for e in events if e.kind == "telemetry"]
         with self._lock:
-            for out, lines in ((self._events, output), (self._telemetry, telemetry)):
-                if lines and not out.closed:
-                    out.write("\n".join(lines) + "\n")
-                    out.flush()
+            changes = [out.append(("\n".join(lines) + "\n").encode())
+                       for out, lines in ((self._events, output), (self._telemetry, telemetry))
+                       if lines]
+            self._retry_others(changes)
+        return self._said(changes)
 
-    def write_cell(self, seq: int, code: str, targets: list[str]) -> None:
+    def write_cell(self, seq: int, code: str, targets: list[str]) -> tuple[str, str] | None:
         rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
         with self._lock:
-            if not self._cells.closed:
-                self._cells.write(json.dumps(rec) + "\n")
-                self._cells.flush()
+            changes = [self._cells.append((json.dumps(rec) + "\n").encode())]
+            self._retry_others(changes)
+        return self._said(changes)
+
+    def _retry_others(self, changes: list[DiskChange | None]) -> None:
+        """One file written again: the others share its disk, so theirs go out now too."""
+        if any(c is not None and c.kind == "recovered" for c in changes):
+            changes.extend(f.retry() for f in (self._events, self._telemetry, self._cells))
+
+    def _said(self, changes: list[DiskChange | None]) -> tuple[str, str] | None:
+        """What to say of the directory as a whole (its three files share one disk): that it
+        cannot be written, the first time any file is refused; that held lines are dropped,
+        once; that it is written again, when no file holds anything any more."""
+        changes = [c for c in changes if c is not None]
+        if not changes:
+            return None
+        with self._lock:
+            self._recovered += sum(c.lines for c in changes if c.kind == "recovered")
+            files = (self._events, self._telemetry, self._cells)
+            refused = next((f.error for f in files if f.error), None)
+            if refused is not None and not self._troubled:
+                self._troubled, self._recovered = True, 0
+                change = DiskChange("failed", refused)
+            elif refused is not None and not self._dropping_said and any(
+                    c.kind == "dropping" for c in changes):
+                self._dropping_said = True
+                change = DiskChange("dropping", refused, sum(f.dropped for f in files))
+            elif refused is None and self._troubled:
+                self._troubled = self._dropping_said = False
+                change = DiskChange("recovered", lines=self._recovered)
+            else:
+                return None
+        return (describe_change(self.path, change),
+                "INFO" if change.kind == "recovered" else "WARNING")
+
+    def held_lines(self) -> int:
+        """Output lines waiting in memory for the disk (0 when everything is on disk)."""
+        with self._lock:
+            return self._events.held_lines()
+
+    def trouble(self) -> str | None:
+        """The disk's refusal while output is held in memory, else None."""
+        with self._lock:
+            return self._events.error or self._telemetry.error or self._cells.error
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
-        with self._lock:
-            if not self._events.closed:
-                self._events.flush()
-        with open(self.path / "events.jsonl", encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    yield json.loads(line)
+        """Every event kept: the file, then what waits in memory for the disk."""
+        return self._records(self._events, "events.jsonl")
 
     def cells(self) -> list[dict[str, Any]]:
-        with open(self.path / "cells.jsonl", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return list(self._records(self._cells, "cells.jsonl"))
 
-    def close(self) -> None:
+    def _records(self, out: HeldAppender, name: str) -> Iterator[dict[str, Any]]:
+        with self._lock:  # the file as far as written, and the rest, at one moment
+            held = bytes(out.held)
+            size = os.fstat(out.fd).st_size if not out.closed else None
+        partial = b""
+        with open(self.path / name, "rb") as f:
+            data = f.read() if size is None else f.read(size)
+        lines = data.splitlines(keepends=True)
+        if lines and not lines[-1].endswith(b"\n"):  # cut short by the disk: the rest is held
+            partial = lines.pop()
+        for line in [*lines, *(partial + held).splitlines()]:
+            if line.strip():
+                yield json.loads(line)
+
+    def close(self) -> str | None:
+        """Close the files; what could still not be written is said (it is lost)."""
         with self._lock:
-            self._events.close()
-            self._cells.close()
-            self._telemetry.close()
+            left = self._events.held_lines() + self._telemetry.held_lines()
+            for out in (self._events, self._cells, self._telemetry):
+                out.close()
+            left_after = sum(out.held_lines() for out in (self._events, self._telemetry))
+        if not left_after:
+            return None
+        return (f"{left_after} of {left} line(s) held in memory could not be written to "
+                f"{self.path} when the cluster stopped (the disk still refuses them)")
