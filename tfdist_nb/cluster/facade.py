@@ -427,6 +427,8 @@ class Cluster:
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put
         self.hub.add_listener(listener)
+        if remade := self.rundir.ensure():
+            self.hub.note(RUN_DIRECTORY, remade, "WARNING")
         if disk := self.rundir.write_cell(cell, code, [rt.name for rt in targets]):
             self.hub.note(RUN_DIRECTORY, *disk)  # said in this cell's output too
         loop = self._require_loop()

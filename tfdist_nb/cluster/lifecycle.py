@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
-from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.spares import Spare, SparePool, env_delta
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
@@ -108,10 +108,28 @@ class Lifecycle:
         raise ClusterStartError(f"TF ports kept being taken: {sorted(map(str, avoid))}")
 
     async def restart(self, targets: list[TaskRuntime]) -> None:
-        deadline = time.monotonic() + self.setup.start_timeout
+        """Fresh processes for ``targets``. A restart that fails leaves no process of theirs
+        behind (``launch`` stops what it started) and says so: each task without a process is
+        dead, and a cell sent to it is refused with what to do."""
+        if remade := self.rundir.ensure():
+            self.hub.note(RUN_DIRECTORY, remade, "WARNING")
         for rt in targets:
             rt.transition(TaskEvent.RESTART)
             self.hub.live.view(rt.name).new_process()
+        try:
+            await self._restart(targets)
+        except Exception as exc:
+            await self.stop(targets)  # a task adopted before the failure goes too
+            said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            for rt in targets:
+                rt.transition(TaskEvent.EXITED)
+                self.hub.note(rt.name, f"the restart failed ({said}); no process runs for it: "
+                              "%tfdist_restart to try again, %tfdist_stop to end the cluster",
+                              "ERROR")
+            raise
+
+    async def _restart(self, targets: list[TaskRuntime]) -> None:
+        deadline = time.monotonic() + self.setup.start_timeout
         spares = await self.take_spares(targets)
         if not spares:
             for rt in targets:

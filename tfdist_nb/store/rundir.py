@@ -110,6 +110,13 @@ def _private_appender(path: Path, limit: int) -> HeldAppender:
     return HeldAppender(fd, limit)
 
 
+def _inode(out: HeldAppender) -> tuple[int, int] | None:
+    if out.closed:
+        return None
+    st = os.fstat(out.fd)
+    return st.st_ino, st.st_dev
+
+
 def describe_change(path: Path, change: DiskChange) -> str:
     """The one sentence a change of the disk's fortunes is said with."""
     if change.kind == "failed":
@@ -138,6 +145,31 @@ class RunDirectory:
         self._events = _private_appender(self.path / "events.jsonl", HOLD_EVENTS_BYTES)
         self._cells = _private_appender(self.path / "cells.jsonl", HOLD_OTHER_BYTES)
         self._telemetry = _private_appender(self.path / "telemetry.jsonl", HOLD_OTHER_BYTES)
+
+    def ensure(self) -> str | None:
+        """Make the directory and its files again if they were removed while the cluster ran
+        (``rm -rf`` of the run directory): writes would otherwise go to files no one can read
+        and every task start would fail. Returns what to tell the user, else None."""
+        try:
+            st = os.stat(self.path / "events.jsonl")
+            with self._lock:
+                if (st.st_ino, st.st_dev) == _inode(self._events):
+                    return None
+        except FileNotFoundError:
+            pass
+        _make_missing_dirs(self.path.parent)
+        _cluster_dir(self.path)
+        with self._lock:
+            for name in ("_events", "_cells", "_telemetry"):
+                old = getattr(self, name)
+                fresh = _private_appender(self.path / f"{name[1:]}.jsonl", old.limit)
+                fresh.held = old.held  # what waited for the disk goes to the new file
+                fresh.error = old.error
+                old.held = bytearray()
+                old.close()
+                setattr(self, name, fresh)
+        return (f"the run directory {self.path} was removed while the cluster ran: made it "
+                "again; what was written before is gone, what follows is kept")
 
     def task_dir(self, slug: str) -> Path:
         return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
