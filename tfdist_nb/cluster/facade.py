@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import registry
+from tfdist_nb.cluster import exposure, registry
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
 from tfdist_nb.cluster.export import ExportError, restart_times
@@ -116,6 +116,7 @@ class Cluster:
         self._handoff: tuple[LoopThread, SparePool] | None = None  # from the replaced cluster
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
+        self._exposure_said: frozenset[tuple[str, int]] = frozenset()
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
@@ -639,6 +640,29 @@ class Cluster:
     @property
     def run_dir(self) -> Path | None:
         return self.rundir.path if self.rundir else None
+
+    def tf_exposure(self) -> dict[str, int]:
+        """The tasks whose TensorFlow gRPC port listens on every interface of this host now
+        (task -> port): TensorFlow binds all interfaces, unauthenticated, once a strategy or a
+        ``tf.distribute.Server`` starts. Local clusters only; what remote launchers expose is
+        in docs/security.md."""
+        if self.launcher.name != "local":
+            return {}
+        ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in self.tasks.values()
+                 if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
+        return exposure.exposed(ports, exposure.read_tables()) if ports else {}
+
+    def exposure_note(self) -> str | None:
+        """The line naming the exposed TF ports, the first time this set of them listens
+        (a restart onto fresh ports is said again); kept in the run directory's log."""
+        open_ports = self.tf_exposure()
+        key = frozenset(open_ports.items())
+        if not open_ports or key <= self._exposure_said:
+            return None
+        self._exposure_said |= key
+        line = exposure.describe(open_ports)
+        self._note("cluster", line, "INFO")
+        return line
 
     def disk_trouble(self) -> str | None:
         """Why the run directory cannot be written now (its output is held in memory meanwhile,

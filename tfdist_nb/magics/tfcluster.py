@@ -259,6 +259,8 @@ class TfdistMagics(Magics):
                 print(note)
         if result.profile:
             print(f"tfdist_nb: {result.profile}")
+        if exposed := cluster.exposure_note():
+            print(f"tfdist_nb: {exposed}")
         sys.stdout.flush()
         if not result.ok:
             sys.stderr.write(failure_report(result))

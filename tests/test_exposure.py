@@ -1,0 +1,66 @@
+"""A local cluster's TensorFlow ports: which listen on every interface, said once, and true."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tfdist_nb import Cluster
+from tfdist_nb.cluster.exposure import describe, exposed, listening
+
+TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
+   0: 00000000:4E21 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   1: 0100007F:4E22 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
+   2: 0100007F:4E23 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0
+"""
+TCP6 = """  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:4E24 00000000000000000000000000000000:0000 0A
+"""
+
+
+def test_the_socket_tables_say_how_each_port_is_bound() -> None:
+    tables = {"tcp": TCP, "tcp6": TCP6}
+    assert listening(tables) == {20001: {"every interface"}, 20002: {"loopback"},
+                                 20004: {"every interface"}}
+    # a connected socket (st 01) on 20003 is not a listener
+    assert exposed({"worker:0": 20001, "worker:1": 20002, "worker:2": 20003,
+                    "worker:3": 20004}, tables) == {"worker:0": 20001, "worker:3": 20004}
+    assert describe({"worker:1": 20004, "worker:0": 20001}).startswith(
+        "TensorFlow's gRPC server of worker:0 (port 20001), worker:1 (port 20004) listens on "
+        "every interface of this host, without authentication")
+
+
+def outside_address() -> str | None:
+    """An address of this host other than loopback, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # no packet is sent: it picks the route's source
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_the_strategy_opens_every_tf_port_to_the_host_and_that_is_said_once() -> None:
+    with Cluster(workers=2) as c:
+        assert c.tf_exposure() == {}  # no TF server before a strategy
+        assert c.exposure_note() is None
+        ok = c.run("import tensorflow as tf\n"
+                   "strategy = tf.distribute.MultiWorkerMirroredStrategy()")
+        assert ok.ok, ok.summary()
+        ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in c.tasks.values()}
+        assert c.tf_exposure() == ports
+        said = c.exposure_note()
+        assert said is not None and said.startswith(
+            f"TensorFlow's gRPC server of worker:0 (port {ports['worker:0']}), worker:1 (port "
+            f"{ports['worker:1']}) listens on every interface of this host")
+        assert c.exposure_note() is None  # once per set of ports
+        logs = c.logs()
+        assert list(logs[logs["text"] == said]["task"]) == ["cluster"]  # kept in the log
+        # and it is true: the port answers on the host's outside address
+        if (address := outside_address()) is not None:
+            with socket.create_connection((address, ports["worker:0"]), timeout=5):
+                pass

@@ -1,0 +1,59 @@
+"""Who can reach a local cluster's TensorFlow ports, read from the kernel's socket tables.
+
+TensorFlow's gRPC server (started with the strategy) binds ``0.0.0.0`` and ``::`` whatever
+TF_CONFIG says, and takes any request unauthenticated (docs/security.md, "What TensorFlow itself
+opens"). A local cluster's tasks share the controller's network namespace, so the controller's
+``/proc/net/tcp`` and ``tcp6`` list their listening sockets; a port bound to every interface is
+said once per cluster and set of ports, naming the tasks and ports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LISTEN = "0A"
+_WILDCARD = {"00000000", "0" * 32}
+_LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
+
+
+def listening(tables: dict[str, str]) -> dict[int, set[str]]:
+    """Listening TCP ports and how each is bound: ``{20001: {"every interface"}}``, from the
+    text of ``/proc/net/tcp`` and ``tcp6`` (``{"tcp": text, "tcp6": text}``)."""
+    found: dict[int, set[str]] = {}
+    for text in tables.values():
+        for line in text.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != LISTEN:
+                continue
+            address, _, port = fields[1].partition(":")
+            scope = ("every interface" if address in _WILDCARD else
+                     "loopback" if address in _LOOPBACK else "one address")
+            found.setdefault(int(port, 16), set()).add(scope)
+    return found
+
+
+def read_tables(proc: str = "/proc") -> dict[str, str]:
+    tables = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            tables[name] = (Path(proc) / "net" / name).read_text()
+        except OSError:  # no IPv6, or no /proc: nothing to say
+            continue
+    return tables
+
+
+def exposed(ports: dict[str, int], tables: dict[str, str]) -> dict[str, int]:
+    """The tasks (of ``ports``, task -> its TF port) whose port listens on every interface."""
+    bound = listening(tables)
+    return {task: port for task, port in ports.items()
+            if "every interface" in bound.get(port, set())}
+
+
+def describe(open_ports: dict[str, int]) -> str:
+    """The one line said about them."""
+    named = ", ".join(f"{task} (port {port})" for task, port in sorted(open_ports.items()))
+    return (f"TensorFlow's gRPC server of {named} listens on every interface of this host, "
+            "without authentication: whoever can reach this host on those ports can run "
+            "TensorFlow ops in the task as you (read and write your files). Keep the host on "
+            "a private network or firewall those ports; docs/security.md, 'What TensorFlow "
+            "itself opens'")
