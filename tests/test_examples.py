@@ -203,7 +203,7 @@ def test_05_input_pipeline(tmp_path: Path) -> None:
     assert "worker:1 is a straggler" in slow and "cause: its input pipeline" in slow
     assert "profile of 2 task(s)" in slow and "busiest:" in slow
     assert ">straggler<" in row(nb.find("%tfdist_status --table"), "worker:1")
-    fast = nb.text("parallel_reads=8")
+    fast = nb.text("parallel_reads=32")
 
     def took(text: str, task: str) -> float:
         return float(re.search(rf"\[{task}\] 20 steps in ([\d.]+) s", text).group(1))
