@@ -112,7 +112,8 @@ def test_status_has_every_spec_column(cluster2: Any) -> None:
                                    "gpu_mem_mb", "net_rx_mb_s", "net_tx_mb_s",
                                    "last_output_s_ago"]  # docs/reference.md, in its order
     assert set(df["flags"]) == {""}
-    assert set(df["net_scope"]) == {"host"}  # local tasks share the host's interfaces
+    # local tasks share their cluster's private network, else the host's interfaces
+    assert set(df["net_scope"]) == {"cluster-netns" if cluster2.launcher.confined else "host"}
     assert list(df["task"]) == ["worker:0", "worker:1"]
     assert set(df["state"]) == {"idle"}
     assert all(df["pid"] > 0) and set(df["host"]) == {"localhost"}

@@ -44,8 +44,10 @@ def outside_address() -> str | None:
 
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
-def test_the_strategy_opens_every_tf_port_to_the_host_and_that_is_said_once() -> None:
-    with Cluster(workers=2) as c:
+def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_once() -> None:
+    with Cluster(workers=2, launcher_options={"net": "host"}) as c:
+        assert c.network().startswith("host network (net='host'): the TF ports listen on "
+                                      "every interface of this host")
         assert c.tf_exposure() == {}  # no TF server before a strategy
         assert c.exposure_note() is None
         ok = c.run("import tensorflow as tf\n"
@@ -57,6 +59,7 @@ def test_the_strategy_opens_every_tf_port_to_the_host_and_that_is_said_once() ->
         assert said is not None and said.startswith(
             f"TensorFlow's gRPC server of worker:0 (port {ports['worker:0']}), worker:1 (port "
             f"{ports['worker:1']}) listens on every interface of this host")
+        assert said.endswith("They are not confined to a private network: net='host'")
         assert c.exposure_note() is None  # once per set of ports
         logs = c.logs()
         assert list(logs[logs["text"] == said]["task"]) == ["cluster"]  # kept in the log

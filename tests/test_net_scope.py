@@ -45,8 +45,8 @@ def _in_new_netns(argv: list[str]) -> dict[str, Any]:
 
 
 @pytest.mark.cluster
-def test_a_local_task_names_its_network_readings_host_wide() -> None:
-    with Cluster(workers=1, preload=()) as c:
+def test_a_local_task_on_the_host_network_names_its_network_readings_host_wide() -> None:
+    with Cluster(workers=1, preload=(), launcher_options={"net": "host"}) as c:
         assert c.run("print(1)").ok
         found = wait_for(lambda: [s for s in samples(c, "worker:0") if s.get("net_rx_mb_s")
                                   is not None], 10, "a sample with a network rate")
@@ -61,7 +61,8 @@ def test_a_task_started_in_a_network_namespace_of_its_own_reads_per_task(tmp_pat
     wrapper = tmp_path / "python-own-netns"
     wrapper.write_text(f"#!/bin/sh\nexec {shutil.which('unshare')} --net {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    with Cluster(workers=1, python=str(wrapper), preload=()) as c:
+    with Cluster(workers=1, python=str(wrapper), preload=(),
+                 launcher_options={"net": "host"}) as c:
         assert c.run("print(1)").ok
         found = wait_for(lambda: [s for s in samples(c, "worker:0") if s.get("net_rx_mb_s")
                                   is not None], 10, "a sample with a network rate")

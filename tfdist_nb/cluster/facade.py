@@ -646,8 +646,8 @@ class Cluster:
         (task -> port): TensorFlow binds all interfaces, unauthenticated, once a strategy or a
         ``tf.distribute.Server`` starts. Local clusters only; what remote launchers expose is
         in docs/security.md."""
-        if self.launcher.name != "local":
-            return {}
+        if self.launcher.name != "local" or getattr(self.launcher, "confined", False):
+            return {}  # remote: docs/security.md; confined: the ports are in the tasks' netns
         ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in self.tasks.values()
                  if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
         return exposure.exposed(ports, exposure.read_tables()) if ports else {}
@@ -661,8 +661,14 @@ class Cluster:
             return None
         self._exposure_said |= key
         line = exposure.describe(open_ports)
+        if why := getattr(self.launcher, "why_not_confined", None):
+            line += f". They are not confined to a private network: {why}"
         self._note("cluster", line, "INFO")
         return line
+
+    def network(self) -> str:
+        """Who can reach this cluster's TensorFlow ports, one line (the launcher says)."""
+        return self.launcher.network()
 
     def disk_trouble(self) -> str | None:
         """Why the run directory cannot be written now (its output is held in memory meanwhile,

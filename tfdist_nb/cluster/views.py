@@ -50,7 +50,8 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             **{k: latest.get(k) for k in _SAMPLED},
             "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
             "flags": task_flags(rt, latest, stragglers),
-            # what net_rx/tx measure: "host" (all interfaces of the host) or "task-netns"
+            # what net_rx/tx measure: "host" (all interfaces of the host), "cluster-netns" (the
+            # private network the local cluster's tasks share) or "task-netns" (this task alone)
             "net_scope": latest.get("net_scope"),
         })
     return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({c: "float64" for c in _NUMERIC})

@@ -80,6 +80,13 @@ class Launcher(abc.ABC):
     #: What to do instead, said when a restart is refused (``restartable`` False).
     restart_instead: str = "restart them where they were started, then attach again"
 
+    def network(self) -> str:
+        """Who can reach the TensorFlow ports of the tasks it starts, one line (TensorFlow
+        serves them on every interface, unauthenticated: docs/security.md)."""
+        return ("the TF ports listen on every interface of the tasks' hosts, without "
+                "authentication: whoever reaches those hosts on them can run TensorFlow ops as "
+                "the tasks' user; keep the hosts on a private network (docs/security.md)")
+
     def base_environment(self) -> Mapping[str, str] | None:
         """What each task's environment starts from; None: this process's own environment."""
         return None

@@ -5,6 +5,10 @@ directory of the run: no kernel port exists, so none can be raced for, and nothi
 can connect. Every message is still HMAC-signed with a per-kernel key kept in an owner-only
 connection file. ``transport="tcp"`` (loopback, ports from ``bind(0)``) remains for file systems
 without Unix sockets.
+
+TensorFlow's own ports are kept from everyone else by a private network namespace the tasks
+share (``net=``, :mod:`.private_net`): ``"auto"`` (default, ``$TFDIST_NET``) uses it where this
+machine can make one, ``"private"`` insists, ``"host"`` leaves the tasks on the host's network.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
-from tfdist_nb.launchers import ports
+from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.launchers import ports, private_net
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 
@@ -140,13 +145,63 @@ class LocalLauncher(Launcher):
 
     name = "local"
 
-    def __init__(self, host: str = "localhost", transport: str = "ipc") -> None:
+    def __init__(self, host: str = "localhost", transport: str = "ipc",
+                 net: str | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not "
                              f"{transport!r}")
+        net = net or os.environ.get("TFDIST_NET") or "auto"
+        if net not in private_net.NET_MODES:
+            raise ValueError(f"net must be one of {', '.join(private_net.NET_MODES)}, not "
+                             f"{net!r} (e.g. launcher_options={{'net': 'host'}})")
+        why_not = (f"transport={transport!r}: kernel channels over TCP would be inside it"
+                   if transport != "ipc" else
+                   f"host={host!r}: TF_CONFIG names an address of the host's network"
+                   if host not in ("localhost", "127.0.0.1") else None)
+        if net == "private" and why_not:
+            raise ValueError(f"net='private' cannot be used with {why_not}")
         self.host = host
         self.transport = transport
+        self.net_mode = net
         self._ports: list[int] = []
+        self._net: private_net.PrivateNetwork | None = None
+        #: why the tasks are on the host's network although they could be confined, if so
+        self.net_note: str | None = why_not if net == "auto" else None
+        self._net_decided = net == "host" or why_not is not None
+
+    @property
+    def confined(self) -> bool:
+        """Whether the tasks run in the private network (their TF ports reachable by them
+        alone)."""
+        return self._net is not None
+
+    @property
+    def why_not_confined(self) -> str | None:
+        """Why the tasks are on the host's network (None when they are not)."""
+        return None if self._net is not None else self.net_note or "net='host'"
+
+    def network(self) -> str:
+        if self._net is not None:
+            return (f"private network: the TF ports are reachable by these tasks alone (a "
+                    f"network namespace of their own; {self._net.outbound})")
+        why = self.why_not_confined
+        return (f"host network ({why}): the TF ports listen on every interface of this host, "
+                "open to whoever reaches it")
+
+    def private_network(self) -> private_net.PrivateNetwork | None:
+        """The private network tasks start in, decided at the first start (blocking: made in a
+        thread by :meth:`start`)."""
+        if not self._net_decided:
+            try:
+                self._net = private_net.shared()
+            except private_net.PrivateNetUnavailable as exc:
+                if self.net_mode == "private":
+                    raise ClusterStartError(f"net='private': {exc}") from None
+                self.net_note = str(exc)
+            self._net_decided = True
+        elif self._net is not None and not self._net.alive():
+            self._net = private_net.shared()  # its holder ended: a new one for new tasks
+        return self._net
 
     def tf_addresses(self, tasks: Sequence[TaskId],
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
@@ -163,9 +218,12 @@ class LocalLauncher(Launcher):
     def kernel_manager(self, launch: TaskLaunch) -> tuple[AsyncKernelManager, Path | None]:
         """The task's kernel manager, its endpoints chosen, and the scratch directory it owns
         (None unless the run directory's path is too long for a socket)."""
+        spec = task_kernel_spec(launch.python)
+        if self._net is not None:
+            spec.argv = self._net.enter(list(spec.argv))
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
-            kernel_spec_manager=_OneSpec(task_kernel_spec(launch.python)),
+            kernel_spec_manager=_OneSpec(spec),
         )
         km.connection_file = str(launch.connection_file)
         km.shutdown_wait_time = 1.0
@@ -176,10 +234,13 @@ class LocalLauncher(Launcher):
         return km, scratch
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
+        if not self._net_decided or self._net is not None:
+            await asyncio.to_thread(self.private_network)
         km, scratch = self.kernel_manager(launch)
+        env = {**launch.env, "TFDIST_NETNS": "cluster"} if self._net is not None else launch.env
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            await km.start_kernel(env=launch.env, stdout=fd, stderr=fd,
+            await km.start_kernel(env=env, stdout=fd, stderr=fd,
                                   cwd=launch.cwd or os.getcwd())
         except BaseException:
             if scratch is not None:

@@ -227,6 +227,7 @@ class TfdistMagics(Magics):
             print(f"tfdist_nb: {cluster.warm_note}")
         print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)
+        print(f"tfdist_nb: {cluster.network()}", flush=True)
         return cluster
 
     def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:

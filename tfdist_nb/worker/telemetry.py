@@ -291,12 +291,17 @@ def _rlimit_as_mb() -> float | None:
 def net_scope(proc: str = "/proc") -> str:
     """What the network columns measure: ``"task-netns"`` when this task has a network
     namespace of its own (not its parent's, not init's: /proc/net/dev then counts this task
-    alone), else ``"host"`` (a namespace shared with other processes: the host's or a
-    container's)."""
+    alone), ``"cluster-netns"`` when that namespace is the private network its local cluster's
+    tasks share (``$TFDIST_NETNS``, set by the local launcher: it counts them all), else
+    ``"host"`` (a namespace shared with other processes: the host's or a container's)."""
     try:
         mine = os.readlink(f"{proc}/self/ns/net")
     except OSError:
         return "host"
+    if os.environ.get("TFDIST_NETNS") == "cluster":
+        # the launcher started it there; inside that user namespace, the others' links are
+        # unreadable (EACCES), so there is nothing to compare with
+        return "cluster-netns"
     compared = False
     for pid in (1, os.getppid()):
         try:

@@ -1,0 +1,216 @@
+"""A private network for local tasks: their TensorFlow ports reachable by them alone.
+
+TensorFlow's gRPC server binds every interface and takes any request unauthenticated
+(docs/security.md). Local tasks therefore run in one network namespace of their own, made inside
+a user namespace this user owns (no privileges needed where the kernel allows unprivileged user
+namespaces): only loopback is up in it, so their TF ports exist there alone; no other local user,
+notebook or host can reach them. Kernel channels are Unix sockets in the run directory (the ``ipc``
+transport), which a network namespace does not separate. ``slirp4netns`` gives the namespace the
+outbound network the notebook has (NAT, no inbound port, the host's loopback kept out); where the
+host's resolver is on loopback (systemd-resolved), a mount namespace gives the tasks a
+``resolv.conf`` naming slirp4netns's DNS forwarder instead.
+
+One namespace per controller process, made on first use and shared by its local clusters (so a
+spare kernel fits whichever of them takes it); it ends with the controller: the holder exits when
+its stdin closes, slirp4netns when its exit pipe does, and the tasks end with their kernels.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tfdist_nb.errors import TfdistError
+
+NET_MODES = ("auto", "private", "host")
+READY_TIMEOUT_S = 10.0
+SLIRP_DNS = "10.0.2.3"
+_LOOPBACK_NS = ("127.", "::1")
+
+
+class PrivateNetUnavailable(TfdistError, RuntimeError):
+    """This machine cannot give local tasks a private network (the message says why)."""
+
+
+def host_resolvers(text: str) -> list[str]:
+    return [parts[1] for line in text.splitlines()
+            if len(parts := line.split()) >= 2 and parts[0] == "nameserver"]
+
+
+def needs_own_resolver(resolv_conf: str) -> bool:
+    """Whether every nameserver is on the host's loopback, out of the namespace's reach."""
+    servers = host_resolvers(resolv_conf)
+    return bool(servers) and all(s.startswith(_LOOPBACK_NS) for s in servers)
+
+
+@dataclass
+class PrivateNetwork:
+    """The namespace's holder process, and slirp4netns giving it the outbound network."""
+
+    holder: subprocess.Popen[bytes]
+    slirp: subprocess.Popen[bytes] | None = None
+    scratch: Path | None = None  # the private resolv.conf's directory
+    outbound: str = ""  # how the tasks reach out, said in the cluster's start line
+    _slirp_exit: int | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.holder.pid
+
+    def alive(self) -> bool:
+        return self.holder.poll() is None
+
+    def enter(self, argv: list[str]) -> list[str]:
+        """``argv`` run inside the namespace, as this user with this user's credentials."""
+        spaces = ["--user", "--net"] + (["--mount"] if self.scratch is not None else [])
+        return ["nsenter", f"--target={self.pid}", *spaces, "--preserve-credentials", "--",
+                *argv]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.holder.stdin is not None:
+                self.holder.stdin.close()
+        if self._slirp_exit is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._slirp_exit)
+            self._slirp_exit = None
+        for proc in (self.slirp, self.holder):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=2)
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _missing_tools() -> list[str]:
+    return [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
+
+
+def create(outbound: bool = True) -> PrivateNetwork:
+    """A new namespace with loopback up (and the outbound network, with ``slirp4netns``);
+    ``PrivateNetUnavailable`` says what is missing or refused."""
+    if missing := _missing_tools():
+        raise PrivateNetUnavailable(f"{', '.join(missing)} not found (util-linux, iproute2)")
+    scratch = None
+    resolv = Path("/etc/resolv.conf")
+    setup = "ip link set lo up || exit 3"
+    with contextlib.suppress(OSError):
+        if outbound and needs_own_resolver(resolv.read_text()):
+            scratch = Path(tempfile.mkdtemp(prefix="tfdist-net-"))  # 0700
+            (scratch / "resolv.conf").write_text(f"nameserver {SLIRP_DNS}\n")
+            os.chmod(scratch / "resolv.conf", 0o644)
+            setup += f" && mount --bind {scratch}/resolv.conf {resolv} || exit 4"
+    argv = ["unshare", "--user", "--map-current-user", "--keep-caps", "--net",
+            *(["--mount"] if scratch is not None else []), "--",
+            "sh", "-c", f"{setup}; echo up; read _"]
+    holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    net = PrivateNetwork(holder, scratch=scratch)
+    try:
+        said = _read_line(holder, READY_TIMEOUT_S)
+        if said != "up":
+            err = ""
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                holder.wait(timeout=1)
+                assert holder.stderr is not None
+                err = holder.stderr.read().decode(errors="replace").strip()
+            raise PrivateNetUnavailable(
+                f"could not make a network namespace: {err or said or 'no answer'} (user "
+                "namespaces may be off: sysctl kernel.unprivileged_userns_clone, or "
+                "kernel.apparmor_restrict_unprivileged_userns)")
+        if outbound:
+            _start_slirp(net)
+        return net
+    except BaseException:
+        net.close()
+        raise
+
+
+def _start_slirp(net: PrivateNetwork) -> None:
+    """slirp4netns on the namespace: ``tap0`` with NAT to the outside, no inbound port."""
+    slirp = shutil.which("slirp4netns")
+    if slirp is None:
+        net.outbound = "no outbound network (slirp4netns not found)"
+        return
+    ready_r, ready_w = os.pipe()
+    exit_r, exit_w = os.pipe()
+    try:
+        net.slirp = subprocess.Popen(
+            [slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
+             f"--userns-path=/proc/{net.pid}/ns/user", f"--ready-fd={ready_w}",
+             f"--exit-fd={exit_r}", str(net.pid), "tap0"],
+            pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, start_new_session=True)
+    finally:
+        os.close(ready_w)
+        os.close(exit_r)
+    net._slirp_exit = exit_w
+    ready = select.select([ready_r], [], [], READY_TIMEOUT_S)[0]
+    answer = os.read(ready_r, 1) if ready else b""
+    os.close(ready_r)
+    if answer != b"1":
+        err = ""
+        if net.slirp.poll() is not None and net.slirp.stderr is not None:
+            err = net.slirp.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
+            err = err[0] if err else ""
+        raise PrivateNetUnavailable(f"slirp4netns did not configure the namespace: "
+                                    f"{err or 'no answer'}")
+    net.outbound = "outbound through slirp4netns"
+
+
+def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf and time.monotonic() < deadline:
+        ready = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]
+        if not ready:
+            break
+        chunk = os.read(proc.stdout.fileno(), 256)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode(errors="replace").strip()
+
+
+# ------------------------------------------------------------------ one per process
+_lock = threading.Lock()
+_shared: PrivateNetwork | None = None
+
+
+def shared() -> PrivateNetwork:
+    """This process's private network, made on first use (again if its holder ended);
+    ``PrivateNetUnavailable`` where this machine cannot make one (asked again next time: a
+    tool installed meanwhile counts)."""
+    global _shared
+    with _lock:
+        if _shared is not None and _shared.alive():
+            return _shared
+        if _shared is not None:
+            _shared.close()
+        _shared = create()
+        return _shared
+
+
+def close_shared() -> None:
+    global _shared
+    with _lock:
+        if _shared is not None:
+            _shared.close()
+            _shared = None
+
+
+atexit.register(close_shared)
