@@ -226,6 +226,13 @@ def rows_warm(res: dict[str, Any]) -> list[dict[str, str]]:
              f"{m['step_warm_ms']:.2f}", f"cold {m['step_cold_ms']:.2f}",
              f"{r['step_warm_vs_cold']:.3f}x", f"<= {STEP_GOAL:.2f}x",
              r["step_warm_vs_cold"] <= STEP_GOAL),
+        *[_row("(g)", f"restart {what}, spares not waited for, vs cold start (s)",
+               f"{m[f'{key}_s']:.2f}", f"cold start {m['cold_start_2_s']:.2f}",
+               f"{r[f'{key}_vs_cold_start']:.3f}x", f"<= {RESTART_GOAL:.2f}x",
+               r[f"{key}_vs_cold_start"] <= RESTART_GOAL)
+          for key, what in (("usual_restart", "2 s after the strategy's cell"),
+                            ("after_hang_restart", "right after a named hang"))
+          if m.get(f"{key}_s") and f"{key}_vs_cold_start" in r],
     ]
 
 

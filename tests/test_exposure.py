@@ -67,3 +67,37 @@ def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_o
         if (address := outside_address()) is not None:
             with socket.create_connection((address, ports["worker:0"]), timeout=5):
                 pass
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_tf_port_another_program_took_is_explained_and_a_restart_moves_to_fresh_ports(
+        ) -> None:
+    """Two notebooks on the host's network can draw the same free port: the second strategy
+    fails to bind it. Here this test is the other program."""
+    with Cluster(workers=2, warm=False, launcher_options={"net": "host"}) as c:
+        w1 = next(rt for rt in c.tasks.values() if rt.name == "worker:1")
+        address = w1.address
+        port = int(address.rpartition(":")[2])
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("", port))
+            other.listen()
+            # worker:0 waits in the strategy's start-up for worker:1 until the cell's timeout
+            failed = c.run("import tensorflow as tf\n"
+                           "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+                           timeout=15)
+            assert not failed.ok
+            explained = failed.tasks["worker:1"].explanation or ""
+            assert explained.startswith("TensorFlow could not listen on this task's TF port"), \
+                failed.summary()
+            c.restart()
+            notes = [a for a in c.alerts() if "is taken on its host" in a]
+            assert notes == [f"worker:1: TF port {address} is taken on its host (another "
+                             "program holds it, perhaps another notebook's cluster): every "
+                             "task moves to fresh TF ports"]
+            assert w1.address != address
+            ok = c.run("import tensorflow as tf\n"
+                       "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+                       "print(float(strategy.reduce('SUM', tf.constant(1.0), axis=None)))")
+            assert ok.ok, ok.summary()

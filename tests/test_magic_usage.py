@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,6 +48,8 @@ BAD_LINES = [
     ("2 workers --launcher ssh", "--launcher ssh needs --hosts"),
     ("2 workers --hosts ,", "--hosts needs at least one host"),
     ("2 workers --launcher attach", "--launcher attach and --connection-dir DIR go together"),
+    ("2 workers --connection-dir /nonexistent/tfdist-typo",
+     "--connection-dir /nonexistent/tfdist-typo is not a directory: start the workers first"),
     ("2 workers --env 'A=1", "cannot read the line"),
     ("", "no cluster is running and no SPEC was given"),
     ("1 chief 2 chiefs", "given twice"),
@@ -100,6 +103,12 @@ def test_a_refused_host_is_a_usage_error_and_keeps_the_running_cluster(ip: Any) 
         ip.run_cell_magic("tfcluster", "1 worker --hosts=-oProxyCommand=true", "x = 1")
     assert "%%tfcluster" in str(info.value)  # the usage example
     assert current() is running and running.running
+    # a typo in the directory of workers to attach: at once, not after the 120 s wait
+    started = time.monotonic()
+    with pytest.raises(UsageError, match="--connection-dir /nonexistent/typo is not a dir"):
+        ip.run_cell_magic("tfcluster", "1 worker --connection-dir /nonexistent/typo", "x = 1")
+    assert time.monotonic() - started < 30  # no wait for workers that never come
+    assert current() is running and running.running and running.run("x").ok
     ip.run_line_magic("tfdist_stop", "")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -54,11 +55,11 @@ def test_on_is_checked_against_the_new_spec() -> None:
     assert plan(request("", on="1"), parse_spec("2 workers")).action == "reuse"
 
 
-def test_hosts_imply_ssh_and_a_remote_python_is_not_looked_up_here() -> None:
+def test_hosts_imply_ssh_and_a_remote_python_is_not_looked_up_here(tmp_path: Path) -> None:
     req = request("2 workers", hosts="gpu1, me@gpu2", python="/opt/venv/bin/python")
     assert req.launcher == "ssh" and req.hosts == ["gpu1", "me@gpu2"]
     assert req.python == "/opt/venv/bin/python"
-    assert request("2 workers", connection_dir="/shared/j1").launcher == "attach"
+    assert request("2 workers", connection_dir=str(tmp_path)).launcher == "attach"
 
 
 def test_changing_hosts_or_launcher_replaces_the_cluster() -> None:

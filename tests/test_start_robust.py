@@ -3,6 +3,8 @@ endpoints, the whole start bounded by start_timeout, nothing left behind."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import stat
 import time
@@ -102,8 +104,6 @@ def test_32_tasks_start_six_times_in_a_row(tmp_path: Path) -> None:
 def test_local_kernels_listen_on_no_tcp_port(cluster2: Any) -> None:
     """The five kernel channels are Unix sockets; the only TCP listener left is ipykernel's own
     loopback pipe that carries forked children's output (bound with retries, never raced)."""
-    import psutil
-
     pipe = cluster2.run("from ipykernel.kernelapp import IPKernelApp\n"
                         "print(IPKernelApp.instance().iopub_thread._pipe_port)")
     for rt in cluster2.tasks.values():
@@ -111,9 +111,28 @@ def test_local_kernels_listen_on_no_tcp_port(cluster2: Any) -> None:
         assert conn["transport"] == "ipc"
         # the task's directory of the run, or a short scratch directory when that path is long
         assert stat.S_IMODE(Path(conn["ip"]).parent.stat().st_mode) & 0o077 == 0
-        listening = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(rt.pid)
-                     .net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        assert listening == {("127.0.0.1", int(pipe.tasks[rt.name].stdout))}, rt.name
+        assert listening_sockets(rt.pid) == {("127.0.0.1", int(pipe.tasks[rt.name].stdout))}, \
+            rt.name
+
+
+def listening_sockets(pid: int) -> set[tuple[str, int]]:
+    """The TCP sockets ``pid`` listens on, read in its own network namespace (the private one
+    of a local cluster, or the host's): its socket inodes against /proc/PID/net/tcp{,6}."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            if (target := os.readlink(fd)).startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        for fields in (line.split() for line in lines):
+            if fields[3] == "0A" and fields[9] in inodes:
+                address, _, port = fields[1].partition(":")
+                ip = (str(ipaddress.IPv4Address(bytes.fromhex(address)[::-1])) if width == 8
+                      else address)
+                found.add((ip, int(port, 16)))
+    return found
 
 
 def test_a_long_run_directory_path_still_gets_its_sockets(tmp_path: Path) -> None:

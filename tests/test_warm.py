@@ -181,6 +181,19 @@ def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold(
         assert set(c.status()["state"]) == {"idle"}
 
 
+def test_a_restart_with_no_spare_ready_starts_every_task_cold_and_says_why() -> None:
+    """Right after the first strategy, before the pool had an idle moment to warm a spare."""
+    with Cluster(workers=2, warm=True) as c:
+        cold = losses(c.run(cell("mwms_loop"), timeout=180))
+        assert c.spares()["ready"] == 0
+        old = {rt.pid for rt in c.tasks.values()}
+        c.restart()
+        assert c.warm_note is not None and c.warm_note.startswith("cold start for every task")
+        assert not old & {rt.pid for rt in c.tasks.values()}
+        assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
+        assert set(c.status()["state"]) == {"idle"}
+
+
 def test_resize_by_the_magic_takes_the_old_clusters_spares(capsys: Any) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 

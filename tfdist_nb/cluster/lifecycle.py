@@ -132,9 +132,19 @@ class Lifecycle:
         deadline = time.monotonic() + self.setup.start_timeout
         spares = await self.take_spares(targets)
         if not spares:
-            for rt in targets:
-                self.hub.note(rt.name, "restarting with the same TF_CONFIG")
             await self.stop(targets)
+            taken = {} if {rt.task for rt in targets} != set(self.tasks) else \
+                await asyncio.to_thread(self.setup.launcher.taken,
+                                        {rt.task: rt.address for rt in targets})
+            if taken:  # held by another program (another notebook's task): fresh ports
+                for task, address in taken.items():
+                    self.hub.note(str(task), f"TF port {address} is taken on its host (another "
+                                  "program holds it, perhaps another notebook's cluster): "
+                                  "every task moves to fresh TF ports", "WARNING")
+                await self.readdress(targets)
+            else:
+                for rt in targets:
+                    self.hub.note(rt.name, "restarting with the same TF_CONFIG")
             await self.launch(targets, deadline, spares)
         else:
             old = [(rt.handle, rt.channel) for rt in targets]

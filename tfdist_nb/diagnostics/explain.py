@@ -25,6 +25,14 @@ CLUSTER_PEER_GONE = (
 )
 
 
+PORT_TAKEN = (
+    "TensorFlow could not listen on this task's TF port (the one in its TF_CONFIG): another "
+    "program holds it, most often another notebook's cluster on this host's network that drew "
+    "the same free port. %tfdist_restart moves every task to fresh ports; clusters on their "
+    "private network (launcher_options={'net': 'private'}, the default where this machine "
+    "allows it) never clash.")
+
+
 def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | None:
     """A short explanation with the fix for a recognised error, else None."""
     if "aborted by: tfdist_nb" in evalue:
@@ -37,6 +45,8 @@ def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | 
         "configure_collective_ops" in evalue
     ):
         return STRATEGY_NOT_FIRST
+    if "Could not start gRPC server" in evalue:
+        return PORT_TAKEN
     if ename in ("UnavailableError", "CancelledError", "AbortedError") and (
         "unhealthy" in evalue or "Connection refused" in evalue or "collective" in evalue.lower()
     ):

@@ -87,6 +87,11 @@ class Launcher(abc.ABC):
                 "authentication: whoever reaches those hosts on them can run TensorFlow ops as "
                 "the tasks' user; keep the hosts on a private network (docs/security.md)")
 
+    def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
+        """Which of ``addresses`` (TF ports of tasks not running now) another program holds,
+        where the launcher can tell; a restart of every task then moves to fresh ports."""
+        return {}
+
     def base_environment(self) -> Mapping[str, str] | None:
         """What each task's environment starts from; None: this process's own environment."""
         return None

@@ -211,6 +211,12 @@ class LocalLauncher(Launcher):
         self._ports = chosen
         return {t: f"{self.host}:{p}" for t, p in zip(tasks, chosen, strict=False)}
 
+    def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
+        if self._net is not None:  # the tasks' own namespace: no one else binds there
+            return {}
+        return {t: a for t, a in addresses.items()
+                if not ports.bindable(int(a.rpartition(":")[2]))}
+
     def release(self) -> None:
         ports.release(self._ports)
         self._ports = []

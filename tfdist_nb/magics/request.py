@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
@@ -73,6 +74,13 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
     if (launcher == "attach") != bool(args.connection_dir):
         raise SpecError("--launcher attach and --connection-dir DIR go together: DIR is where "
                         "the workers started with python -m tfdist_nb.worker announce themselves")
+    if launcher == "attach" and not Path(args.connection_dir).expanduser().is_dir():
+        # the workers are started first; a typo here would stop the running cluster for a
+        # new one that waits the whole wait_timeout for workers that never come
+        raise SpecError(f"--connection-dir {args.connection_dir} is not a directory: start the "
+                        "workers first (python -m tfdist_nb.worker --task worker:0 "
+                        f"--connection-dir {args.connection_dir}), then run this line; the "
+                        "running cluster, if any, is left as it is")
     sbatch = _sbatch_words(sbatch_line) if sbatch_line is not None else None
     if sbatch is not None and launcher != "slurm":
         raise SpecError(f"--sbatch needs --launcher slurm; the {launcher} launcher does not "

@@ -2,8 +2,10 @@
 
 An ordinary ipykernel with ``tfdist_nb.worker`` loaded first and its agent started (telemetry
 thread, Keras step timing, task-tagged log records) before the first cell. It exits by itself
-when its controller dies: jupyter_client sets JPY_PARENT_PID and ipykernel's parent poller
-``os._exit``s when the parent changes, which also works while TensorFlow ignores SIGTERM.
+when its controller dies: jupyter_client sets JPY_PARENT_PID, and :mod:`.lifeline` watches it in
+place of ipykernel's parent poller, ending what the cells started and removing the kernel's
+connection file and sockets before it ``os._exit``s (which also works while TensorFlow ignores
+SIGTERM).
 
 A spare kernel (``TFDIST_SPARE=1``, no task identity yet) is this same entry point: its agent
 holds the telemetry thread back until :mod:`tfdist_nb.worker.adopt` makes it a task, and the
@@ -30,8 +32,21 @@ def main() -> None:
         app.initialize()
     finally:
         os.umask(umask)
+    watch_parent(app)
     agent.start(app.kernel)
     app.start()
+
+
+def watch_parent(app: object) -> None:
+    """ipykernel's parent poller, replaced by one that cleans up (its start is the app's)."""
+    from ipykernel.parentpoller import ParentPollerUnix
+
+    from tfdist_nb.worker.lifeline import ParentWatch
+
+    poller = getattr(app, "poller", None)
+    if isinstance(poller, ParentPollerUnix) and poller.parent_pid:
+        path = getattr(app, "abs_connection_file", None) or app.connection_file  # type: ignore[attr-defined]
+        app.poller = ParentWatch(poller.parent_pid, os.path.abspath(path))  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
