@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,22 @@ def test_a_resolver_on_loopback_needs_one_of_its_own() -> None:
     assert not needs_own_resolver("nameserver 10.255.255.53\n")
     assert not needs_own_resolver("nameserver 127.0.0.53\nnameserver 1.1.1.1\n")
     assert not needs_own_resolver("")  # no nameserver: glibc's default, nothing to mend
+
+
+def test_a_resolver_on_loopback_is_replaced_inside_the_namespace_alone(tmp_path: Path) -> None:
+    if why := private_net_missing():
+        pytest.skip(f"this machine cannot make the private network: {why}")
+    resolv = tmp_path / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\n")  # systemd-resolved's stub, out of reach
+    net = private_net.create(resolv=resolv)
+    try:
+        inside = subprocess.run(net.enter(["cat", str(resolv)]), capture_output=True,
+                                text=True, timeout=30)
+        assert inside.stdout == f"nameserver {private_net.SLIRP_DNS}\n", inside.stderr
+        assert resolv.read_text() == "nameserver 127.0.0.53\n"  # the host's is untouched
+    finally:
+        net.close()
+    assert net.scratch is not None and not net.scratch.exists()
 
 
 def private_net_missing() -> str | None:

@@ -99,13 +99,13 @@ def _missing_tools() -> list[str]:
     return [tool for tool in ("unshare", "nsenter", "ip") if shutil.which(tool) is None]
 
 
-def create(outbound: bool = True) -> PrivateNetwork:
+def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> PrivateNetwork:
     """A new namespace with loopback up (and the outbound network, with ``slirp4netns``);
-    ``PrivateNetUnavailable`` says what is missing or refused."""
+    ``PrivateNetUnavailable`` says what is missing or refused. ``resolv``: the resolver
+    configuration the tasks would read (the tests pass one of their own)."""
     if missing := _missing_tools():
         raise PrivateNetUnavailable(f"{', '.join(missing)} not found (util-linux, iproute2)")
     scratch = None
-    resolv = Path("/etc/resolv.conf")
     setup = "ip link set lo up || exit 3"
     with contextlib.suppress(OSError):
         if outbound and needs_own_resolver(resolv.read_text()):
