@@ -200,7 +200,10 @@ class LocalLauncher(Launcher):
                 self.net_note = str(exc)
             self._net_decided = True
         elif self._net is not None and not self._net.alive():
-            self._net = private_net.shared()  # its holder ended: a new one for new tasks
+            # a new namespace would part the new tasks from the running ones
+            raise ClusterStartError(
+                f"the private network's holder (pid {self._net.pid}) ended, so no new task can "
+                "join this cluster's network: stop the cluster and start it again")
         return self._net
 
     def tf_addresses(self, tasks: Sequence[TaskId],
