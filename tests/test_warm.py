@@ -194,6 +194,33 @@ def test_a_restart_with_no_spare_ready_starts_every_task_cold_and_says_why() -> 
         assert set(c.status()["state"]) == {"idle"}
 
 
+def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spare's process is SIGKILLed at the start of its adoption (after it was taken,
+    before the adopt call): the restart starts that task cold, says so, and completes."""
+    from tfdist_nb.cluster import lifecycle
+
+    killed: list[int] = []
+    real = lifecycle._append_process_log
+
+    def kill_then_go_on(spare: Any, path: Any) -> None:
+        if not killed and spare.pid:
+            killed.append(spare.pid)
+            os.kill(spare.pid, signal.SIGKILL)
+        real(spare, path)
+
+    with Cluster(workers=2) as c:
+        cold = losses(c.run(cell("mwms_loop"), timeout=180))
+        ready_spares(c, 2)
+        monkeypatch.setattr(lifecycle, "_append_process_log", kill_then_go_on)
+        c.restart()
+        assert len(killed) == 1 and killed[0] not in {rt.pid for rt in c.tasks.values()}
+        assert any("could not take spare-" in a and "starting it cold" in a
+                   for a in c.alerts()), c.alerts()
+        assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
+        assert set(c.status()["state"]) == {"idle"}
+
+
 def test_resize_by_the_magic_takes_the_old_clusters_spares(capsys: Any) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
