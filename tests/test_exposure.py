@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests import remote_hosts
+from tests.remote_hosts import TestHosts, make_hosts
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.exposure import describe, exposed, listening
 
@@ -31,20 +37,27 @@ def test_the_socket_tables_say_how_each_port_is_bound() -> None:
         "every interface of this host, without authentication")
 
 
-def outside_address() -> str | None:
-    """An address of this host other than loopback, if it has one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("10.255.255.255", 1))  # no packet is sent: it picks the route's source
-            address = s.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
+def connect_from_host(hosts: TestHosts, address: str, port: int) -> str:
+    """Connect from inside a fake host (a network namespace on the tests' own bridge)."""
+    alias = hosts.aliases[0]
+    probe = ("import socket, sys\ntry:\n"
+             "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()\n"
+             "    print('connected')\nexcept OSError as exc:\n    print('refused', exc)\n")
+    out = subprocess.run(["ip", "netns", "exec", hosts.namespaces[alias], sys.executable, "-c",
+                          probe, address, str(port)], capture_output=True, text=True,
+                         timeout=30)
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def this_host_on_the_bridge(hosts: TestHosts) -> str:
+    """This machine's address on the fake hosts' bridge: how another host reaches it."""
+    return str(ipaddress.IPv4Network(hosts.subnet)[1])
 
 
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
-def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_once() -> None:
+def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_once(
+        tmp_path: Path) -> None:
     with Cluster(workers=2, launcher_options={"net": "host"}) as c:
         assert c.network().startswith("host network (net='host'): the TF ports listen on "
                                       "every interface of this host")
@@ -63,10 +76,14 @@ def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_o
         assert c.exposure_note() is None  # once per set of ports
         logs = c.logs()
         assert list(logs[logs["text"] == said]["task"]) == ["cluster"]  # kept in the log
-        # and it is true: the port answers on the host's outside address
-        if (address := outside_address()) is not None:
-            with socket.create_connection((address, ports["worker:0"]), timeout=5):
-                pass
+        # and it is true: another host (a fake one, on the tests' own bridge) reaches it
+        remote_hosts.require_available()
+        hosts = make_hosts(1, tmp_path / "hosts")
+        try:
+            assert connect_from_host(hosts, this_host_on_the_bridge(hosts),
+                                     ports["worker:0"]) == "connected"
+        finally:
+            hosts.remove()
 
 
 @pytest.mark.cluster

@@ -1,23 +1,26 @@
 """A local cluster's TensorFlow ports are reachable by its tasks alone (docs/security.md).
 
 Real tasks in the private network namespace the local launcher makes: the strategy trains over
-its ports, which nothing outside answers (this process on the host's network, another uid, another
-network namespace), while the tasks still reach out (a server on the host's outside address).
+its ports, which nothing outside answers (this process on the host's network, another uid,
+another network namespace, another host), while the tasks still reach out (a server on another
+host). The other hosts are the tests' own (tests/remote_hosts.py): no traffic leaves the machine.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import remote_hosts
+from tests.remote_hosts import TestHosts, make_hosts
 from tfdist_nb import Cluster
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers import private_net
@@ -65,16 +68,6 @@ def private_net_missing() -> str | None:
     return None
 
 
-def outside_address() -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("10.255.255.255", 1))
-            address = s.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
-
-
 @pytest.fixture(scope="module")
 def confined() -> Iterator[Cluster]:
     if why := private_net_missing():
@@ -112,10 +105,8 @@ def test_no_one_outside_the_cluster_reaches_its_tf_ports(confined: Cluster) -> N
                                   "through slirp4netns)")
     assert c.tf_exposure() == {} and c.exposure_note() is None  # nothing to say: not open
     for port in tf_ports(c):
-        # this process, on the host's network: loopback and the outside address
+        # this process, on the host's network
         assert connect_from([], "127.0.0.1", port).startswith("refused")
-        if (address := outside_address()) is not None:
-            assert connect_from([], address, port).startswith("refused")
         # another network namespace (made unprivileged, as any local user can)
         assert connect_from(["unshare", "--user", "--map-root-user", "--net"], "127.0.0.1",
                             port).startswith("refused")
@@ -143,28 +134,51 @@ def test_another_user_on_this_host_cannot_reach_them(confined: Cluster) -> None:
         assert connect_from([], "127.0.0.1", server.getsockname()[1], nobody) == "connected"
 
 
+@pytest.fixture(scope="module")
+def another_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
+    """A fake host on the tests' own bridge (a network namespace with its own address)."""
+    remote_hosts.require_available()
+    hosts = make_hosts(1, tmp_path_factory.mktemp("hosts"))
+    try:
+        yield hosts
+    finally:
+        hosts.remove()
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
-def test_the_tasks_keep_their_outbound_network(confined: Cluster) -> None:
-    address = outside_address()
-    if address is None:
-        pytest.skip("this host has no address but loopback to reach out to")
-    with socket.socket() as server:
-        server.bind((address, 0))
-        server.listen()
-        port = server.getsockname()[1]
+def test_another_host_cannot_reach_them(confined: Cluster, another_host: TestHosts) -> None:
+    here = str(ipaddress.IPv4Network(another_host.subnet)[1])  # this machine, on the bridge
+    netns = another_host.namespaces[another_host.aliases[0]]
+    for port in tf_ports(confined):
+        assert connect_from(["ip", "netns", "exec", netns], here, port).startswith("refused")
+    # the probe itself works from there: sshd of the fake host answers it
+    assert connect_from(["ip", "netns", "exec", netns], another_host.addresses[
+        another_host.aliases[0]], 2222) == "connected"
 
-        def serve() -> None:
-            for _ in range(2):
-                conn, _ = server.accept()
-                with conn:
-                    conn.sendall(b"hello from outside")
 
-        threading.Thread(target=serve, daemon=True).start()
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_the_tasks_keep_their_outbound_network(confined: Cluster,
+                                               another_host: TestHosts) -> None:
+    """The tasks reach a server on another host (through slirp4netns and this machine)."""
+    alias = another_host.aliases[0]
+    address = another_host.addresses[alias]
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", another_host.namespaces[alias], sys.executable, "-c",
+         "import socket, sys\ns = socket.socket()\ns.bind((sys.argv[1], 0))\ns.listen()\n"
+         "print(s.getsockname()[1], flush=True)\nfor _ in range(2):\n"
+         "    c, _ = s.accept()\n    c.sendall(b'hello from another host')\n    c.close()\n",
+         address], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())  # type: ignore[union-attr]
         result = confined.run(f"import socket\nwith socket.create_connection(({address!r}, "
                               f"{port}), timeout=10) as s:\n    print(s.recv(64).decode())")
-    assert result.ok, result.summary()
-    assert {r.stdout.strip() for r in result.tasks.values()} == {"hello from outside"}
+        assert result.ok, result.summary()
+        assert {r.stdout.strip() for r in result.tasks.values()} == {"hello from another host"}
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_a_private_network_with_tcp_kernel_channels_is_refused_with_why() -> None:
