@@ -31,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,6 +114,18 @@ def require_available() -> None:
 
 
 _LIVE: list[TestHosts] = []  # sets made and not yet removed, for the leak check
+
+
+@contextlib.contextmanager
+def fake_hosts(n: int, workdir: Path, home: Path | None = None) -> Iterator[TestHosts]:
+    """``make_hosts`` for a test or fixture: skipped (failed under CI) where hosts cannot be
+    made, removed afterwards whatever happens."""
+    require_available()
+    made = make_hosts(n, workdir, home)
+    try:
+        yield made
+    finally:
+        made.remove()
 
 
 def namespace_ids() -> set[tuple[int, int]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import remote_hosts
-from tests.remote_hosts import TestHosts, make_hosts
+from tests.remote_hosts import TestHosts
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.exposure import describe, exposed, listening
 
@@ -77,13 +77,9 @@ def test_on_the_host_network_the_strategy_opens_every_tf_port_and_that_is_said_o
         logs = c.logs()
         assert list(logs[logs["text"] == said]["task"]) == ["cluster"]  # kept in the log
         # and it is true: another host (a fake one, on the tests' own bridge) reaches it
-        remote_hosts.require_available()
-        hosts = make_hosts(1, tmp_path / "hosts")
-        try:
+        with remote_hosts.fake_hosts(1, tmp_path / "hosts") as hosts:
             assert connect_from_host(hosts, this_host_on_the_bridge(hosts),
                                      ports["worker:0"]) == "connected"
-        finally:
-            hosts.remove()
 
 
 @pytest.mark.cluster

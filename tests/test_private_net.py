@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests import remote_hosts
-from tests.remote_hosts import TestHosts, make_hosts
+from tests.remote_hosts import TestHosts
 from tfdist_nb import Cluster
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers import private_net
@@ -137,12 +137,8 @@ def test_another_user_on_this_host_cannot_reach_them(confined: Cluster) -> None:
 @pytest.fixture(scope="module")
 def another_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """A fake host on the tests' own bridge (a network namespace with its own address)."""
-    remote_hosts.require_available()
-    hosts = make_hosts(1, tmp_path_factory.mktemp("hosts"))
-    try:
+    with remote_hosts.fake_hosts(1, tmp_path_factory.mktemp("hosts")) as hosts:
         yield hosts
-    finally:
-        hosts.remove()
 
 
 @pytest.mark.cluster
