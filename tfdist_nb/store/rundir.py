@@ -96,18 +96,19 @@ def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
     """Open a file created readable by the owner only (``permissions``), whatever the umask
     (never through a symlink: the run holds code, output and environments, docs/security.md);
     also what the exported reproducer and a saved log are written with."""
+    return os.fdopen(_private_fd(path, mode, permissions), mode, encoding="utf-8")
+
+
+def _private_fd(path: Path, mode: str = "a", permissions: int = 0o600) -> int:
     flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
              | (os.O_APPEND if mode == "a" else os.O_TRUNC))
     fd = os.open(path, flags, permissions)
     os.fchmod(fd, permissions)
-    return os.fdopen(fd, mode, encoding="utf-8")
+    return fd
 
 
 def _private_appender(path: Path, limit: int) -> HeldAppender:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
-                 0o600)
-    os.fchmod(fd, 0o600)
-    return HeldAppender(fd, limit)
+    return HeldAppender(_private_fd(path), limit)
 
 
 def _inode(out: HeldAppender) -> tuple[int, int] | None:
