@@ -83,6 +83,10 @@ def _runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     _SESSION_ROOT.append(str(tmp_path_factory.getbasetemp()))
     root = tmp_path_factory.mktemp("tfdist_runs")
     os.environ["TFDIST_RUNS_DIR"] = str(root)
+    # Spare kernels start as soon as a cluster is up; on this suite's 2 cores, one per task for
+    # every test's cluster would double its processes. tests/test_warm.py (which turns them back
+    # on) and the benchmarks cover them; elsewhere a cluster leaving warm= unset has none.
+    os.environ.setdefault("TFDIST_WARM", "0")
     yield root
     for c in _live_clusters():
         c.stop()

@@ -163,7 +163,7 @@ class Cluster:
             raise ClusterStartError(f"{text}\n{START_HINT}") from exc
         self.running = True
         self._loop.call_soon(self._lifecycle.exits.start)
-        if self._lifecycle.spares is not None:  # refilled in the background, when idle
+        if self._lifecycle.spares is not None:  # filled in the background, CPU allowing
             self._loop.call_soon(self._lifecycle.spares.start_refill)
         self._state.mark("running")
         registry.set_current(self)
@@ -309,9 +309,10 @@ class Cluster:
             registry.forget(self)
 
     def _spares_busy(self) -> bool:
-        """Spares are started only while no cell runs and every task is idle (or dead)."""
-        return bool(self._active_runs) or any(
-            rt.state not in (TaskState.IDLE, TaskState.DEAD) for rt in list(self.tasks.values()))
+        """No spare starts while tasks are being started or restarted (a cell may run: the pool
+        looks at the host's CPU)."""
+        return any(rt.state in (TaskState.STARTING, TaskState.RESTARTING)
+                   for rt in list(self.tasks.values()))
 
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:
@@ -717,7 +718,8 @@ def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> i
     launcher when there is something to preload, none otherwise."""
     tasks = len(setup.spec.tasks)
     if warm is None:
-        return tasks if supports_spares(launcher) and setup.preload else 0
+        default = _default_spares(tasks)
+        return default if supports_spares(launcher) and setup.preload else 0
     if warm is False or (not isinstance(warm, bool) and warm == 0):
         return 0
     if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
@@ -726,6 +728,20 @@ def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> i
                             "(leave warm unset or False)")
         return tasks if warm is True else int(warm)
     raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
+
+
+def _default_spares(tasks: int) -> int:
+    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
+    ``warm`` unset; unset or ``auto``: one per task."""
+    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
+    if raw in ("", "auto"):
+        return tasks
+    if raw in ("off", "false", "no"):
+        return 0
+    if raw.isdigit():
+        return int(raw)
+    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
+                    "TFDIST_WARM=0)")
 
 
 async def _gather(*coros: Any) -> list[Any]:

@@ -9,9 +9,12 @@ bounds the whole start of the cluster, retries included (docs/design.md, Start-u
 
 With a pool of spare kernels (:mod:`.spares`), a start or restart first takes spares: each is
 adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
-tasks no spare fits start cold as above, said in one line (``warm_note``). A restart from spares
-kills the old processes at once (no grace: TensorFlow only logs SIGTERM), and a restart of every
-task moves it to fresh, verified TF ports so nothing waits for the old ones to be freed.
+tasks no spare fits start cold as above, said in one line (``warm_note``). A spare still warming
+when taken is waited for about as long as the rest of a cold start would take (``_await_warm``),
+then dropped for a cold start. A restart from spares
+A restart kills the old processes at once (no grace: nothing of theirs is kept, and TensorFlow
+only logs SIGTERM); one from spares that restarts every task moves it to fresh, verified TF
+ports so nothing waits for the old ones to be freed.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.spares import Spare, SparePool, env_delta
+from tfdist_nb.cluster.spares import Spare, SparePool, env_delta, stop_spare
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
@@ -44,6 +47,10 @@ STOP_GRACE_S = 1.0
 POLL_S = 0.2
 SUBSHELL_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 20
+#: A spare still warming when taken is waited for its expected remaining warm-up times this,
+#: plus WARM_SLACK_S, before the task starts cold instead.
+WARM_PATIENCE = 1.5
+WARM_SLACK_S = 2.0
 #: What a kernel writes to its process log when it cannot bind a channel (it may not exit).
 _FATAL_IN_LOG = re.compile(r"ZMQError|Address already in use")
 T = TypeVar("T")
@@ -83,10 +90,16 @@ class Lifecycle:
         self.exits = ExitWatch(tasks, hub.note)
         #: how the last start or restart used spares, one line (why a task started cold)
         self.warm_note: str | None = None
+        #: how long the cluster's own start took (what a spare still warming is measured by)
+        self.start_s: float | None = None
+        #: the old processes of a restart being killed: a cold start waits for them (it reuses
+        #: their directory's connection file and socket names, which their clean-up removes)
+        self._killing: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ whole cluster
     async def start_all(self) -> None:
-        deadline = time.monotonic() + self.setup.start_timeout
+        began = time.monotonic()
+        deadline = began + self.setup.start_timeout
         tasks = self.setup.spec.tasks
         avoid: dict[TaskId, str] = {}
         for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -97,6 +110,7 @@ class Lifecycle:
             clashes = {rt.task: rt.address for rt in self.tasks.values()
                        if rt.info.get("port_free") is False}
             if not clashes:
+                self.start_s = time.monotonic() - began
                 if self.setup.spec.ps:
                     await self.serve_parameter_servers(list(self.tasks.values()))
                 return
@@ -131,8 +145,13 @@ class Lifecycle:
     async def _restart(self, targets: list[TaskRuntime]) -> None:
         deadline = time.monotonic() + self.setup.start_timeout
         spares = await self.take_spares(targets)
+        old = [(rt.handle, rt.channel) for rt in targets]
+        for rt in targets:
+            rt.handle, rt.channel, rt.agent = None, None, None
         if not spares:
-            await self.stop(targets)
+            # SIGKILL at once: nothing of a process being replaced is kept, and a kernel left
+            # in an aborted collective (the usual reason to restart) took the whole grace
+            await self._kill(old)
             taken = {} if {rt.task for rt in targets} != set(self.tasks) else \
                 await asyncio.to_thread(self.setup.launcher.taken,
                                         {rt.task: rt.address for rt in targets})
@@ -147,9 +166,6 @@ class Lifecycle:
                     self.hub.note(rt.name, "restarting with the same TF_CONFIG")
             await self.launch(targets, deadline, spares)
         else:
-            old = [(rt.handle, rt.channel) for rt in targets]
-            for rt in targets:
-                rt.handle, rt.channel, rt.agent = None, None, None
             if {rt.task for rt in targets} == set(self.tasks):
                 # every task: fresh ports, so the old processes are killed while the spares are
                 # adopted, and nothing waits for their ports to be freed. Their exit is awaited:
@@ -157,14 +173,11 @@ class Lifecycle:
                 # time in three (+1 s, docs/performance.md)
                 await self.readdress(targets)
                 self.warm_note = f"{self.warm_note} on fresh TF ports"
-                killed = asyncio.ensure_future(self._kill(old))
+                killed = self._killing = asyncio.ensure_future(self._kill(old))
                 try:
-                    if len(spares) < len(targets):
-                        # a task started cold reuses its directory's connection file and
-                        # socket names, which the old process's clean-up removes: it goes first
-                        await killed
                     await self.launch(targets, deadline, spares)
                 finally:
+                    self._killing = None
                     await killed
             else:  # the others know these addresses: the old processes go first
                 for rt in targets:
@@ -199,6 +212,9 @@ class Lifecycle:
             self.hub.note("spares", self.warm_note)
         else:
             self.warm_note = f"{len(taken)} task(s) from spare kernels"
+        warming = sum(s.warm_s is None for s in taken.values())
+        if warming:
+            self.warm_note += f" ({warming} still warming when taken)"
         return taken
 
     async def readdress(self, runtimes: list[TaskRuntime]) -> None:
@@ -347,6 +363,8 @@ class Lifecycle:
 
     async def _launch_one(self, rt: TaskRuntime, deadline: float) -> None:
         launcher = self.setup.launcher
+        if self._killing is not None:  # the old process's clean-up must not remove our files
+            await asyncio.shield(self._killing)
         tdir = self.rundir.task_dir(rt.task.slug)
         rt.log_path = tdir / "kernel.log"
         rt.log_offset = _log_size(rt)
@@ -385,6 +403,8 @@ class Lifecycle:
         """``spare`` becomes ``rt``'s task in one agent call, before any user code: the task's
         environment (TF_CONFIG included), ``tw.task``, the log tag, the task's process log,
         telemetry; it answers with the same self-description as a cold start's handshake."""
+        if spare.warm_s is None:
+            await self._await_warm(rt, spare, deadline)
         assert spare.handle is not None and spare.channel is not None
         rt.log_path = self.rundir.task_dir(rt.task.slug) / "kernel.log"
         _append_process_log(spare, rt.log_path)
@@ -411,6 +431,29 @@ class Lifecycle:
         for what, error in (rt.info.get("instrumentation_errors") or {}).items():
             self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
                           "WARNING")
+
+    async def _await_warm(self, rt: TaskRuntime, spare: Spare, deadline: float) -> None:
+        """Wait for a spare taken while still warming, about as long as the rest of a cold
+        start would take (the pool's typical warm-up, else the cluster's own start); a spare
+        that fails or is later than that is ended and the task starts cold (StartFailed)."""
+        typical = ((self.spares.typical_warm_s() if self.spares is not None else None)
+                   or self.start_s or 10.0)
+        ran = time.monotonic() - spare.began
+        patience = max(typical - ran, 0.0) * WARM_PATIENCE + WARM_SLACK_S
+        wait = min(patience, max(deadline - time.monotonic(), 0.0))
+        warming = spare.warming  # None: its warm-up failed already (and said so)
+        try:
+            if warming is not None:
+                await asyncio.wait([warming], timeout=wait)
+            if warming is not None and not warming.done():
+                raise StartFailed(f"{spare.name} was still warming {ran + wait:.1f}s after it "
+                                  f"started; a warm-up takes about {typical:.1f}s here")
+            if (warming is None or warming.cancelled() or warming.exception() is not None
+                    or not warming.result()):
+                raise StartFailed(f"{spare.name} could not be warmed")
+        except BaseException:
+            await stop_spare(spare)
+            raise
 
     async def _unless_it_dies(self, rt: TaskRuntime, step: Awaitable[T], deadline: float,
                               silent_iopub_after: float | None = None) -> T:

@@ -4,11 +4,16 @@
 A pool per cluster keeps up to ``count`` worker kernels that have imported ``preload`` at low
 CPU priority and made no TensorFlow context (:mod:`tfdist_nb.worker.adopt`). A restart, or the
 start of the cluster that replaces this one (``%%tfcluster`` resize), takes spares instead of
-launching; each becomes its task before any user code runs. Cost control: spares are started in
-the background one at a time, only after the cluster has been idle (no cell, no start or
-restart) for ``idle_s`` seconds, never when available memory would fall below what one TF task
-needs, and they are stopped with the cluster. A spare whose import-time environment, interpreter,
-preload or working directory differs from what a task asks for is never used.
+launching; each becomes its task before any user code runs, also one still warming when taken
+(the restart waits for it about as long as a cold start would take, then starts cold).
+
+When they start: as soon as the cluster is up, and whenever the pool is short while the host has
+CPU to spare (at least ``ROOM_CORES`` idle over the last look, for ``idle_s`` seconds): also while
+a cell runs whose tasks sleep or wait in a collective, never while a start or restart is under
+way. Every missing spare starts at once, each only when available memory would still hold one
+more TensorFlow task after it. Their import runs at low priority, so a cell that gets busy later
+is barely slowed. They are stopped with the cluster. A spare whose import-time environment,
+interpreter, preload or working directory differs from what a task asks for is never used.
 
 Everything here runs on the cluster's loop thread, except :meth:`SparePool.summary`.
 """
@@ -41,9 +46,12 @@ T = TypeVar("T")
 
 #: Memory one TensorFlow task needs (docs/design.md, Facts: 550-600 MB on import).
 TASK_MB = 600
-#: Seconds the cluster must have been idle before a spare is started (env TFDIST_SPARE_IDLE_S).
-IDLE_S = 3.0
+#: Seconds the host must have had CPU to spare before a spare is started (env
+#: TFDIST_SPARE_IDLE_S); 0: at the first look that finds room.
+IDLE_S = 0.0
 POLL_S = 0.5
+#: The first look after the pool starts (right after the cluster is up): spares are wanted soon.
+FIRST_LOOK_S = 0.1
 WARM_TIMEOUT_S = 300.0
 SUBSHELL_TIMEOUT_S = 10.0
 BACKLOG_LINES = 500
@@ -105,7 +113,7 @@ class Spare:
     handle: TaskHandle | None = None
     channel: KernelChannel | None = None
     subshell: str | None = None
-    state: str = "warming"  # warming | ready | taken | stopped
+    state: str = "warming"  # warming | ready | taking | taken | stopped
     began: float = field(default_factory=time.monotonic)
     warm_s: float | None = None
     starting: asyncio.Future[Any] | None = field(default=None, repr=False)
@@ -164,13 +172,16 @@ class SparePool:
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
         self._failures = 0
+        self._retry_at = 0.0
+        self._warm_times: list[float] = []
         self._said: set[str] = set()
         self.skipped: str | None = None  # why no spare is being started now (memory), or None
 
     # ------------------------------------------------------------------ owner
     def attach(self, setup: Setup, base: Path, busy: Callable[[], bool],
                note: Callable[[str, str], None], count: int | None = None) -> None:
-        """Serve the cluster of ``setup``; new spares' files go under ``base``/spares."""
+        """Serve the cluster of ``setup``; new spares' files go under ``base``/spares.
+        ``busy``: whether the cluster is starting or restarting tasks (no spare starts then)."""
         self._setup, self._base, self._busy, self._note = setup, base, busy, note
         if count is not None:
             self.count = count
@@ -194,7 +205,7 @@ class SparePool:
         self._closed = True
         await self._stop_refill()
         spares, self._spares = self._spares, []
-        await asyncio.gather(*(_stop_spare(s) for s in spares), return_exceptions=True)
+        await asyncio.gather(*(stop_spare(s) for s in spares), return_exceptions=True)
 
     def __len__(self) -> int:
         """Spares ready or being warmed."""
@@ -223,6 +234,14 @@ class SparePool:
             self._spares.remove(spare)
             spare.state = "taken"
             return spare, None
+        for spare in [s for s in self._spares if s.state == "warming"]:
+            why = mismatch(spare, env, python, preload, cwd)
+            if why:
+                reasons.append(why)
+                continue
+            self._spares.remove(spare)  # the restart awaits its warm-up (``typical_warm_s``)
+            spare.state = "taken"
+            return spare, None
         if reasons:
             return None, reasons[0]
         warming = sum(s.state == "warming" for s in self._spares)
@@ -245,6 +264,11 @@ class SparePool:
     def pids(self) -> list[int]:
         return [s.pid for s in list(self._spares) if s.pid]
 
+    def typical_warm_s(self) -> float | None:
+        """How long a spare of this pool took to warm (the median of the last few), if any did."""
+        times = sorted(self._warm_times[-5:])
+        return times[len(times) // 2] if times else None
+
     # ------------------------------------------------------------------ background
     async def _stop_refill(self) -> None:
         task, self._refill = self._refill, None
@@ -254,28 +278,42 @@ class SparePool:
                 await task
 
     async def _keep_full(self) -> None:
-        idle_since: float | None = None
+        host = HostCpu()
+        room_since: float | None = None
+        await asyncio.sleep(FIRST_LOOK_S)
         while not self._closed:
-            await asyncio.sleep(POLL_S)
             await self._check_spares()
-            if self._busy():
-                idle_since = None
-                continue
+            room = host.idle_cores() >= host.room_cores
             now = time.monotonic()
-            idle_since = idle_since if idle_since is not None else now
-            if now - idle_since < self.idle_s or len(self._spares) >= self.count:
-                continue
-            if self._failures >= MAX_FAILURES or not self._memory_allows():
-                continue
-            spare = self._new_spare()
-            spare.warming = asyncio.ensure_future(self._warm_or_drop(spare))
-            # one at a time; cancelling this loop (a handover) leaves the warm-up running
-            if await asyncio.shield(spare.warming):
-                self._failures = 0
+            if self._busy() or not room:
+                room_since = None
             else:
-                self._failures += 1
-                await asyncio.sleep(RETRY_AFTER_S)
-            idle_since = None if self._busy() else idle_since
+                room_since = room_since if room_since is not None else now
+                if now - room_since >= self.idle_s:
+                    self._start_missing(now)
+            await asyncio.sleep(POLL_S)
+
+    def _start_missing(self, now: float) -> None:
+        """Start every missing spare at once, each only if memory allows it."""
+        if self._failures >= MAX_FAILURES or now < self._retry_at:
+            return
+        while len(self._spares) < self.count:
+            warming = sum(s.state == "warming" for s in self._spares)
+            if not self._memory_allows(pending=warming):
+                return
+            spare = self._new_spare()
+            # its own task: a handover (cancelling this loop) leaves the warm-up running
+            spare.warming = asyncio.ensure_future(self._warm_or_drop(spare))
+            spare.warming.add_done_callback(self._warmed)
+
+    def _warmed(self, warming: asyncio.Future[Any]) -> None:
+        if warming.cancelled() or warming.exception() is not None:
+            return
+        if warming.result():
+            self._failures = 0
+        else:
+            self._failures += 1
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
 
     async def _check_spares(self) -> None:
         """Drop ready spares that died while idle, spares a task could no longer take (the
@@ -293,12 +331,12 @@ class SparePool:
             elif why := mismatch(spare, wanted, setup.python, setup.preload, os.getcwd()):
                 self._spares.remove(spare)
                 self._say(f"{spare.name} no longer fits this cluster ({why}); replacing it")
-                await _stop_spare(spare)
+                await stop_spare(spare)
         ready = [s for s in self._spares if s.state == "ready"]
         while len(self._spares) > self.count and ready:  # a smaller cluster took the pool over
             spare = ready.pop()
             self._spares.remove(spare)
-            await _stop_spare(spare)
+            await stop_spare(spare)
 
     async def _lost(self, spare: Spare, code: int | None) -> None:
         with contextlib.suppress(ValueError):
@@ -306,12 +344,14 @@ class SparePool:
         how = spare.handle.describe_exit(code) if spare.handle and code is not None else "is gone"
         self._note(f"{spare.name} (pid {spare.pid}) {how} while idle; it is not handed out and "
                    "a new spare replaces it", "WARNING")
-        await _stop_spare(spare)
+        await stop_spare(spare)
 
-    def _memory_allows(self) -> bool:
+    def _memory_allows(self, pending: int = 0) -> bool:
+        """Whether one more spare leaves room for one TF task, counting ``pending`` spares
+        still importing (their memory is not taken yet)."""
         import psutil
 
-        available_mb = psutil.virtual_memory().available / 2**20
+        available_mb = psutil.virtual_memory().available / 2**20 - pending * TASK_MB
         if available_mb - TASK_MB < TASK_MB:
             self.skipped = (f"no spare started: {available_mb:.0f} MB available, a spare would "
                             f"leave less than the {TASK_MB} MB one TensorFlow task needs")
@@ -367,7 +407,7 @@ class SparePool:
             with contextlib.suppress(ValueError):
                 self._spares.remove(spare)
             spare.warming = None  # this task: not cancelled by the stop below
-            await _stop_spare(spare)
+            await stop_spare(spare)
             return False
 
     async def _warm(self, spare: Spare) -> None:
@@ -390,7 +430,9 @@ class SparePool:
         spare.subshell = await _unless_dies(
             spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))
         spare.warm_s = round(time.monotonic() - spare.began, 2)
-        spare.state = "ready"
+        self._warm_times.append(spare.warm_s)
+        if spare.state == "warming":  # not taken meanwhile
+            spare.state = "ready"
         self._note(f"{spare.name} ready (pid {spare.pid}, warmed in {spare.warm_s:.1f}s)", "INFO")
 
 
@@ -427,7 +469,7 @@ async def _unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Futu
             work.cancel()
 
 
-async def _stop_spare(spare: Spare) -> None:
+async def stop_spare(spare: Spare) -> None:
     """End a spare now, also one still being spawned or warmed."""
     spare.state = "stopped"
     if spare.warming is not None and not spare.warming.done():
@@ -443,6 +485,34 @@ async def _stop_spare(spare: Spare) -> None:
     if spare.handle is not None:
         with contextlib.suppress(Exception):
             await spare.handle.stop(0.0)
+
+
+class HostCpu:
+    """The host's idle CPU between two looks, in cores (``/proc/stat`` through psutil; its own
+    counters, so another user of ``psutil.cpu_percent`` in this process is not disturbed)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.cores = psutil.cpu_count() or 1
+        #: idle cores wanted before a spare is started: one core, or half of a single one
+        self.room_cores = min(1.0, self.cores / 2)
+        self._last = self._sample()
+
+    def _sample(self) -> tuple[float, float]:
+        t = self._psutil.cpu_times()
+        idle = t.idle + getattr(t, "iowait", 0.0)
+        busy = sum(getattr(t, name, 0.0) for name in
+                   ("user", "nice", "system", "irq", "softirq", "steal"))
+        return idle, idle + busy
+
+    def idle_cores(self) -> float:
+        """Idle cores since the last call (0 when no time passed)."""
+        (idle0, total0), (idle1, total1) = self._last, self._sample()
+        self._last = (idle1, total1)
+        total = total1 - total0
+        return (idle1 - idle0) / total * self.cores if total > 0 else 0.0
 
 
 def _tail(path: Path, n: int = 3) -> str:
