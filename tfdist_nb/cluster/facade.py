@@ -152,7 +152,9 @@ class Cluster:
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
         self._loop = self._take_handoff() or LoopThread(f"tfdist-{self.id}")
         registry.track(self)
-        try:
+        if self._lifecycle.spares is not None:  # filled in the background, CPU allowing: on a
+            self._loop.call_soon(self._lifecycle.spares.start_refill)  # host with idle cores,
+        try:                                          # while the tasks themselves start
             self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
         except BaseException as exc:
             self._teardown()
@@ -163,8 +165,6 @@ class Cluster:
             raise ClusterStartError(f"{text}\n{START_HINT}") from exc
         self.running = True
         self._loop.call_soon(self._lifecycle.exits.start)
-        if self._lifecycle.spares is not None:  # filled in the background, CPU allowing
-            self._loop.call_soon(self._lifecycle.spares.start_refill)
         self._state.mark("running")
         registry.set_current(self)
         self._warn_mismatch()
@@ -295,7 +295,9 @@ class Cluster:
     def _attach_pool(self, pool: SparePool) -> SparePool:
         assert self.rundir is not None
         pool.attach(self.setup, self.rundir.path, self._spares_busy,
-                    lambda text, level: self._note("spares", text, level), count=self._warm)
+                    lambda text, level: self._note("spares", text, level), count=self._warm,
+                    starting=lambda: sum(rt.state is TaskState.STARTING
+                                         for rt in list(self.tasks.values())))
         return pool
 
     def _drop_handoff(self) -> None:
@@ -309,10 +311,10 @@ class Cluster:
             registry.forget(self)
 
     def _spares_busy(self) -> bool:
-        """No spare starts while tasks are being started or restarted (a cell may run: the pool
-        looks at the host's CPU)."""
-        return any(rt.state in (TaskState.STARTING, TaskState.RESTARTING)
-                   for rt in list(self.tasks.values()))
+        """No spare starts while tasks are being restarted: the restart takes what the pool
+        has. Otherwise (a cell running, the cluster's own start) the pool looks at the host's
+        CPU and memory."""
+        return any(rt.state is TaskState.RESTARTING for rt in list(self.tasks.values()))
 
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:

@@ -7,13 +7,15 @@ start of the cluster that replaces this one (``%%tfcluster`` resize), takes spar
 launching; each becomes its task before any user code runs, also one still warming when taken
 (the restart waits for it about as long as a cold start would take, then starts cold).
 
-When they start: as soon as the cluster is up, and whenever the pool is short while the host has
-CPU to spare (at least ``ROOM_CORES`` idle over the last look, for ``idle_s`` seconds): also while
-a cell runs whose tasks sleep or wait in a collective, never while a start or restart is under
-way. Every missing spare starts at once, each only when available memory would still hold one
-more TensorFlow task after it. Their import runs at low priority, so a cell that gets busy later
-is barely slowed. They are stopped with the cluster. A spare whose import-time environment,
-interpreter, preload or working directory differs from what a task asks for is never used.
+When they start: whenever the pool is short while the host has CPU to spare (at least a core
+idle over the last look, for ``idle_s`` seconds): from the cluster's own start on (on a host
+with idle cores, beside its tasks; on a small one, as soon as they are up), also while a cell
+runs whose tasks sleep or wait in a collective, never while a restart is under way. Every
+missing spare starts at once, each only when available memory would still hold one more
+TensorFlow task after it (tasks still starting counted). Their import runs at low priority, so
+a cell that gets busy later is barely slowed. They are stopped with the cluster. A spare whose
+import-time environment, interpreter, preload or working directory differs from what a task
+asks for is never used.
 
 Everything here runs on the cluster's loop thread, except :meth:`SparePool.summary`.
 """
@@ -168,6 +170,7 @@ class SparePool:
         self._setup: Setup | None = None
         self._base: Path | None = None
         self._busy: Callable[[], bool] = lambda: True
+        self._starting: Callable[[], int] = lambda: 0
         self._note: Callable[[str, str], None] = lambda text, level: None
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
@@ -179,10 +182,13 @@ class SparePool:
 
     # ------------------------------------------------------------------ owner
     def attach(self, setup: Setup, base: Path, busy: Callable[[], bool],
-               note: Callable[[str, str], None], count: int | None = None) -> None:
+               note: Callable[[str, str], None], count: int | None = None,
+               starting: Callable[[], int] = lambda: 0) -> None:
         """Serve the cluster of ``setup``; new spares' files go under ``base``/spares.
-        ``busy``: whether the cluster is starting or restarting tasks (no spare starts then)."""
+        ``busy``: whether the cluster is restarting tasks (no spare starts then); ``starting``:
+        how many of its tasks are starting (the memory they will take is not taken yet)."""
         self._setup, self._base, self._busy, self._note = setup, base, busy, note
+        self._starting = starting
         if count is not None:
             self.count = count
         self._said.clear()
@@ -299,7 +305,7 @@ class SparePool:
             return
         while len(self._spares) < self.count:
             warming = sum(s.state == "warming" for s in self._spares)
-            if not self._memory_allows(pending=warming):
+            if not self._memory_allows(pending=warming + self._starting()):
                 return
             spare = self._new_spare()
             # its own task: a handover (cancelling this loop) leaves the warm-up running
@@ -348,7 +354,7 @@ class SparePool:
 
     def _memory_allows(self, pending: int = 0) -> bool:
         """Whether one more spare leaves room for one TF task, counting ``pending`` spares
-        still importing (their memory is not taken yet)."""
+        and tasks still importing (their memory is not taken yet)."""
         import psutil
 
         available_mb = psutil.virtual_memory().available / 2**20 - pending * TASK_MB
