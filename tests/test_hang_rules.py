@@ -32,3 +32,50 @@ def test_two_tasks_waiting_in_one_position_with_different_shapes_are_diverged() 
 def test_two_tasks_waiting_in_the_same_collective_is_no_hang() -> None:
     busy = {"worker:0": ledger(all_reduce(0, 3)), "worker:1": ledger(all_reduce(0, 3))}
     assert judge({}, busy, busy, {"worker:0", "worker:1"}, set(), {}, now=101.5) is None
+
+
+def startup(state: str = "entered", members: tuple[str, ...] = ("worker:1",)) -> dict:
+    """The wait inside MultiWorkerMirroredStrategy() as the worker's ledger reports it."""
+    return {"seq": 1, "index": None, "group": None, "kind": "startup", "dtype": "",
+            "shape": None, "function": "MultiWorkerMirroredStrategy", "where": "cell 2 line 3",
+            "state": state, "entered": 100.0, "group_size": 2, "members": list(members),
+            "check": "tfdist/startup/0"}
+
+
+def test_a_task_that_raised_before_its_strategy_is_named_by_the_one_waiting_in_its_start_up(
+        ) -> None:
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    busy = {"worker:0": ledger(startup())}
+    ended = {"worker:1": Ended("worker:1", "error", "ValueError: no data", "cell 2 line 2")}
+    ledgers = {**busy, "worker:1": ledger()}
+    hang = judge(ended, busy, ledgers, {"worker:0", "worker:1"}, set(), {}, now=103.0)
+    assert hang is not None and (hang.rule, hang.culprit) == ("failed", "worker:1")
+    assert hang.cause == (
+        "worker:1 failed (ValueError: no data) at cell 2 line 2 while worker:0 waited for it in "
+        "the start-up of MultiWorkerMirroredStrategy (every task of TF_CONFIG connects before "
+        "it returns) at cell 2 line 3, which worker:1 never reached")
+    assert hang.waiting["worker:0"].endswith("(waited 3.0s)")
+
+
+def test_a_task_that_finished_without_a_strategy_is_named_and_told_to_make_one() -> None:
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    busy = {"worker:0": ledger(startup())}
+    ledgers = {**busy, "worker:1": ledger()}
+    hang = judge({"worker:1": Ended("worker:1", "ok")}, busy, ledgers,
+                 {"worker:0", "worker:1"}, set(), {}, now=101.0)
+    assert hang is not None and (hang.rule, hang.culprit) == ("finished", "worker:1")
+    assert "which worker:1 never made" in hang.cause
+    assert "every task of TF_CONFIG must make the MultiWorkerMirroredStrategy" in hang.advice
+
+
+def test_a_task_whose_strategy_is_made_is_no_culprit_of_the_others_start_up() -> None:
+    """worker:1 made its strategy (its row done) and then failed: worker:0's start-up
+    completes (its own row is a sample behind), so no rule speaks of the start-up."""
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    busy = {"worker:0": ledger(startup())}
+    ledgers = {**busy, "worker:1": ledger(startup("done", ("worker:0",)))}
+    ended = {"worker:1": Ended("worker:1", "error", "ValueError: later", "cell 2 line 9")}
+    assert judge(ended, busy, ledgers, {"worker:0", "worker:1"}, set(), {}, now=101.0) is None

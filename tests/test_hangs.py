@@ -316,3 +316,42 @@ def test_a_retrace_on_one_task_only_does_not_wait_for_the_others(cluster: Cluste
     assert checks["waited_s"].max() < 5, checks
     assert took < NAMED_WITHIN_S, took
     assert not [a for a in cluster.alerts() if "collective" in a]
+
+
+RAISES_BEFORE_STRATEGY = """import time
+import tensorflow as tf
+import tfdist_nb.worker as tw
+if tw.task[1] == 1:
+    raise ValueError("no data files on this task")
+time.sleep(0.5 if tw.task[1] == 0 else 3)
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+"""
+
+
+def test_a_task_that_raises_before_its_strategy_is_named_and_a_slow_one_is_not() -> None:
+    """The strategy's start-up waits for every task (in C++, until TensorFlow's registration
+    timeout): a task that raised before making it is named at once; one that is merely slow
+    to make it (3 s later than the other) is no hang."""
+    with Cluster(workers=2, stall_timeout=STALL_S) as c:
+        healthy = c.run(RAISES_BEFORE_STRATEGY.replace("raise ValueError", "print"),
+                        timeout=120)
+        assert healthy.ok, healthy.summary()
+        assert not c.alerts() and all(t.explanation is None for t in healthy.tasks.values())
+        c.restart()  # a second strategy needs fresh processes
+        result, took = timed(c, RAISES_BEFORE_STRATEGY, timeout=120)
+        assert took < NAMED_WITHIN_S
+        assert result.tasks["worker:1"].status == "error"
+        cause = result.summary().splitlines()[0]
+        assert cause == (
+            "worker:1 failed (ValueError: no data files on this task) at cell 2 line 5 while "
+            "worker:0 waited for it in the start-up of MultiWorkerMirroredStrategy (every task "
+            "of TF_CONFIG connects before it returns) at cell 2 line 7, which worker:1 never "
+            "reached"), cause
+        assert result.tasks["worker:0"].explanation.startswith(cause)
+        led = c.collectives(on="worker:0", last=1).iloc[0]
+        assert (led["kind"], led["where"]) == ("startup", "cell 2 line 7")
+        # what the user does next works: a restart, and the strategy on every task
+        c.restart()
+        again = c.run(RAISES_BEFORE_STRATEGY.replace("raise ValueError", "print"),
+                      timeout=120)
+        assert again.ok, again.summary()

@@ -17,6 +17,12 @@ from __future__ import annotations
 
 from typing import Any
 
+#: Ledger rows that are waits for other tasks, not TensorFlow collectives: no group, no position
+#: (``index`` None), ``members`` the tasks waited for, ``check`` a key the same on every task.
+#: ``check``: the comparison of a tf.function's collectives before its first run; ``startup``:
+#: the making of a MultiWorkerMirroredStrategy (docs/reference.md, "Collectives and hangs").
+BARRIER_KINDS = frozenset({"check", "startup"})
+
 # The fields a row's collective shares with the same collective in the next call of the run.
 SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in_control_flow")
 CALL = ("function", "called_at")
@@ -75,7 +81,8 @@ def _calls(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 def _foldable(call: list[dict[str, Any]]) -> bool:
     first = call[0]
-    return all(r.get("state") == "done" and r.get("kind") != "check" and "members" not in r
+    return all(r.get("state") == "done" and r.get("kind") not in BARRIER_KINDS
+               and "members" not in r
                and "check" not in r and r.get("entered") == first.get("entered")
                and r.get("done") == first.get("done") for r in call)
 
@@ -111,6 +118,6 @@ def _per_group(ops: list[dict[str, Any]]) -> dict[str, int]:
     that much per call."""
     counts: dict[str, int] = {}
     for op in ops:
-        if op.get("kind") != "check":
+        if op.get("kind") not in BARRIER_KINDS:
             counts[str(op["group"])] = counts.get(str(op["group"]), 0) + 1
     return counts

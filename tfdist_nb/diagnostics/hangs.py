@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tfdist_nb.events import describe_tensor
+from tfdist_nb.ledger_runs import BARRIER_KINDS
 
 
 class LedgerView(Protocol):
@@ -74,6 +75,9 @@ def describe_row(row: dict[str, Any]) -> str:
     if row.get("kind") == "check":
         return (f"the check that tf.function '{row.get('function')}' issues the same "
                 f"collectives on every task, before its first run, at {row.get('where')}")
+    if row.get("kind") == "startup":
+        return (f"the start-up of {row.get('function')} (every task of TF_CONFIG connects "
+                f"before it returns) at {row.get('where')}")
     fn = row.get("function")
     inside = "eagerly" if fn == "eager" else f"in '{fn}'"
     pos = f" #{row['index'] + 1}" if row.get("index") is not None else ""
@@ -100,7 +104,7 @@ def judge(ended: dict[str, Ended], busy: dict[str, LedgerView],
 
 def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: set[str]) -> bool:
     """Whether ``row`` (another task's open collective) cannot complete without ``task``."""
-    if row.get("kind") == "check":
+    if row.get("kind") in BARRIER_KINDS:
         return task in (row.get("members") or ())
     if ledger is not None and ledger.count(row.get("group")) > 0:
         return True
@@ -110,9 +114,9 @@ def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: s
 def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None:
     """How the ended task stands to ``row``: None if it completed its side (the other's done
     is merely not reported yet), else 'never entered' or 'entered and failed'."""
-    if row.get("kind") == "check":
-        # done on the ended task: it published its manifest, so the waiter's read completes
-        # (its own row here may be a sample behind)
+    if row.get("kind") in BARRIER_KINDS:
+        # done on the ended task: it published its manifest (connected), so the waiter's wait
+        # completes (its own row here may be a sample behind)
         mine = ledger.checked(row.get("check")) if ledger is not None else None
         if mine is not None and mine.get("state") == "done":
             return None
@@ -161,8 +165,12 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     at = f" at {end.where}" if end.where else ""
     waiters = sorted(stuck)
     row, entered = stuck[waiters[0]]
-    cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited in a collective "
-             f"that {end.task} {entered}: {describe_row(row)}")
+    if row.get("kind") in BARRIER_KINDS:
+        cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited for it in "
+                 f"{describe_row(row)}, which {end.task} {entered}")
+    else:
+        cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited in a "
+                 f"collective that {end.task} {entered}: {describe_row(row)}")
     advice = ""
     theirs = ledgers.get(end.task)
     mine = theirs.at(row.get("group"), row["index"]) if theirs and row.get("index") is not None \
@@ -193,6 +201,13 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
                                                   stuck.items()},
                     f"a call made on some tasks only: every task must run "
                     f"'{row.get('function')}'")
+    if row.get("kind") == "startup":
+        cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it in "
+                 f"{describe_row(row)}, which {end.task} never made")
+        return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in
+                                                  stuck.items()},
+                    f"a strategy made on some tasks only (a branch on the task, an early "
+                    f"return): every task of TF_CONFIG must make the {row.get('function')}")
     tasks = [end.task, *waiters]
     counts = {t: ledgers[t].count(group) if t in ledgers else 0 for t in tasks}
     how_far = ", ".join(f"{t} {steps.get(t, 0)} step(s) and {counts[t]} collective(s)"

@@ -87,7 +87,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
 
 def start(kernel: Any) -> None:
     """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
-    from tfdist_nb.worker import _collectives, _keras, _sharding, _tfdata
+    from tfdist_nb.worker import _collectives, _keras, _sharding, _startup, _tfdata
     from tfdist_nb.worker.gpu import GpuSampler
     from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry, telemetry_interval
 
@@ -113,7 +113,7 @@ def start(kernel: Any) -> None:
     telemetry.ledger = LEDGER
     cellmap.install(kernel)
     kernel.shell.events.register("pre_run_cell", lambda *_: ABORT.clear())
-    for module in (_keras, _tfdata, _sharding, _collectives):
+    for module in (_keras, _tfdata, _sharding, _collectives, _startup):
         try:
             module.install()
         except Exception as exc:  # say it (once) instead of losing the detection silently

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import fold
+from tfdist_nb.ledger_runs import BARRIER_KINDS, fold
 
 KEEP = 5000
 MAX_ROWS_PER_MESSAGE = 2000
@@ -31,7 +31,7 @@ MAX_ROWS_PER_MESSAGE = 2000
 class Op:
     """One collective as traced into a function or launched eagerly."""
 
-    kind: str  # all_reduce | all_gather | broadcast | check
+    kind: str  # all_reduce | all_gather | broadcast | check | startup (BARRIER_KINDS)
     group_size: int | None
     group_key: int | None
     dtype: str
@@ -76,7 +76,7 @@ class Ledger:
             for op in ops:
                 self._seq += 1
                 index = None
-                if op.kind != "check":
+                if op.kind not in BARRIER_KINDS:
                     index = self._counts.get(op.group_key, 0)
                     self._counts[op.group_key] = index + 1
                 row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,

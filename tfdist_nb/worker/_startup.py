@@ -1,0 +1,74 @@
+"""Making a MultiWorkerMirroredStrategy waits for every task: that wait is a ledger row too.
+
+The strategy's constructor connects this task to TensorFlow's coordination service and waits
+until every task of TF_CONFIG has connected (``CollectiveAllReduceExtended.
+_initialize_multi_worker``: ``enable_collective_ops`` and ``ensure_initialized``). A task that
+raised before making its strategy, or finished the cell without one, leaves the others blocked
+there in C++ until TensorFlow's registration timeout, where no interrupt reaches them. The wait
+is a ``startup`` row in the ledger with the other tasks as its members, so the controller's hang
+rules name the culprit the moment it ends (docs/reference.md, "Collectives and hangs").
+"""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+from typing import Any
+
+from tfdist_nb.worker import agreement, cellmap
+from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.ledger import LEDGER, Op
+
+STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
+STRATEGY = "MultiWorkerMirroredStrategy"
+PART = "startup"
+STOPS = ("naming a task that never made its MultiWorkerMirroredStrategy while the others "
+         "waited for it (they wait until the cell's timeout instead)")
+
+_made = [0]  # strategies this process started making (the same count on every task)
+
+
+def patch_strategy(module: ModuleType) -> bool:
+    """Wrap the multi-worker start-up; False if already done. Raises AttributeError when
+    TensorFlow renamed it."""
+    cls = module.CollectiveAllReduceExtended
+    method = cls._initialize_multi_worker
+    if getattr(method, "_tfdist_startup", False):
+        return False
+
+    @functools.wraps(method)
+    def initialize_multi_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+        rows = _enter()
+        if rows is None:
+            return method(self, *args, **kwargs)
+        try:
+            out = method(self, *args, **kwargs)
+        except BaseException:
+            LEDGER.close(rows, "failed")
+            raise
+        LEDGER.close(rows)
+        return out
+
+    initialize_multi_worker._tfdist_startup = True  # type: ignore[attr-defined]
+    cls._initialize_multi_worker = initialize_multi_worker
+    return True
+
+
+def _enter() -> list[dict[str, Any]] | None:
+    """A ``startup`` row naming the tasks this one waits for; None outside a multi-task
+    TF_CONFIG that names this task (nothing to wait for)."""
+    everyone, mine = agreement.members(), agreement.me()
+    if mine not in everyone or len(everyone) < 2:
+        return None
+    nth = _made[0]
+    _made[0] += 1
+    op = Op("startup", len(everyone), None, "", None, None, cellmap.main_thread_site())
+    return LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
+                        check=f"tfdist/startup/{nth}")
+
+
+def install() -> None:
+    from tfdist_nb import worker
+
+    after_import((STRATEGY_MODULE,), patch_strategy,
+                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
