@@ -347,9 +347,14 @@ def test_a_task_that_raises_before_its_strategy_is_named_and_a_slow_one_is_not()
             "worker:0 waited for it in the start-up of MultiWorkerMirroredStrategy (every task "
             "of TF_CONFIG connects before it returns) at cell 2 line 7, which worker:1 never "
             "reached"), cause
-        assert result.tasks["worker:0"].explanation.startswith(cause)
+        said = result.tasks["worker:0"].explanation
+        assert said.startswith(cause)
+        # it holds the GIL in there: told as it is, not as released
+        assert ("worker:0 is still blocked in the start-up of MultiWorkerMirroredStrategy"
+                in said and "restart the tasks" in said and "released" not in said), said
         led = c.collectives(on="worker:0", last=1).iloc[0]
-        assert (led["kind"], led["where"]) == ("startup", "cell 2 line 7")
+        assert (led["kind"], led["where"], led["state"]) == ("startup", "cell 2 line 7",
+                                                             "entered")
         # what the user does next works: a restart, and the strategy on every task
         c.restart()
         again = c.run(RAISES_BEFORE_STRATEGY.replace("raise ValueError", "print"),

@@ -218,10 +218,13 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     stood), then collectives aborted (stall, crash), then SIGINT, then ``grace_s`` to answer."""
     reason = control.reason or "interrupt"
     rest = [by_name[n] for n in by_name if n not in done]
+    # tasks the hang rules know hold the GIL (a strategy's start-up): nothing they would answer
+    frozen = control.hang.frozen if control.hang is not None else set()
+    reachable = [rt for rt in rest if rt.name not in frozen]
     stacks: dict[str, dict[str, Any] | None] = {}
     if inspector is not None and reason in ("timeout", "stall", "crash", "hang"):
-        found = await asyncio.gather(*(inspector.stacks(rt) for rt in rest))
-        stacks = {rt.name: s for rt, s in zip(rest, found, strict=True)}
+        found = await asyncio.gather(*(inspector.stacks(rt) for rt in reachable))
+        stacks = {rt.name: s for rt, s in zip(reachable, found, strict=True)}
     ledgers = ({n: inspector.ledger(n) for n in by_name} if inspector is not None else {})
     # where each task stood, read before the abort below moves the open rows to "aborted"
     stood = ledger_overview(ledgers, time.time()) if reason in ("stall", "timeout") else ""
@@ -230,10 +233,10 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     if inspector is not None and reason in ("stall", "crash", "hang"):
         why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else reason
         await asyncio.gather(*(inspector.abort_collectives(rt, f"{why} in the cluster")
-                               for rt in rest), return_exceptions=True)
-    await asyncio.gather(*(rt.handle.interrupt() for rt in rest), return_exceptions=True)
+                               for rt in reachable), return_exceptions=True)
+    await asyncio.gather(*(rt.handle.interrupt() for rt in reachable), return_exceptions=True)
     grace_s = 0.0 if reason == "stopped" else grace_s
-    await _wait_all([execs[rt.name].reply for rt in rest], grace_s)
+    await _wait_all([execs[rt.name].reply for rt in reachable], grace_s)
     out = {}
     hang = control.hang
     overview = "" if hang else who_waits(stacks)

@@ -58,10 +58,16 @@ class Hang:
     cause: str  # one sentence: the root cause (the first line of the run's summary)
     waiting: dict[str, str] = field(default_factory=dict)  # released task -> what it waited in
     advice: str = ""
+    #: waiting tasks that cannot be released: their wait holds the GIL (a strategy's start-up)
+    frozen: set[str] = field(default_factory=set)
 
     def explanation(self, task: str) -> str:
         said = [self.cause]
-        if task in self.waiting:
+        if task in self.frozen:
+            said.append(f"{task} is still blocked in {self.waiting[task]}: TensorFlow holds the "
+                        "Python lock there until its own registration timeout, so no interrupt "
+                        "reaches it; restart the tasks (%tfdist_restart)")
+        elif task in self.waiting:
             said.append(f"{task} was released from {self.waiting[task]}")
         if self.advice:
             first = self.advice.split(" ", 1)[0]
@@ -98,6 +104,8 @@ def judge(ended: dict[str, Ended], busy: dict[str, LedgerView],
     for rule in (_failed_or_finished, _absent, _diverged):
         found = rule(ended, busy, ledgers, members, absent, steps, now)
         if found is not None:
+            found.frozen = {w for w in found.waiting if w in busy and any(
+                r.get("kind") == "startup" for r in busy[w].open_rows())}
             return found
     return None
 

@@ -4,9 +4,11 @@ The strategy's constructor connects this task to TensorFlow's coordination servi
 until every task of TF_CONFIG has connected (``CollectiveAllReduceExtended.
 _initialize_multi_worker``: ``enable_collective_ops`` and ``ensure_initialized``). A task that
 raised before making its strategy, or finished the cell without one, leaves the others blocked
-there in C++ until TensorFlow's registration timeout, where no interrupt reaches them. The wait
-is a ``startup`` row in the ledger with the other tasks as its members, so the controller's hang
-rules name the culprit the moment it ends (docs/reference.md, "Collectives and hangs").
+there in C++, holding the GIL, until TensorFlow's registration timeout: no interrupt reaches
+them and none of their Python threads runs. The wait is a ``startup`` row in the ledger with the
+other tasks as its members, sent before the call (no thread could send it during), so the
+controller's hang rules name the culprit the moment it ends (docs/reference.md, "Collectives
+and hangs").
 """
 
 from __future__ import annotations
@@ -63,8 +65,13 @@ def _enter() -> list[dict[str, Any]] | None:
     nth = _made[0]
     _made[0] += 1
     op = Op("startup", len(everyone), None, "", None, None, cellmap.main_thread_site())
-    return LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
+    rows = LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
                         check=f"tfdist/startup/{nth}")
+    from tfdist_nb import worker
+
+    if worker._telemetry is not None:  # the wait holds the GIL: nothing is sent during it
+        worker._telemetry.deliver_ledger()
+    return rows
 
 
 def install() -> None:

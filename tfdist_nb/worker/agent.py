@@ -7,6 +7,7 @@ Facts); importing TensorFlow is fine and is done here so the user's first cell d
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -14,6 +15,7 @@ import platform
 import socket
 import sys
 import sysconfig
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -85,6 +87,17 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     }
 
 
+def _iopub_drained(kernel: Any, timeout_s: float) -> bool:
+    """Whether the kernel's iopub thread has handed everything sent so far to zmq (whose own
+    threads need no GIL) within ``timeout_s``: its events run in order."""
+    thread = getattr(kernel, "iopub_thread", None)
+    if thread is None:
+        return False
+    done = threading.Event()
+    thread.schedule(done.set)
+    return done.wait(timeout_s)
+
+
 def start(kernel: Any) -> None:
     """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
     from tfdist_nb.worker import _collectives, _keras, _sharding, _startup, _tfdata
@@ -106,6 +119,7 @@ def start(kernel: Any) -> None:
     except ValueError:  # set on a remote host behind the controller's back: the default
         interval = 1.0
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
+    telemetry.drained = functools.partial(_iopub_drained, kernel)
     worker._telemetry = telemetry  # before the instrumentation, so its failures can be said
     from tfdist_nb.worker import cellmap
     from tfdist_nb.worker.ledger import ABORT, LEDGER

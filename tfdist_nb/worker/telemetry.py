@@ -69,6 +69,9 @@ class Telemetry:
         self.total_steps: int | None = None
         self.seq = 0
         self.ledger: Any = None  # the task's collective ledger (worker.ledger), set by the agent
+        #: waits until what was sent has left this process (the kernel's iopub thread took it);
+        #: set by the agent. Returns False at its timeout.
+        self.drained: Callable[[float], bool] | None = None
 
     def start(self) -> None:
         import psutil
@@ -131,6 +134,13 @@ class Telemetry:
             if ledger:
                 self._send({"kind": "ledger", "time": time.time(), "ledger": ledger,
                             "step": self.step_count})
+
+    def deliver_ledger(self, timeout_s: float = 1.0) -> bool:
+        """Send the ledger rows now and wait until they left: the caller is about to block
+        somewhere that holds the GIL (TensorFlow's strategy start-up), where neither this
+        thread nor the kernel's iopub thread runs."""
+        self.flush_ledger()
+        return self.drained(timeout_s) if self.drained is not None else False
 
     def _near_limit(self) -> bool:
         memory = self._memory()
