@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import sys
 import threading
@@ -81,8 +82,19 @@ def test_mwms_training_across_two_ssh_hosts(hosts: remote_hosts.TestHosts) -> No
         assert kernels["worker:0"] in hosts.pids(h1)
         assert kernels["worker:1"] in hosts.pids("tfdhost2")
 
+        assert c.exposure_note() is None  # no TF server yet: nothing to say
         result = c.run(cell("mwms_loop"), timeout=150)
         assert result.ok, result.summary()
+        # the strategy opened each task's TF server on its host: said once, host and port named,
+        # and true: reachable from another host (this one, over the tests' bridge)
+        said = c.exposure_note()
+        assert said is not None and c.exposure_note() is None, said
+        for name, address in addresses.items():
+            assert f"{name} ({address})" in said, said
+            host, _, port = address.rpartition(":")
+            with socket.create_connection((host, int(port)), timeout=5):
+                pass
+        assert "every interface of its host, without authentication" in said
         losses = {n: re.search(r"final loss ([0-9.]+)", r.stdout).group(1)  # type: ignore[union-attr]
                   for n, r in result.tasks.items()}
         assert losses["worker:0"] == losses["worker:1"]  # one model, synchronised across hosts

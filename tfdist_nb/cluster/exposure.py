@@ -4,7 +4,9 @@ TensorFlow's gRPC server (started with the strategy) binds ``0.0.0.0`` and ``::`
 TF_CONFIG says, and takes any request unauthenticated (docs/security.md, "What TensorFlow itself
 opens"). A local cluster's tasks share the controller's network namespace, so the controller's
 ``/proc/net/tcp`` and ``tcp6`` list their listening sockets; a port bound to every interface is
-said once per cluster and set of ports, naming the tasks and ports.
+said once per cluster and set of ports, naming the tasks and ports. Remote tasks' tables are on
+their hosts: there the line follows what the tasks did (a strategy whose start-up completed, a
+parameter-server cluster's servers), naming each task's host and port (``describe_remote``).
 """
 
 from __future__ import annotations
@@ -57,3 +59,13 @@ def describe(open_ports: dict[str, int]) -> str:
             "TensorFlow ops in the task as you (read and write your files). Keep the host on "
             "a private network or firewall those ports; docs/security.md, 'What TensorFlow "
             "itself opens'")
+
+
+def describe_remote(open_addresses: dict[str, str]) -> str:
+    """The one line said about remote tasks' TF servers (task -> ``host:port``)."""
+    named = ", ".join(f"{task} ({address})" for task, address in sorted(open_addresses.items()))
+    return (f"TensorFlow's gRPC server of {named} listens on every interface of its host, "
+            "without authentication: whoever can reach that host on that port can run "
+            "TensorFlow ops in the task as the user it runs as (read and write its files). Keep "
+            "the hosts on a private network or firewall those ports to the cluster's own "
+            "hosts; docs/security.md, 'What TensorFlow itself opens'")

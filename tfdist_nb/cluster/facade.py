@@ -116,7 +116,7 @@ class Cluster:
         self._handoff: tuple[LoopThread, SparePool] | None = None  # from the replaced cluster
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
-        self._exposure_said: frozenset[tuple[str, int]] = frozenset()
+        self._exposure_said: frozenset[tuple[str, int | str]] = frozenset()
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
@@ -658,16 +658,37 @@ class Cluster:
     def exposure_note(self) -> str | None:
         """The line naming the exposed TF ports, the first time this set of them listens
         (a restart onto fresh ports is said again); kept in the run directory's log."""
-        open_ports = self.tf_exposure()
-        key = frozenset(open_ports.items())
-        if not open_ports or key <= self._exposure_said:
-            return None
-        self._exposure_said |= key
-        line = exposure.describe(open_ports)
-        if why := getattr(self.launcher, "why_not_confined", None):
-            line += f". They are not confined to a private network: {why}"
+        if self.launcher.remote:
+            serving = self._remote_servers()
+            key: frozenset[tuple[str, int | str]] = frozenset(serving.items())
+            if not serving or key <= self._exposure_said:
+                return None
+            self._exposure_said |= key
+            line = exposure.describe_remote(serving)
+        else:
+            open_ports = self.tf_exposure()
+            key = frozenset(open_ports.items())
+            if not open_ports or key <= self._exposure_said:
+                return None
+            self._exposure_said |= key
+            line = exposure.describe(open_ports)
+            if why := getattr(self.launcher, "why_not_confined", None):
+                line += f". They are not confined to a private network: {why}"
         self._note("cluster", line, "INFO")
         return line
+
+    def _remote_servers(self) -> dict[str, str]:
+        """Remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
+        completed in their ledger, or the parameter-server cluster serves from its start."""
+        serving = {}
+        for rt in list(self.tasks.values()):
+            if rt.handle is None or self.hub is None:
+                continue
+            rows = self.hub.live.view(rt.name).ledger.recent()
+            if (self.spec.ps and rt.task.role in ("ps", "worker")) or any(
+                    r.get("kind") == "startup" and r.get("state") == "done" for r in rows):
+                serving[rt.name] = rt.address
+        return serving
 
     def network(self) -> str:
         """Who can reach this cluster's TensorFlow ports, one line (the launcher says)."""
