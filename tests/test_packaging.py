@@ -49,6 +49,13 @@ def test_layering_contracts_hold() -> None:
     assert "0 broken" in proc.stdout
 
 
+def test_types_check_in_the_controller_and_pure_modules() -> None:
+    """mypy over the files ``[tool.mypy]`` in pyproject.toml names."""
+    proc = subprocess.run([sys.executable, "-m", "mypy"], cwd=REPO, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_ruff_clean() -> None:
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "tfdist_nb", "tests", "bench"],
                           cwd=REPO, capture_output=True, text=True)

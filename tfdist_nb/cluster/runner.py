@@ -72,7 +72,7 @@ class RunControl:
 async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: float | None,
                    control: RunControl, grace_s: float = 5.0, inspector: Inspector | None = None,
                    stall_timeout: float | None = None) -> dict[str, TaskResult]:
-    execs = {rt.name: rt.channel.execute(code, cell) for rt in tasks}
+    execs = {rt.name: rt.live_channel.execute(code, cell) for rt in tasks}
     for rt in tasks:
         if rt.state is not TaskState.DEAD:  # found dead just now: reported as crashed below
             rt.transition(TaskEvent.RUN)
@@ -87,8 +87,8 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             rt, ex = by_name[name], execs[name]
             if ex.reply.done():
                 results[name] = await _finished(rt, ex)
-            elif (code := await rt.handle.poll()) is not None:
-                results[name] = _crashed(rt, ex, code, inspector)
+            elif (exit_code := await rt.live_handle.poll()) is not None:
+                results[name] = _crashed(rt, ex, exit_code, inspector)
                 control.stop("crash")
         if inspector is not None:
             busy = [by_name[n] for n in by_name if n not in results]
@@ -160,7 +160,7 @@ async def _wait_any(futures: list, timeout: float) -> None:
 
 async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -> TaskResult:
     if ex.reply.cancelled():  # the channel closed under us: the cluster is being stopped
-        rt.channel.abandon(ex)
+        rt.live_channel.abandon(ex)
         result = _result(rt, ex, status or "interrupted", None)
         result.explanation = "the cluster was stopped while the cell ran"
         return result
@@ -168,7 +168,7 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
     # the reply can overtake the last output on iopub; idle says all of it is in
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.shield(ex.idle), IDLE_AFTER_REPLY_S)
-    rt.channel.abandon(ex)
+    rt.live_channel.abandon(ex)
     rt.finish_run()
     error = None
     if reply.get("status") == "error":
@@ -187,7 +187,7 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
 
 def _crashed(rt: TaskRuntime, ex: Execution, code: int,
              inspector: Inspector | None) -> TaskResult:
-    rt.channel.abandon(ex)
+    rt.live_channel.abandon(ex)
     rt.transition(TaskEvent.EXITED)
     last, lines = inspector.last_words(rt) if inspector else (None, [])
     what = rt.handle.describe_exit(code) if rt.handle else describe_exit(code)
@@ -234,7 +234,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else reason
         await asyncio.gather(*(inspector.abort_collectives(rt, f"{why} in the cluster")
                                for rt in reachable), return_exceptions=True)
-    await asyncio.gather(*(rt.handle.interrupt() for rt in reachable), return_exceptions=True)
+    await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable),
+                         return_exceptions=True)
     grace_s = 0.0 if reason == "stopped" else grace_s
     await _wait_all([execs[rt.name].reply for rt in reachable], grace_s)
     out = {}
@@ -250,8 +251,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         if hang is not None and out[rt.name].status != "crashed":
             out[rt.name].explanation = hang.explanation(rt.name)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
-        if overview and out[rt.name].explanation:
-            out[rt.name].explanation += f"\n{overview}"
+        if overview and (said := out[rt.name].explanation):
+            out[rt.name].explanation = f"{said}\n{overview}"
     return out
 
 
@@ -294,9 +295,9 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str
                         grace_s: float, inspector: Inspector | None) -> TaskResult:
     if ex.reply.done():
         return await _finished(rt, ex, status)
-    if (code := await rt.handle.poll()) is not None:
+    if (code := await rt.live_handle.poll()) is not None:
         return _crashed(rt, ex, code, inspector)
-    rt.channel.abandon(ex)
+    rt.live_channel.abandon(ex)
     res = _result(rt, ex, status, None)
     if reason == "stopped":
         res.explanation = "the cluster was stopped while the cell ran"

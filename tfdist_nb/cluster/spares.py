@@ -148,8 +148,8 @@ class Spare:
         import-time lines) is replayed under that name, as a cold task would have said it."""
         assert self.channel is not None
         self.channel.task = task
-        backlog = [OutputLine(e.time, task, e.stream, e.text, None)
-                   for e in self.backlog if isinstance(e, OutputLine)]
+        backlog: list[Event] = [OutputLine(e.time, task, e.stream, e.text, None)
+                                for e in self.backlog if isinstance(e, OutputLine)]
         self.backlog.clear()
         if backlog:
             sink(backlog)
@@ -425,8 +425,8 @@ class SparePool:
                             cwd=spare.cwd)
         # shielded: a close() while the process is being spawned still finds (and ends) it
         spare.starting = asyncio.ensure_future(self._setup.launcher.start(launch))
-        spare.handle = await asyncio.shield(spare.starting)
-        channel = KernelChannel(spare.name, spare.handle.client, spare.sink)
+        spare.handle = handle = await asyncio.shield(spare.starting)
+        channel = KernelChannel(spare.name, handle.client, spare.sink)
         spare.channel = channel
         await _unless_dies(spare, channel.start(timeout=60))
         agent = AgentClient(spare.name, channel)

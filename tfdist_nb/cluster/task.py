@@ -39,6 +39,21 @@ class TaskRuntime:
         return self.handle.pid if self.handle else None
 
     @property
+    def live_channel(self) -> KernelChannel:
+        """The channel of a task that has a process (a cell, an inspection); a task without
+        one is an error of the caller, said as such."""
+        if self.channel is None:
+            raise RuntimeError(f"{self.name} has no kernel channel (its process is not running)")
+        return self.channel
+
+    @property
+    def live_handle(self) -> TaskHandle:
+        """The process handle of a task that has a process (see ``live_channel``)."""
+        if self.handle is None:
+            raise RuntimeError(f"{self.name} has no process")
+        return self.handle
+
+    @property
     def host(self) -> str:
         return self.handle.host if self.handle else self.address.rpartition(":")[0]
 

@@ -19,6 +19,7 @@ so a healthy run, however slow, stays silent; the stall detector covers the rest
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -93,8 +94,8 @@ def describe_row(row: dict[str, Any]) -> str:
             f"{inside} at {row.get('where')}{via}")
 
 
-def judge(ended: dict[str, Ended], busy: dict[str, LedgerView],
-          ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+def judge(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
+          ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
           steps: dict[str, int], now: float) -> Hang | None:
     """The first rule the ledgers prove, or None.
 
@@ -140,8 +141,8 @@ def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None
     return None
 
 
-def _failed_or_finished(ended: dict[str, Ended], busy: dict[str, LedgerView],
-                        ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
+                        ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
                         steps: dict[str, int], now: float) -> Hang | None:
     for name, end in ended.items():
         ledger = ledgers.get(name)
@@ -167,7 +168,7 @@ def _waited(row: dict[str, Any], now: float) -> str:
 
 
 def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
-            ledgers: dict[str, LedgerView], now: float) -> Hang:
+            ledgers: Mapping[str, LedgerView], now: float) -> Hang:
     how = "crashed" if end.status == "crashed" else "failed"
     what = f" ({end.error})" if end.error else ""
     at = f" at {end.where}" if end.where else ""
@@ -197,7 +198,7 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
 
 
 def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
-              ledgers: dict[str, LedgerView], steps: dict[str, int], now: float) -> Hang:
+              ledgers: Mapping[str, LedgerView], steps: dict[str, int], now: float) -> Hang:
     waiters = sorted(stuck)
     row, _ = stuck[waiters[0]]
     group = row.get("group")
@@ -232,7 +233,7 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
                 advice)
 
 
-def _lines_that_differ(tasks: list[str], ledgers: dict[str, LedgerView],
+def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
                        group: Any) -> list[tuple[str, dict[str, int]]]:
     """The lines whose collectives (of ``group``, in the rows still kept) ran a different
     number of times on different tasks, with the count per task; a traced function's
@@ -274,8 +275,8 @@ def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],
             "drop_remainder=True for the last partial batch")
 
 
-def _absent(ended: dict[str, Ended], busy: dict[str, LedgerView],
-            ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
+            ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
             steps: dict[str, int], now: float) -> Hang | None:
     for name in sorted(absent):
         for waiter, view in sorted(busy.items()):
@@ -292,8 +293,8 @@ def _absent(ended: dict[str, Ended], busy: dict[str, LedgerView],
     return None
 
 
-def _diverged(ended: dict[str, Ended], busy: dict[str, LedgerView],
-              ledgers: dict[str, LedgerView], members: set[str], absent: set[str],
+def _diverged(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
+              ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
               steps: dict[str, int], now: float) -> Hang | None:
     slots: dict[tuple[str, int], dict[str, dict[str, Any]]] = collections.defaultdict(dict)
     for task, view in busy.items():
@@ -326,7 +327,7 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
                                     for i, j in zip(x, y, strict=True))
 
 
-def ledger_overview(ledgers: dict[str, LedgerView], now: float) -> str:
+def ledger_overview(ledgers: Mapping[str, LedgerView], now: float) -> str:
     """For a stall report: who is in which collective since when, and who never entered it;
     empty when no task is in a collective."""
     if not any(v.current() for v in ledgers.values()):
@@ -335,7 +336,7 @@ def ledger_overview(ledgers: dict[str, LedgerView], now: float) -> str:
     return "collectives: " + "; ".join(f"{t} {said}" for t, said in stands.items())
 
 
-def where_each_stands(ledgers: dict[str, LedgerView], now: float) -> dict[str, str]:
+def where_each_stands(ledgers: Mapping[str, LedgerView], now: float) -> dict[str, str]:
     """Per task, in words: the collective it is in and for how long, or that it never entered
     the one the others are in, with how many it issued and its last."""
     inside = {t: v.current() for t, v in ledgers.items()}

@@ -54,10 +54,11 @@ def first_nan(results: Iterable[TaskResult]) -> str | None:
     found.sort(key=lambda f: (f.at is None, f.at or 0.0))
     first = found[0]
     text = first.describe()
-    later = [f for f in found[1:] if f.at is not None and first.at is not None]
-    if later:
-        text += "; then " + ", ".join(f"{f.task} ({f.at - first.at:.2f} s later, op {f.op})"
-                                      for f in later)
+    began = first.at
+    later = [(f, f.at) for f in found[1:] if f.at is not None]
+    if later and began is not None:
+        text += "; then " + ", ".join(f"{f.task} ({at - began:.2f} s later, op {f.op})"
+                                      for f, at in later)
     if first.stack:
         text += f"\nwhere {first.op} was created:\n{first.stack}"
     return text

@@ -246,8 +246,8 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
         "own_shard": ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in
                                (described.get(t, {}).get("pipeline") or {}).get("shards", [])),
     } for t in good]).set_index("task")
-    for t, why in cut.items():
-        details.append(f"{t}: reading cut short by the {why}; the counts cover what was read")
+    for t, cut_by in cut.items():
+        details.append(f"{t}: reading cut short by the {cut_by}; the counts cover what was read")
     if any(dupes.values()):
         details.append("read more than once by the same task: " + ", ".join(
             f"{t} {n}" for t, n in dupes.items() if n) + " (repeat(), or duplicates in the "

@@ -143,6 +143,7 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
         first = rows[sorted(rows, key=_order)[0]]
         record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
                       mirrored=_mirrored_text(mirrored))
+        got: dict[str, Any]
         if absent:
             got = {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
                    "why": f"missing on {_names(absent)}"}

@@ -120,7 +120,8 @@ class LocalTaskHandle(TaskHandle):
             if await self._wait_exit(grace_s):
                 return "request"
         with contextlib.suppress(ProcessLookupError, OSError):
-            await self.manager.provisioner.kill()
+            if (provisioner := self.manager.provisioner) is not None:
+                await provisioner.kill()
         await self._wait_exit(5.0)
         return "kill"
 

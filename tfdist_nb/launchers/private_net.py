@@ -164,8 +164,8 @@ def _start_slirp(net: PrivateNetwork) -> None:
     if answer != b"1":
         err = ""
         if net.slirp.poll() is not None and net.slirp.stderr is not None:
-            err = net.slirp.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
-            err = err[0] if err else ""
+            last = net.slirp.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
+            err = last[0] if last else ""
         raise PrivateNetUnavailable(f"slirp4netns did not configure the namespace: "
                                     f"{err or 'no answer'}")
     net.outbound = "outbound through slirp4netns"

@@ -41,7 +41,7 @@ def launcher_class(name: str) -> type[Launcher]:
     if target is None:
         raise SpecError(f"unknown launcher {name!r}; available: {', '.join(available())}")
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(module), attr)
 
 
 def get_launcher(name: str, **options: Any) -> Launcher:

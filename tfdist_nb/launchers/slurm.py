@@ -176,7 +176,7 @@ def _tool(argv: list[str], timeout: float = 15.0,
 
 def _fields(text: str) -> dict[str, str]:
     """``Key=Value`` pairs of ``scontrol show job -o`` (values have no spaces but Command=...)."""
-    return dict(m.groups() for m in re.finditer(r"(\w[\w/:]*)=(\S*)", text))
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w[\w/:]*)=(\S*)", text)}
 
 
 class SlurmJob:

@@ -309,8 +309,9 @@ class SSHLauncher(Launcher):
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(setup).encode() + b"\n")
         client = AsyncKernelClient()
-        client.load_connection_info({"transport": "ipc", "ip": str(local), **CHANNEL_PORTS,
-                                     "key": key, "signature_scheme": "hmac-sha256"})
+        info: dict[str, Any] = {"transport": "ipc", "ip": str(local), **CHANNEL_PORTS,
+                                "key": key, "signature_scheme": "hmac-sha256"}
+        client.load_connection_info(info)  # type: ignore[arg-type]  # a KernelConnectionInfo
         handle = SSHTaskHandle(task=launch.task, host=host, pid=None, client=client, proc=proc,
                                sockets=[Path(f"{local}-{p}") for p in CHANNEL_PORTS.values()])
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -24,7 +24,7 @@ class LedgerView:
     open: dict[int, dict[str, Any]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     issued: int = 0
-    _at: dict[tuple[str, int], int] = field(default_factory=dict)
+    _at: dict[tuple[str, int | None], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # written on the loop thread
 
     def update(self, ledger: dict[str, Any]) -> None:

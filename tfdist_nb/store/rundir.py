@@ -34,7 +34,7 @@ DEFAULT_ROOT = "tfdist_runs"
 HOLD_EVENTS_BYTES = 64 << 20  # output held in memory while the disk refuses it
 HOLD_OTHER_BYTES = 16 << 20  # telemetry, cells
 _ENCODER = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=...) builds one a call
-_STR = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # C-accelerated
+_STR = json.encoder.encode_basestring_ascii  # C-accelerated
 
 
 def _line_json(e: OutputLine) -> str:
@@ -211,18 +211,18 @@ class RunDirectory:
         """What to say of the directory as a whole (its three files share one disk): that it
         cannot be written, the first time any file is refused; that held lines are dropped,
         once; that it is written again, when no file holds anything any more."""
-        changes = [c for c in changes if c is not None]
-        if not changes:
+        said = [c for c in changes if c is not None]
+        if not said:
             return None
         with self._lock:
-            self._recovered += sum(c.lines for c in changes if c.kind == "recovered")
+            self._recovered += sum(c.lines for c in said if c.kind == "recovered")
             files = (self._events, self._telemetry, self._cells)
             refused = next((f.error for f in files if f.error), None)
             if refused is not None and not self._troubled:
                 self._troubled, self._recovered = True, 0
                 change = DiskChange("failed", refused)
             elif refused is not None and not self._dropping_said and any(
-                    c.kind == "dropping" for c in changes):
+                    c.kind == "dropping" for c in said):
                 self._dropping_said = True
                 change = DiskChange("dropping", refused, sum(f.dropped for f in files))
             elif refused is None and self._troubled:
