@@ -36,7 +36,7 @@ from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
-from tfdist_nb.cluster.spares import SparePool, supports_spares
+from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
@@ -649,8 +649,8 @@ class Cluster:
         (task -> port): TensorFlow binds all interfaces, unauthenticated, once a strategy or a
         ``tf.distribute.Server`` starts. Local clusters only; what remote launchers expose is
         in docs/security.md."""
-        if self.launcher.name != "local" or getattr(self.launcher, "confined", False):
-            return {}  # remote: docs/security.md; confined: the ports are in the tasks' netns
+        if self.launcher.remote or self.launcher.confined:
+            return {}  # remote: exposure_note; confined: the ports are in the tasks' netns
         ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in self.tasks.values()
                  if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
         return exposure.exposed(ports, exposure.read_tables()) if ports else {}
@@ -672,7 +672,7 @@ class Cluster:
                 return None
             self._exposure_said |= key
             line = exposure.describe(open_ports)
-            if why := getattr(self.launcher, "why_not_confined", None):
+            if why := self.launcher.why_not_confined:
                 line += f". They are not confined to a private network: {why}"
         self._note("cluster", line, "INFO")
         return line
@@ -742,11 +742,11 @@ def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> i
     tasks = len(setup.spec.tasks)
     if warm is None:
         default = _default_spares(tasks)
-        return default if supports_spares(launcher) and setup.preload else 0
+        return default if launcher.spares and setup.preload else 0
     if warm is False or (not isinstance(warm, bool) and warm == 0):
         return 0
     if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
-        if not supports_spares(launcher):
+        if not launcher.spares:
             raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
                             "(leave warm unset or False)")
         return tasks if warm is True else int(warm)

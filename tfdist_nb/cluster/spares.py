@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.events import Event, OutputLine
-from tfdist_nb.launchers.base import Launcher, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.adopt import SPARE_ENV, WARM_NICE
@@ -84,14 +84,6 @@ def import_time(key: str) -> bool:
 
 def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if import_time(k)}
-
-
-def supports_spares(launcher: Launcher) -> bool:
-    """Spares need a kernel started here with its environment at launch (the local launcher);
-    remote and attached tasks keep the cold path."""
-    from tfdist_nb.launchers.local import LocalLauncher
-
-    return isinstance(launcher, LocalLauncher) and launcher.env_at_launch and launcher.restartable
 
 
 def env_delta(spare_env: Mapping[str, str],

@@ -80,6 +80,37 @@ class Launcher(abc.ABC):
     #: What to do instead, said when a restart is refused (``restartable`` False).
     restart_instead: str = "restart them where they were started, then attach again"
 
+    # ------------------------------------------------------------------ capabilities
+    @property
+    def spares(self) -> bool:
+        """Whether spare kernels warmed here can become its tasks (docs/design.md, "Spare
+        kernels"): a kernel started on this host, its environment set at launch."""
+        return False
+
+    @property
+    def confined(self) -> bool:
+        """Whether its tasks' TF ports are reachable by the tasks alone (a private network)."""
+        return False
+
+    @property
+    def why_not_confined(self) -> str | None:
+        """Why the tasks' TF ports are open beyond them, where the launcher could have
+        confined them (said at run time with the exposed ports); None: it could not."""
+        return None
+
+    @classmethod
+    def cluster_options(cls, hosts: list[str] | None, python: str | None,
+                        options: dict[str, Any]) -> dict[str, Any]:
+        """This launcher's constructor options from a cluster's arguments (``hosts=``,
+        ``python=``, ``launcher_options=``); raises SpecError, with an example, for what it
+        does not take. The default takes no hosts."""
+        if hosts:
+            from tfdist_nb.errors import SpecError
+
+            raise SpecError(f"hosts= is for launcher='ssh'; the {cls.name} launcher does not "
+                            "use it")
+        return options
+
     def network(self) -> str:
         """Who can reach the TensorFlow ports of the tasks it starts, one line (TensorFlow
         serves them on every interface, unauthenticated: docs/security.md)."""

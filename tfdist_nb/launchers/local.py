@@ -171,6 +171,10 @@ class LocalLauncher(Launcher):
         self._net_decided = net == "host" or why_not is not None
 
     @property
+    def spares(self) -> bool:
+        return self.env_at_launch and self.restartable
+
+    @property
     def confined(self) -> bool:
         """Whether the tasks run in the private network (their TF ports reachable by them
         alone)."""

@@ -4,7 +4,6 @@ packages add theirs through the ``tfdist_nb.launchers`` entry-point group (name 
 from __future__ import annotations
 
 import importlib
-import sys
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -56,17 +55,7 @@ def get_launcher(name: str, **options: Any) -> Launcher:
 
 def make_launcher(name: str, hosts: list[str] | None, python: str | None,
                   options: Mapping[str, Any] | None) -> Launcher:
-    """The named launcher with what it needs of the cluster's arguments."""
-    opts = dict(options or {})
-    if name == "ssh":
-        if not hosts:
-            raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
-        opts.setdefault("hosts", hosts)
-        opts.setdefault("python", python or sys.executable)  # the notebook's, found there
-    if name == "slurm":
-        if hosts:
-            raise SpecError("launcher='slurm' places tasks where SLURM allocates them; drop "
-                            "hosts= and ask with launcher_options={'sbatch_args': "
-                            "['--nodes=2']}")
-        opts.setdefault("python", python or sys.executable)  # the nodes share this path
-    return get_launcher(name, **opts)
+    """The named launcher with what it takes of the cluster's arguments (each launcher says,
+    in :meth:`Launcher.cluster_options`)."""
+    cls = launcher_class(name)
+    return get_launcher(name, **cls.cluster_options(hosts, python, dict(options or {})))

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.attach import (
     GONE,
     AttachedTaskHandle,
@@ -350,6 +350,21 @@ class SlurmLauncher(Launcher):
     restartable = False
     restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
                        "new job)")
+
+    @classmethod
+    def cluster_options(cls, hosts: list[str] | None, python: str | None,
+                        options: dict[str, Any]) -> dict[str, Any]:
+        if hosts:
+            raise SpecError("launcher='slurm' places tasks where SLURM allocates them; drop "
+                            "hosts= and ask with launcher_options={'sbatch_args': "
+                            "['--nodes=2']}")
+        options.setdefault("python", python or sys.executable)  # the nodes share this path
+        if "sbatch_args" in options:  # checked here, before anything is submitted
+            try:
+                options["sbatch_args"] = check_sbatch_args(options["sbatch_args"])
+            except ValueError as exc:
+                raise SpecError(f"sbatch_args: {exc}") from None
+        return options
 
     def __init__(self, sbatch_args: Any = None, connection_dir: str | os.PathLike[str] |
                  None = None, wait_timeout: float = 100.0, python: str | None = None,

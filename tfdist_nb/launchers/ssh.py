@@ -39,7 +39,7 @@ from typing import Any
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
@@ -225,6 +225,16 @@ class SSHLauncher(Launcher):
 
     name = "ssh"
     remote = True
+
+    @classmethod
+    def cluster_options(cls, hosts: list[str] | None, python: str | None,
+                        options: dict[str, Any]) -> dict[str, Any]:
+        if not hosts and not options.get("hosts"):
+            raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
+        if hosts:
+            options.setdefault("hosts", hosts)
+        options.setdefault("python", python or sys.executable)  # the notebook's, found there
+        return options
 
     def __init__(self, hosts: Sequence[str] | None = None, python: str | None = None,
                  ssh_config: str | os.PathLike[str] | None = None,

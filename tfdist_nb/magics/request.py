@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
+from tfdist_nb.launchers.registry import available, launcher_class
 from tfdist_nb.topology import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
 
 EXAMPLE = (
@@ -25,7 +26,6 @@ EXAMPLE = (
     "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42\n"
     "  %%tfcluster 2 workers --launcher slurm --sbatch \"--partition=gpu --nodes=2\""
 )
-LAUNCHERS = ("local", "ssh", "attach", "slurm")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
     launcher = args.launcher or ("ssh" if args.hosts else
                                  "attach" if args.connection_dir else
                                  "slurm" if sbatch_line is not None else None)
-    if launcher is not None and launcher not in LAUNCHERS:
-        raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+    if launcher is not None and launcher not in available():
+        raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(available())}")
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None
     if args.hosts is not None and not hosts:
         raise SpecError("--hosts needs at least one host, e.g. --hosts gpu1,gpu2")
@@ -113,14 +113,13 @@ def glue_sbatch(line: str) -> str:
 
 
 def _sbatch_words(line: str) -> list[str]:
-    """``--sbatch "--partition=gpu --nodes=2"`` as sbatch's words, checked like the launcher
-    checks them (options it sets itself are refused)."""
-    from tfdist_nb.launchers.slurm import check_sbatch_args
-
+    """``--sbatch "--partition=gpu --nodes=2"`` as sbatch's words, checked as the SLURM
+    launcher checks them (options it sets itself are refused)."""
     try:
-        return check_sbatch_args(line)
-    except ValueError as exc:
-        raise SpecError(f"--sbatch: {exc}") from None
+        options = launcher_class("slurm").cluster_options(None, None, {"sbatch_args": line})
+    except SpecError as exc:
+        raise SpecError(f"--sbatch: {str(exc).removeprefix('sbatch_args: ')}") from None
+    return list(options["sbatch_args"])
 
 
 @dataclass(frozen=True)
