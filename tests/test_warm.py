@@ -79,6 +79,18 @@ def losses(result: Any) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------- pure parts
+def test_a_warm_outcome_says_how_spares_were_used_in_one_line() -> None:
+    from tfdist_nb.cluster.spares import WarmOutcome
+
+    assert str(WarmOutcome(2, 2, fresh_ports=True)) == (
+        "2 task(s) from spare kernels on fresh TF ports")
+    assert str(WarmOutcome(2, 1, 1, ("worker:1",), "no spare ready yet (1 warming)")) == (
+        "cold start for worker:1 (1 of 2 from spares): no spare ready yet (1 warming) "
+        "(1 still warming when taken)")
+    assert str(WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold="spares are off")) == (
+        "cold start for every task: spares are off")
+
+
 def test_import_time_variables_are_told_apart_from_late_ones() -> None:
     for key in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
                 "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS", "XLA_FLAGS", "OMP_NUM_THREADS",
@@ -138,7 +150,9 @@ def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> N
         spares = ready_spares(c, 2)
         old = {rt.name: (rt.pid, rt.address) for rt in c.tasks.values()}
         c.restart()
-        assert c.warm_note == "2 task(s) from spare kernels on fresh TF ports"
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, w.cold, w.still_warming, w.fresh_ports) == (
+            2, (), 0, True), w
         assert sorted(rt.pid for rt in c.tasks.values()) == sorted(spares)
         wait_for(lambda: all(gone(pid) for pid, _ in old.values()), 5,
                  "the old processes to be killed")
@@ -178,7 +192,8 @@ def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold(
         cold = losses(c.run(cell("mwms_loop"), timeout=180))
         ready_spares(c, 1)
         c.restart()
-        assert c.warm_note is not None and c.warm_note.startswith("cold start for ")
+        w = c.warm_outcome
+        assert w is not None and (w.tasks, w.adopted, len(w.cold)) == (2, 1, 1), w
         assert "(1 of 2 from spares)" in c.warm_note
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         assert set(c.status()["state"]) == {"idle"}
@@ -213,8 +228,8 @@ def test_a_restart_2s_after_the_first_strategy_takes_the_spares() -> None:
         spares = set(c.spares()["pids"])
         assert len(spares) == 2, c.spares()
         c.restart()
-        assert c.warm_note is not None and c.warm_note.startswith(
-            "2 task(s) from spare kernels"), c.warm_note
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, w.cold) == (2, ()), w
         assert {rt.pid for rt in c.tasks.values()} == spares
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         # and the pool starts its next spares at once
@@ -284,8 +299,9 @@ def test_an_import_time_env_change_starts_cold_and_says_so() -> None:
         c.extra_env["TF_CPP_MIN_LOG_LEVEL"] = "3"  # what %tfdist_loglevel --cpp does
         c._lifecycle.refresh_env()
         c.restart()
-        assert c.warm_note is not None and c.warm_note.startswith("cold start for every task")
-        assert "TF_CPP_MIN_LOG_LEVEL" in c.warm_note and "imported" in c.warm_note
+        w = c.warm_outcome
+        assert w is not None and w.adopted == 0 and w.cold == ("worker:0",), w
+        assert "TF_CPP_MIN_LOG_LEVEL" in w.why_cold and "imported" in w.why_cold
         assert c.tasks[next(iter(c.tasks))].pid != spare
         assert any("cold start" in text for text in c.logs(on=None)["text"])
         # the pool replaces the spare that no longer fits; a late variable change is warm
@@ -294,7 +310,8 @@ def test_an_import_time_env_change_starts_cold_and_says_so() -> None:
         c.extra_env["MY_LATE"] = "b"
         c._lifecycle.refresh_env()
         c.restart()
-        assert c.warm_note == "1 task(s) from spare kernels on fresh TF ports"
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, w.cold, w.fresh_ports) == (1, (), True), w
         me = identities(c)["worker:0"]
         assert me["late"] == "b" and me["spare"] is None
         out = c.run("import os; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])").tasks["worker:0"]
@@ -408,8 +425,8 @@ def test_a_restart_waits_for_a_spare_still_warming(tmp_path: Path) -> None:
                  "the spare to be warming")
         (spare,) = c.spares()["pids"]
         c.restart()
-        assert c.warm_note == ("1 task(s) from spare kernels (1 still warming when taken) on "
-                               "fresh TF ports"), c.warm_note
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, w.still_warming, w.fresh_ports) == (1, 1, True), w
         assert c.tasks[next(iter(c.tasks))].pid == spare
         out = c.run("import os, tfdist_nb.worker as tw; print(os.environ.get('TFDIST_SPARE'), "
                     "tw.task)").tasks["worker:0"]

@@ -36,7 +36,7 @@ from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, run_cell
-from tfdist_nb.cluster.spares import SparePool
+from tfdist_nb.cluster.spares import SparePool, WarmOutcome
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
@@ -248,10 +248,17 @@ class Cluster:
         return self._warm
 
     @property
+    def warm_outcome(self) -> WarmOutcome | None:
+        """How the last start or restart used spare kernels (``adopted``, ``still_warming``,
+        ``cold``, ``why_cold``, ``fresh_ports``); None without spares."""
+        return self._lifecycle.warm if self._lifecycle is not None else None
+
+    @property
     def warm_note(self) -> str | None:
-        """How the last start or restart used spare kernels, one line: ``"2 task(s) from spare
-        kernels on fresh TF ports"``, or ``"cold start for ...: <why>"``; None without spares."""
-        return self._lifecycle.warm_note if self._lifecycle is not None else None
+        """``warm_outcome`` in one line: ``"2 task(s) from spare kernels on fresh TF ports"``,
+        or ``"cold start for ...: <why>"``; None without spares."""
+        outcome = self.warm_outcome
+        return None if outcome is None else str(outcome)
 
     def spares(self) -> dict[str, Any]:
         """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,

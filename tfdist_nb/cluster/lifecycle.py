@@ -9,9 +9,9 @@ bounds the whole start of the cluster, retries included (docs/design.md, Start-u
 
 With a pool of spare kernels (:mod:`.spares`), a start or restart first takes spares: each is
 adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
-tasks no spare fits start cold as above, said in one line (``warm_note``). A spare still warming
-when taken is waited for about as long as the rest of a cold start would take (``_await_warm``),
-then dropped for a cold start. A restart from spares
+tasks no spare fits start cold as above, said in one line (``warm``, a ``WarmOutcome``). A spare
+still warming when taken is waited for about as long as the rest of a cold start would take
+(``_await_warm``), then dropped for a cold start. A restart from spares
 A restart kills the old processes at once (no grace: nothing of theirs is kept, and TensorFlow
 only logs SIGTERM); one from spares that restarts every task moves it to fresh, verified TF
 ports so nothing waits for the old ones to be freed.
@@ -25,14 +25,14 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.spares import Spare, SparePool, env_delta, stop_spare
+from tfdist_nb.cluster.spares import Spare, SparePool, WarmOutcome, env_delta, stop_spare
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
@@ -88,8 +88,8 @@ class Lifecycle:
         self.spares = spares
         #: finds tasks that die between cells (started once the cluster is up)
         self.exits = ExitWatch(tasks, hub.note)
-        #: how the last start or restart used spares, one line (why a task started cold)
-        self.warm_note: str | None = None
+        #: how the last start or restart used spares (why a task started cold); None: no pool
+        self.warm: WarmOutcome | None = None
         #: how long the cluster's own start took (what a spare still warming is measured by)
         self.start_s: float | None = None
         #: the old processes of a restart being killed: a cold start waits for them (it reuses
@@ -172,7 +172,8 @@ class Lifecycle:
                 # returning while they die made the next strategy's start-up retry about one
                 # time in three (+1 s, docs/performance.md)
                 await self.readdress(targets)
-                self.warm_note = f"{self.warm_note} on fresh TF ports"
+                if self.warm is not None:
+                    self.warm = replace(self.warm, fresh_ports=True)
                 killed = self._killing = asyncio.ensure_future(self._kill(old))
                 try:
                     await self.launch(targets, deadline, spares)
@@ -191,9 +192,9 @@ class Lifecycle:
     async def take_spares(self, runtimes: list[TaskRuntime],
                           quiet_when_empty: bool = False) -> dict[TaskId, Spare]:
         """Spares fit for ``runtimes`` (their import-time environment, interpreter, preload and
-        working directory); a task none fits starts cold. ``warm_note`` says how it went in one
-        line (nothing for a pool that never had spares when ``quiet_when_empty``)."""
-        self.warm_note = None
+        working directory); a task none fits starts cold. ``warm`` says how it went (nothing
+        for a pool that never had spares when ``quiet_when_empty``)."""
+        self.warm = None
         if self.spares is None or (quiet_when_empty and not len(self.spares)):
             return {}
         taken: dict[TaskId, Spare] = {}
@@ -204,17 +205,11 @@ class Lifecycle:
                 taken[rt.task] = spare
             else:
                 cold[rt.name] = why or "no spare"
+        self.warm = WarmOutcome(tasks=len(runtimes), adopted=len(taken),
+                                still_warming=sum(s.warm_s is None for s in taken.values()),
+                                cold=tuple(cold), why_cold=next(iter(cold.values()), None))
         if cold:
-            names = list(cold)
-            who = ("every task" if not taken else
-                   f"{', '.join(names)} ({len(taken)} of {len(runtimes)} from spares)")
-            self.warm_note = f"cold start for {who}: {next(iter(cold.values()))}"
-            self.hub.note("spares", self.warm_note)
-        else:
-            self.warm_note = f"{len(taken)} task(s) from spare kernels"
-        warming = sum(s.warm_s is None for s in taken.values())
-        if warming:
-            self.warm_note += f" ({warming} still warming when taken)"
+            self.hub.note("spares", str(self.warm))
         return taken
 
     async def readdress(self, runtimes: list[TaskRuntime]) -> None:

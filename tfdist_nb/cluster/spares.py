@@ -94,6 +94,29 @@ def env_delta(spare_env: Mapping[str, str],
     return set_env, unset
 
 
+@dataclass(frozen=True)
+class WarmOutcome:
+    """How one start or restart used spare kernels; ``str()`` is the line said about it."""
+
+    tasks: int  # tasks started or restarted
+    adopted: int  # of them, taken from spares
+    still_warming: int = 0  # of the adopted, spares still warming when taken
+    cold: tuple[str, ...] = ()  # tasks started cold, by name
+    why_cold: str | None = None  # why (the first task's reason)
+    fresh_ports: bool = False  # every task moved to fresh TF ports
+
+    def __str__(self) -> str:
+        if self.cold:
+            who = ("every task" if not self.adopted else
+                   f"{', '.join(self.cold)} ({self.adopted} of {self.tasks} from spares)")
+            text = f"cold start for {who}: {self.why_cold or 'no spare'}"
+        else:
+            text = f"{self.adopted} task(s) from spare kernels"
+        if self.still_warming:
+            text += f" ({self.still_warming} still warming when taken)"
+        return text + (" on fresh TF ports" if self.fresh_ports else "")
+
+
 @dataclass
 class Spare:
     """One spare kernel: started with ``env`` (no task identity), warmed, then taken."""

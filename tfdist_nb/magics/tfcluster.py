@@ -401,9 +401,9 @@ class TfdistMagics(Magics):
         args = _parse(self.tfdist_restart, line, "example: %tfdist_restart --on 1")
         cluster = _require()
         _targets_call(cluster.restart, args.on)
-        warm = cluster.warm_note  # spare kernels: how they were used, one line
-        how = (f"({warm})" if warm and "fresh TF ports" in warm else
-               "with the same TF_CONFIG" + (f" ({warm})" if warm else ""))
+        warm = cluster.warm_outcome  # spare kernels: how they were used
+        how = (f"({warm})" if warm is not None and warm.fresh_ports else
+               "with the same TF_CONFIG" + (f" ({warm})" if warm is not None else ""))
         print(f"tfdist_nb: restarted {args.on or 'all tasks'} {how}")
         spec = cluster.spec
         if args.on not in (None, "all") and spec.workers + spec.chief > 1 and not spec.ps:
