@@ -3,6 +3,7 @@ task, and their sum."""
 
 from __future__ import annotations
 
+import enum
 import html
 import re
 from dataclasses import dataclass, field
@@ -33,10 +34,26 @@ class RemoteError:
         return f"{self.ename}: {first}"
 
 
+class TaskStatus(str, enum.Enum):
+    """How a task's run of a cell ended (a ``str``: ``result.status == "error"`` holds;
+    docs/reference.md, Results)."""
+
+    OK = "ok"
+    ERROR = "error"  # the cell raised
+    CRASHED = "crashed"  # the process ended
+    ABORTED = "aborted"  # released from a hang another task caused
+    TIMEOUT = "timeout"  # the cell's --timeout
+    STALLED = "stalled"  # the stall detector ended it
+    INTERRUPTED = "interrupted"  # the user's interrupt (or the cluster stopped)
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class TaskResult:
     task: str
-    status: str
+    status: TaskStatus
     stdout: str = ""
     stderr: str = ""
     error: RemoteError | None = None
@@ -46,9 +63,12 @@ class TaskResult:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     error_at: float | None = None  # the task's own clock when its error was raised
 
+    def __post_init__(self) -> None:
+        self.status = TaskStatus(self.status)  # a plain "ok" is taken; an unknown word is not
+
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status is TaskStatus.OK
 
     def __repr__(self) -> str:
         what = f" {self.error}" if self.error else ""

@@ -35,7 +35,7 @@ from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
 from tfdist_nb.cluster.relay import RUN_DONE, relay
-from tfdist_nb.cluster.runner import RunControl, run_cell
+from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.spares import SparePool, WarmOutcome
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
@@ -181,7 +181,7 @@ class Cluster:
             self._drop_handoff()
             return self.last_stop
         for control in list(self._active_runs):  # a cell still running ends now, not later
-            self._loop.call_soon(control.stop, "stopped")
+            self._loop.call_soon(control.stop, RunEnd.STOPPED)
         pool = None
         if self._lifecycle is not None:
             with contextlib.suppress(Exception):
@@ -452,7 +452,7 @@ class Cluster:
         capture, self._armed_profile = self._armed_profile, None
         profiling = self._profile_cell(capture) if capture is not None else None
         try:
-            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, "interrupt"),
+            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, RunEnd.INTERRUPT),
                   alive=lambda: self._loop is not None)
         finally:
             self.hub.remove_listener(listener)

@@ -52,7 +52,7 @@ class Inspector:
         return {rt.name for rt in self.tasks.values() if rt.task.role in ("chief", "worker")}
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
-                      ended: dict[str, str], since: float) -> None:
+                      ended: Mapping[str, str], since: float) -> None:
         """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
         which TensorFlow does while it holds the GIL (creating a strategy that waits for its
         peers, for one); name the tasks that ended this cell (``ended``: name -> status) and

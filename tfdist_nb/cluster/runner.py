@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,7 +22,7 @@ from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.hangs import Ended, Hang, judge, ledger_overview
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
-from tfdist_nb.results import RemoteError, TaskResult, error_site
+from tfdist_nb.results import RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.transport.channel import Execution
 from tfdist_nb.worker.telemetry import read_oom_kills
@@ -44,7 +46,7 @@ class Inspector(Protocol):
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
-                      ended: dict[str, str], since: float) -> None: ...
+                      ended: Mapping[str, str], since: float) -> None: ...
 
     def cell_steps(self, rt: TaskRuntime) -> int: ...
 
@@ -55,16 +57,36 @@ class Inspector(Protocol):
     def stopped(self, rt: TaskRuntime) -> str | None: ...
 
 
+class RunEnd(str, enum.Enum):
+    """Why a run ended before every task answered."""
+
+    TIMEOUT = "timeout"  # the cell's --timeout
+    STALL = "stall"  # the stall detector
+    CRASH = "crash"  # a task's process ended
+    HANG = "hang"  # the hang rules proved a hang (``RunControl.hang``)
+    INTERRUPT = "interrupt"  # the user's interrupt
+    STOPPED = "stopped"  # the cluster is being stopped
+
+    def __str__(self) -> str:
+        return self.value
+
+
+S = TaskStatus
+
+#: Ends that a detector decided: the tasks' collectives are aborted to release them.
+_DETECTED = (RunEnd.STALL, RunEnd.CRASH, RunEnd.HANG)
+
+
 @dataclass(eq=False)
 class RunControl:
     """Set from the caller's thread (through the loop) to end a run early."""
 
-    reason: str | None = None
+    reason: RunEnd | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     stalled: set[str] = field(default_factory=set)
     hang: Hang | None = None  # what the hang rules proved (diagnostics/hangs.py)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: RunEnd) -> None:
         self.reason = self.reason or reason
         self.wake.set()
 
@@ -89,13 +111,13 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
                 results[name] = await _finished(rt, ex)
             elif (exit_code := await rt.live_handle.poll()) is not None:
                 results[name] = _crashed(rt, ex, exit_code, inspector)
-                control.stop("crash")
+                control.stop(RunEnd.CRASH)
         if inspector is not None:
             busy = [by_name[n] for n in by_name if n not in results]
             if control.reason is None and busy and (
                     hang := find_hang(inspector, by_name, results, cell)) is not None:
                 control.hang = hang
-                control.stop("hang")
+                control.stop(RunEnd.HANG)
                 break
             ended = {n: r.status for n, r in results.items()}
             for rt in busy:
@@ -103,7 +125,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             if watch is not None:
                 _watch_stalls(watch, inspector, busy, control)
         if deadline is not None and time.monotonic() >= deadline:
-            control.stop("timeout")
+            control.stop(RunEnd.TIMEOUT)
     if control.reason is not None:
         results.update(await _end_early(by_name, execs, results, control, grace_s, inspector,
                                         stall_timeout, cell))
@@ -118,7 +140,7 @@ def find_hang(inspector: Inspector, by_name: dict[str, TaskRuntime],
     ledgers = {name: inspector.ledger(name) for name in members | set(by_name)}
     ended = {name: Ended(name, r.status, _said(r),
                          error_site(r.error, cell), inspector.cell_steps(by_name[name]))
-             for name, r in results.items() if r.status in ("ok", "error", "crashed")}
+             for name, r in results.items() if r.status in (S.OK, S.ERROR, S.CRASHED)}
     busy = {name: ledgers[name] for name in by_name if name not in results}
     steps = {name: inspector.cell_steps(rt) for name, rt in by_name.items()}
     return judge(ended, busy, ledgers, members, members - set(by_name), steps, time.time())
@@ -127,7 +149,7 @@ def find_hang(inspector: Inspector, by_name: dict[str, TaskRuntime],
 def _said(r: TaskResult) -> str | None:
     if r.error is None:
         return None
-    if r.status == "crashed":  # "worker:1 killed by SIGKILL" -> "killed by SIGKILL"
+    if r.status is S.CRASHED:  # "worker:1 killed by SIGKILL" -> "killed by SIGKILL"
         return r.error.evalue.removeprefix(f"{r.task} ")
     return r.error.short()
 
@@ -146,7 +168,7 @@ def _watch_stalls(watch: StallWatch, inspector: Inspector, busy: list[TaskRuntim
             control.stalled.add(rt.name)
             if rt.state is TaskState.BUSY:
                 rt.transition(TaskEvent.NO_PROGRESS)
-    control.stop("stall")
+    control.stop(RunEnd.STALL)
 
 
 async def _wait_any(futures: list, timeout: float) -> None:
@@ -158,10 +180,11 @@ async def _wait_any(futures: list, timeout: float) -> None:
             w.cancel()
 
 
-async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -> TaskResult:
+async def _finished(rt: TaskRuntime, ex: Execution,
+                    status: TaskStatus | None = None) -> TaskResult:
     if ex.reply.cancelled():  # the channel closed under us: the cluster is being stopped
         rt.live_channel.abandon(ex)
-        result = _result(rt, ex, status or "interrupted", None)
+        result = _result(rt, ex, status or S.INTERRUPTED, None)
         result.explanation = "the cluster was stopped while the cell ran"
         return result
     reply = ex.reply.result()
@@ -177,8 +200,8 @@ async def _finished(rt: TaskRuntime, ex: Execution, status: str | None = None) -
     elif reply.get("status") == "aborted":
         error = RemoteError("Aborted", "the kernel aborted this request", [])
     if status is None:  # a KeyboardInterrupt is the user's interrupt, not a bug in the cell
-        status = ("ok" if error is None else
-                  "interrupted" if error.ename == "KeyboardInterrupt" else "error")
+        status = (S.OK if error is None else
+                  S.INTERRUPTED if error.ename == "KeyboardInterrupt" else S.ERROR)
     result = _result(rt, ex, status, error)
     if error is not None:
         result.explanation = explain(error.ename, error.evalue, rt.info.get("keras_flavour"))
@@ -195,7 +218,7 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int,
     oom = likely_oom(code, last, after)
     error = RemoteError("TaskCrashed", f"{rt.name} {what}" + (" (likely out of memory)"
                                                               if oom else ""), [])
-    result = _result(rt, ex, "crashed", error)
+    result = _result(rt, ex, S.CRASHED, error)
     result.explanation = crash_report(rt.name, code, last, lines, rt.kernel_log_tail(15),
                                       what=what, after=after)
     return result
@@ -216,27 +239,28 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
                      cell: int = 0) -> dict[str, TaskResult]:
     """Release and report the tasks still running: stacks first (they show where each task
     stood), then collectives aborted (stall, crash), then SIGINT, then ``grace_s`` to answer."""
-    reason = control.reason or "interrupt"
+    reason = control.reason or RunEnd.INTERRUPT
     rest = [by_name[n] for n in by_name if n not in done]
     # tasks the hang rules know hold the GIL (a strategy's start-up): nothing they would answer
     frozen = control.hang.frozen if control.hang is not None else set()
     reachable = [rt for rt in rest if rt.name not in frozen]
     stacks: dict[str, dict[str, Any] | None] = {}
-    if inspector is not None and reason in ("timeout", "stall", "crash", "hang"):
+    if inspector is not None and (reason is RunEnd.TIMEOUT or reason in _DETECTED):
         found = await asyncio.gather(*(inspector.stacks(rt) for rt in reachable))
         stacks = {rt.name: s for rt, s in zip(reachable, found, strict=True)}
     ledgers = ({n: inspector.ledger(n) for n in by_name} if inspector is not None else {})
     # where each task stood, read before the abort below moves the open rows to "aborted"
-    stood = ledger_overview(ledgers, time.time()) if reason in ("stall", "timeout") else ""
-    if inspector is not None and reason == "crash" and control.hang is None:
+    stood = (ledger_overview(ledgers, time.time())
+             if reason in (RunEnd.STALL, RunEnd.TIMEOUT) else "")
+    if inspector is not None and reason is RunEnd.CRASH and control.hang is None:
         control.hang = await _hang_after_crash(inspector, by_name, done, cell, stacks)
-    if inspector is not None and reason in ("stall", "crash", "hang"):
-        why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else reason
+    if inspector is not None and reason in _DETECTED:
+        why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else str(reason)
         await asyncio.gather(*(inspector.abort_collectives(rt, f"{why} in the cluster")
                                for rt in reachable), return_exceptions=True)
     await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable),
                          return_exceptions=True)
-    grace_s = 0.0 if reason == "stopped" else grace_s
+    grace_s = 0.0 if reason is RunEnd.STOPPED else grace_s
     await _wait_all([execs[rt.name].reply for rt in reachable], grace_s)
     out = {}
     hang = control.hang
@@ -245,10 +269,10 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         overview = f"{overview}\n{stood}" if overview else stood
     for rt in rest:
         released = hang is not None and rt.name in hang.waiting
-        status = "aborted" if released else _early_status(reason, rt.name in control.stalled)
+        status = S.ABORTED if released else _early_status(reason, rt.name in control.stalled)
         out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
                                            inspector)
-        if hang is not None and out[rt.name].status != "crashed":
+        if hang is not None and out[rt.name].status is not S.CRASHED:
             out[rt.name].explanation = hang.explanation(rt.name)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
         if overview and (said := out[rt.name].explanation):
@@ -285,13 +309,13 @@ def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
             f"likely the cause: {away}")
 
 
-def _early_status(reason: str, stalled: bool) -> str:
-    if reason == "timeout":
-        return "timeout"
-    return "stalled" if stalled else "interrupted"
+def _early_status(reason: RunEnd, stalled: bool) -> TaskStatus:
+    if reason is RunEnd.TIMEOUT:
+        return S.TIMEOUT
+    return S.STALLED if stalled else S.INTERRUPTED
 
 
-async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str,
+async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reason: RunEnd,
                         grace_s: float, inspector: Inspector | None) -> TaskResult:
     if ex.reply.done():
         return await _finished(rt, ex, status)
@@ -299,7 +323,7 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str
         return _crashed(rt, ex, code, inspector)
     rt.live_channel.abandon(ex)
     res = _result(rt, ex, status, None)
-    if reason == "stopped":
+    if reason is RunEnd.STOPPED:
         res.explanation = "the cluster was stopped while the cell ran"
     elif inspector is not None and (stopped := inspector.stopped(rt)):
         res.explanation = f"{rt.name} cannot answer: its {stopped}."
@@ -311,21 +335,21 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: str, reason: str
     return res
 
 
-def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: str,
+def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: RunEnd,
                    stall_timeout: float | None) -> None:
     if stack is None:
         return
     threads = stack.get("threads", {})
-    if res.status != "aborted":  # a released task's report is the culprit's, not its stack
+    if res.status is not S.ABORTED:  # a released task's report is the culprit's, not its stack
         res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
     main = stack.get("main", {})
     where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
              "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
     said = f"main thread {where} at {_main_at(main)}"
-    if res.status == "stalled":
+    if res.status is S.STALLED:
         said = (f"{res.task} made no progress (no step, no output, no CPU of its own) for "
                 f"{stall_timeout:.0f}s; {said}")
-    if reason in ("stall", "crash", "hang"):
+    if reason in _DETECTED:
         said += (". Collectives were aborted to release the tasks: restart all tasks "
                  "(%tfdist_restart) before training again")
     res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."
@@ -345,7 +369,7 @@ async def _wait_all(futures: list, timeout: float) -> None:
         await asyncio.wait(futures, timeout=timeout)
 
 
-def _result(rt: TaskRuntime, ex: Execution, status: str,
+def _result(rt: TaskRuntime, ex: Execution, status: TaskStatus,
             error: RemoteError | None) -> TaskResult:
     return TaskResult(task=rt.name, status=status, stdout="".join(ex.stdout),
                       stderr="".join(ex.stderr), error=error,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 import os
 import time
@@ -94,6 +95,16 @@ def env_delta(spare_env: Mapping[str, str],
     return set_env, unset
 
 
+class SpareState(enum.Enum):
+    """Where a spare is in its life; only the pool's loop thread changes it."""
+
+    WARMING = "warming"  # started, importing ``preload``
+    READY = "ready"  # warmed, waiting to be taken
+    TAKING = "taking"  # being checked by ``take`` (the background check leaves it alone)
+    TAKEN = "taken"  # handed to a start or restart (maybe still warming: ``warm_s`` is None)
+    STOPPED = "stopped"
+
+
 @dataclass(frozen=True)
 class WarmOutcome:
     """How one start or restart used spare kernels; ``str()`` is the line said about it."""
@@ -130,7 +141,7 @@ class Spare:
     handle: TaskHandle | None = None
     channel: KernelChannel | None = None
     subshell: str | None = None
-    state: str = "warming"  # warming | ready | taking | taken | stopped
+    state: SpareState = SpareState.WARMING
     began: float = field(default_factory=time.monotonic)
     warm_s: float | None = None
     starting: asyncio.Future[Any] | None = field(default=None, repr=False)
@@ -169,7 +180,7 @@ class Spare:
         if backlog:
             sink(backlog)
         self.route = sink
-        self.state = "taken"
+        self.state = SpareState.TAKEN
 
 
 class SparePool:
@@ -239,33 +250,33 @@ class SparePool:
         environment, interpreter, preload and working directory), or None and why not."""
         cwd = cwd or os.getcwd()
         reasons: list[str] = []
-        for spare in [s for s in self._spares if s.state == "ready"]:
-            spare.state = "taking"  # the background check leaves it alone meanwhile
+        for spare in [s for s in self._spares if s.state == SpareState.READY]:
+            spare.state = SpareState.TAKING  # the background check leaves it alone meanwhile
             code = await spare.handle.poll() if spare.handle is not None else None
-            if spare.state != "taking" or spare not in self._spares:
+            if spare.state != SpareState.TAKING or spare not in self._spares:
                 continue  # stopped while we looked
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
                 continue
             why = mismatch(spare, env, python, preload, cwd)
             if why:
-                spare.state = "ready"
+                spare.state = SpareState.READY
                 reasons.append(why)
                 continue
             self._spares.remove(spare)
-            spare.state = "taken"
+            spare.state = SpareState.TAKEN
             return spare, None
-        for spare in [s for s in self._spares if s.state == "warming"]:
+        for spare in [s for s in self._spares if s.state == SpareState.WARMING]:
             why = mismatch(spare, env, python, preload, cwd)
             if why:
                 reasons.append(why)
                 continue
             self._spares.remove(spare)  # the restart awaits its warm-up (``typical_warm_s``)
-            spare.state = "taken"
+            spare.state = SpareState.TAKEN
             return spare, None
         if reasons:
             return None, reasons[0]
-        warming = sum(s.state == "warming" for s in self._spares)
+        warming = sum(s.state == SpareState.WARMING for s in self._spares)
         if self._closed:
             return None, "spares are off"
         if warming:
@@ -277,8 +288,8 @@ class SparePool:
         """``{"count", "ready", "warming", "pids", "note"}`` (any thread)."""
         spares = list(self._spares)
         return {"count": self.count,
-                "ready": sum(s.state == "ready" for s in spares),
-                "warming": sum(s.state == "warming" for s in spares),
+                "ready": sum(s.state == SpareState.READY for s in spares),
+                "warming": sum(s.state == SpareState.WARMING for s in spares),
                 "pids": [s.pid for s in spares if s.pid],
                 "note": self.skipped}
 
@@ -319,7 +330,7 @@ class SparePool:
         if self._failures >= MAX_FAILURES or now < self._retry_at:
             return
         while len(self._spares) < self.count:
-            warming = sum(s.state == "warming" for s in self._spares)
+            warming = sum(s.state == SpareState.WARMING for s in self._spares)
             if not self._memory_allows(pending=warming + self._starting()):
                 return
             spare = self._new_spare()
@@ -343,9 +354,9 @@ class SparePool:
         if setup is None:
             return
         wanted = self.spare_env()
-        for spare in [s for s in self._spares if s.state == "ready"]:
+        for spare in [s for s in self._spares if s.state == SpareState.READY]:
             code = await spare.handle.poll() if spare.handle else None
-            if spare.state != "ready" or spare not in self._spares:
+            if spare.state != SpareState.READY or spare not in self._spares:
                 continue  # being taken (or stopped) meanwhile
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
@@ -353,7 +364,7 @@ class SparePool:
                 self._spares.remove(spare)
                 self._say(f"{spare.name} no longer fits this cluster ({why}); replacing it")
                 await stop_spare(spare)
-        ready = [s for s in self._spares if s.state == "ready"]
+        ready = [s for s in self._spares if s.state == SpareState.READY]
         while len(self._spares) > self.count and ready:  # a smaller cluster took the pool over
             spare = ready.pop()
             self._spares.remove(spare)
@@ -452,8 +463,8 @@ class SparePool:
             spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))
         spare.warm_s = round(time.monotonic() - spare.began, 2)
         self._warm_times.append(spare.warm_s)
-        if spare.state == "warming":  # not taken meanwhile
-            spare.state = "ready"
+        if spare.state == SpareState.WARMING:  # not taken meanwhile
+            spare.state = SpareState.READY
         self._note(f"{spare.name} ready (pid {spare.pid}, warmed in {spare.warm_s:.1f}s)", "INFO")
 
 
@@ -492,7 +503,7 @@ async def _unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Futu
 
 async def stop_spare(spare: Spare) -> None:
     """End a spare now, also one still being spawned or warmed."""
-    spare.state = "stopped"
+    spare.state = SpareState.STOPPED
     if spare.warming is not None and not spare.warming.done():
         spare.warming.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -33,7 +33,7 @@ import psutil
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 
 SIDECAR_SUFFIX = ".tfdist.json"  # as written by tfdist_nb.worker.__main__
@@ -164,9 +164,9 @@ class AttachedTaskHandle(TaskHandle):
         start = time.monotonic()
         with contextlib.suppress(Exception):
             self.client.stop_channels()
-        path = "already-dead"
+        path = StopPath.ALREADY_DEAD
         if await self.poll() is None:
-            path = "request"
+            path = StopPath.REQUEST
             control = AsyncKernelClient()
             control.load_connection_info(self.client.get_connection_info())
             try:
@@ -177,7 +177,7 @@ class AttachedTaskHandle(TaskHandle):
             finally:
                 control.stop_channels()
             if self._signal(signal.SIGKILL):
-                path = "kill"
+                path = StopPath.KILL
                 await self._wait_gone(5.0)
         gone = self.here and not self._ours()
         if not self.here or gone:

@@ -8,6 +8,7 @@ on the cluster's event loop thread.
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +29,23 @@ class TaskLaunch:
     cwd: str | None = None
 
 
+class StopPath(str, enum.Enum):
+    """The shutdown step that ended a task (a ``str``: ``report.path == "kill"`` holds)."""
+
+    REQUEST = "request"  # it exited when asked
+    KILL = "kill"  # SIGKILL after the grace
+    ALREADY_DEAD = "already-dead"  # it was gone before the stop
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class StopReport:
-    """How a task ended: ``path`` is the shutdown step that worked (request, kill, already-dead)."""
+    """How a task ended: ``path`` is the shutdown step that worked."""
 
     task: str
-    path: str
+    path: StopPath
     exit_code: int | None
     duration_s: float
 

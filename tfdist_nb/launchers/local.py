@@ -31,7 +31,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers import ports, private_net
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class LocalTaskHandle(TaskHandle):
         start = time.monotonic()
         with contextlib.suppress(Exception):
             self.client.stop_channels()
-        path = "already-dead"
+        path = StopPath.ALREADY_DEAD
         if await self.poll() is None:
             path = await self._request_then_kill(grace_s)
         code = await self.poll()
@@ -114,16 +114,16 @@ class LocalTaskHandle(TaskHandle):
             shutil.rmtree(self.scratch, ignore_errors=True)
         return StopReport(str(self.task), path, code, time.monotonic() - start)
 
-    async def _request_then_kill(self, grace_s: float) -> str:
+    async def _request_then_kill(self, grace_s: float) -> StopPath:
         with contextlib.suppress(Exception):
             await self.manager.request_shutdown()
             if await self._wait_exit(grace_s):
-                return "request"
+                return StopPath.REQUEST
         with contextlib.suppress(ProcessLookupError, OSError):
             if (provisioner := self.manager.provisioner) is not None:
                 await provisioner.kill()
         await self._wait_exit(5.0)
-        return "kill"
+        return StopPath.KILL
 
     async def _wait_exit(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

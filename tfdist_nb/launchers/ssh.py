@@ -40,7 +40,7 @@ from typing import Any
 from jupyter_client.asynchronous import AsyncKernelClient
 
 from tfdist_nb.errors import ClusterStartError, SpecError
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
 
@@ -195,7 +195,7 @@ class SSHTaskHandle(TaskHandle):
         start = time.monotonic()
         with contextlib.suppress(Exception):
             self.client.stop_channels()
-        path = "already-dead"
+        path = StopPath.ALREADY_DEAD
         if self.proc.returncode is None:
             if self._send(f"stop {grace_s}"):
                 await self._wait_exit(grace_s + 5.0)
@@ -208,7 +208,7 @@ class SSHTaskHandle(TaskHandle):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 await self._wait_exit(5.0)
-            path = self.remote_how if self.remote_how in ("request", "kill") else "kill"
+            path = StopPath.REQUEST if self.remote_how == "request" else StopPath.KILL
         code = await self.poll()
         for sock in self.sockets:
             with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ here, with a message and an example, before a process exists.
 from __future__ import annotations
 
 import argparse
+import enum
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,9 +123,21 @@ def _sbatch_words(line: str) -> list[str]:
     return list(options["sbatch_args"])
 
 
+class PlanAction(str, enum.Enum):
+    """What a ``%%tfcluster`` line does to the cluster that exists."""
+
+    START = "start"  # there is none: start one
+    REUSE = "reuse"  # the same cluster runs the cell
+    REPLACE = "replace"  # stop it, start another (a resize or a changed environment)
+    RESTART = "restart"  # --restart: fresh processes, the same cluster
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Plan:
-    action: str  # "start" | "reuse" | "replace" | "restart"
+    action: PlanAction
     spec: ClusterSpec
     message: str | None = None
 
@@ -143,28 +156,28 @@ def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
             raise SpecError(f"no cluster is running and no SPEC was given; example: "
                             f"{SPEC_EXAMPLE}")
         _check_targets(request, request.spec)
-        return Plan("start", request.spec)
+        return Plan(PlanAction.START, request.spec)
     spec = request.spec or current_spec
     _check_targets(request, spec)
     if spec != current_spec:
-        return Plan("replace", spec, f"resized: {current_spec} -> {spec}")
+        return Plan(PlanAction.REPLACE, spec, f"resized: {current_spec} -> {spec}")
     if request.env and request.env != (current_env or {}):
-        return Plan("replace", spec, "restarting the cluster: --env changed")
+        return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --env changed")
     if request.python and request.python != current_python:
-        return Plan("replace", spec, "restarting the cluster: --python changed")
+        return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --python changed")
     if current_place is not None:
         launcher, hosts = current_place
         if request.launcher and request.launcher != launcher:
-            return Plan("replace", spec, f"restarting the cluster: launcher {launcher} -> "
+            return Plan(PlanAction.REPLACE, spec, f"restarting the cluster: launcher {launcher} -> "
                                          f"{request.launcher}")
         if request.hosts and request.hosts != hosts:
-            return Plan("replace", spec, "restarting the cluster: --hosts changed")
+            return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --hosts changed")
         if request.sbatch is not None and request.sbatch != (current_sbatch or []):
-            return Plan("replace", spec, "restarting the cluster: --sbatch changed (a new "
+            return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --sbatch changed (a new "
                                          "SLURM job)")
     if request.restart:
-        return Plan("restart", spec, f"restarting all tasks of {spec}")
-    return Plan("reuse", spec)
+        return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}")
+    return Plan(PlanAction.REUSE, spec)
 
 
 def _check_targets(request: ClusterRequest, spec: ClusterSpec) -> None:

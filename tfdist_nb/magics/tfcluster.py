@@ -17,7 +17,14 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TaskError
-from tfdist_nb.magics.request import EXAMPLE, ClusterRequest, build_request, glue_sbatch, plan
+from tfdist_nb.magics.request import (
+    EXAMPLE,
+    ClusterRequest,
+    PlanAction,
+    build_request,
+    glue_sbatch,
+    plan,
+)
 from tfdist_nb.store.rundir import open_private
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
@@ -186,14 +193,14 @@ class TfdistMagics(Magics):
             raise _usage(exc) from None
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
-        if decided.action in ("reuse", "restart") and request.warm is not None:
+        if decided.action in (PlanAction.REUSE, PlanAction.RESTART) and request.warm is not None:
             try:
                 active.set_warm(request.warm)
             except SpecError as exc:
                 raise _usage(exc) from None
-        if decided.action == "reuse":
+        if decided.action is PlanAction.REUSE:
             return active
-        if decided.action == "restart" and active.launcher.restartable:
+        if decided.action is PlanAction.RESTART and active.launcher.restartable:
             active.restart()  # from spare kernels where they fit (docs/design.md)
             if active.warm_note:
                 print(f"tfdist_nb: {active.warm_note}")
