@@ -42,7 +42,7 @@ def test_evaluator_is_outside_the_training_cluster() -> None:
     ({"cluster": {"worker": ["a:99999"]}, "task": {"type": "worker", "index": 0}},
      "cluster.worker[0]: port '99999'"),
     ({"cluster": {"wrker": ["a:1"]}, "task": {"type": "worker", "index": 0}},
-     "cluster.wrker: unknown role"),
+     "cluster.wrker: unknown task type"),
     ({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}},
      "task.type: 'ps' has no entry"),
     ({"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}},

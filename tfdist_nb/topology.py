@@ -1,14 +1,16 @@
-"""The pure grammar of cluster SPECs ("1 chief 2 workers") and task lists ("0,1", "worker:0,ps:0").
+"""The pure grammar of cluster SPECs ("1 chief 2 workers") and task lists ("0,1", "worker:0,ps:0"),
+the order tasks are listed in, and the rules of a TF_CONFIG.
 
 Both the magics and the Python API parse through here, so a mistake gets the same clear message
-wherever it is made. No I/O, no IPython.
+wherever it is made; the launcher's self-check of the TF_CONFIGs it builds and
+``%tfdist_check tfconfig`` apply the same rules (``validate_tf_config``). No I/O, no IPython.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tfdist_nb.errors import SpecError
@@ -174,3 +176,73 @@ def parse_targets(text: str | int | TaskId | Iterable[str | int | TaskId] | None
         if task not in chosen:
             chosen.append(task)
     return chosen
+
+
+def task_order(name: str) -> tuple[int, str, int]:
+    """Sort key of a task name (``"worker:1"``): chief, workers, ps, evaluator, each by index;
+    other names (``"given"``) last."""
+    role, _, index = name.partition(":")
+    rank = ROLES.index(role) if role in ROLES else len(ROLES)
+    return rank, role, int(index) if index.isdigit() else 0
+
+
+def name_tasks(names: Iterable[str]) -> str:
+    """``"worker:0, worker:1 and ps:0"``: task names in task order, for a sentence."""
+    ordered = sorted(names, key=task_order)
+    return ordered[0] if len(ordered) == 1 else ", ".join(ordered[:-1]) + " and " + ordered[-1]
+
+
+def validate_tf_config(cfg: object) -> list[str]:
+    """Every structural problem of one TF_CONFIG, each naming its field; empty when valid."""
+    if not isinstance(cfg, Mapping):
+        return ["TF_CONFIG: must be a JSON object with 'cluster' and 'task'"]
+    errors: list[str] = []
+    cluster, task = cfg.get("cluster"), cfg.get("task")
+    if not isinstance(cluster, Mapping) or not cluster:
+        errors.append("cluster: missing or empty (expected {'worker': ['host:port', ...]})")
+        cluster = {}
+    seen: dict[str, str] = {}
+    for role, addrs in cluster.items():
+        if role not in ROLES:
+            errors.append(f"cluster.{role}: unknown task type (expected one of "
+                          f"{', '.join(ROLES)})")
+        if not isinstance(addrs, list) or not addrs:
+            errors.append(f"cluster.{role}: must be a non-empty list of 'host:port'")
+            continue
+        for i, addr in enumerate(addrs):
+            where = f"cluster.{role}[{i}]"
+            errors.extend(_address_problems(where, addr))
+            if isinstance(addr, str) and addr in seen:
+                errors.append(f"{where}: duplicate address {addr} (also {seen[addr]})")
+            seen[str(addr)] = where
+    chiefs = cluster.get("chief")
+    if isinstance(chiefs, list) and len(chiefs) > 1:
+        errors.append(f"cluster.chief: {len(chiefs)} chiefs; a cluster has at most one")
+    if cluster.get("ps") and not (cluster.get("worker") or cluster.get("chief")):
+        errors.append("cluster.ps: ps tasks without workers (add 'worker' addresses)")
+    if not isinstance(task, Mapping):
+        errors.append("task: missing (expected {'type': 'worker', 'index': 0})")
+        return errors
+    ttype, index = task.get("type"), task.get("index")
+    if ttype not in ROLES:
+        errors.append(f"task.type: {ttype!r} is not a task type (expected one of "
+                      f"{', '.join(ROLES)})")
+    elif ttype != "evaluator" and ttype not in cluster:
+        errors.append(f"task.type: {ttype!r} has no entry in cluster")
+    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+        errors.append(f"task.index: {index!r} must be a non-negative integer")
+    elif isinstance(cluster.get(ttype), list) and index >= len(cluster[ttype]):
+        errors.append(f"task.index: {index} is out of range for {ttype} "
+                      f"(it has {len(cluster[ttype])})")
+    return errors
+
+
+def _address_problems(where: str, addr: object) -> list[str]:
+    if not isinstance(addr, str) or ":" not in addr:
+        return [f"{where}: {addr!r} is not 'host:port'"]
+    host, _, port = addr.rpartition(":")
+    if not host:
+        return [f"{where}: {addr!r} has no host"]
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return [f"{where}: port {port!r} is not a port number (1-65535)"]
+    return []

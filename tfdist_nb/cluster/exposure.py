@@ -52,20 +52,19 @@ def exposed(ports: dict[str, int], tables: dict[str, str]) -> dict[str, int]:
 
 
 def describe(open_ports: dict[str, int]) -> str:
-    """The one line said about them."""
-    named = ", ".join(f"{task} (port {port})" for task, port in sorted(open_ports.items()))
-    return (f"TensorFlow's gRPC server of {named} listens on every interface of this host, "
-            "without authentication: whoever can reach this host on those ports can run "
-            "TensorFlow ops in the task as you (read and write your files). Keep the host on "
-            "a private network or firewall those ports; docs/security.md, 'What TensorFlow "
-            "itself opens'")
+    """The one line said about a local cluster's exposed ports (task -> port)."""
+    return _line({t: f"port {p}" for t, p in open_ports.items()}, "this host", "you", "your")
 
 
 def describe_remote(open_addresses: dict[str, str]) -> str:
     """The one line said about remote tasks' TF servers (task -> ``host:port``)."""
-    named = ", ".join(f"{task} ({address})" for task, address in sorted(open_addresses.items()))
-    return (f"TensorFlow's gRPC server of {named} listens on every interface of its host, "
-            "without authentication: whoever can reach that host on that port can run "
-            "TensorFlow ops in the task as the user it runs as (read and write its files). Keep "
-            "the hosts on a private network or firewall those ports to the cluster's own "
-            "hosts; docs/security.md, 'What TensorFlow itself opens'")
+    return _line(open_addresses, "its host", "the user it runs as", "its")
+
+
+def _line(named: dict[str, str], host: str, user: str, whose: str) -> str:
+    tasks = ", ".join(f"{task} ({where})" for task, where in sorted(named.items()))
+    return (f"TensorFlow's gRPC server of {tasks} listens on every interface of {host}, "
+            f"without authentication: whoever can reach {host} on that port can run TensorFlow "
+            f"ops in the task as {user} (read and write {whose} files). Keep the hosts on a "
+            "private network or firewall those ports to the cluster's own hosts; "
+            "docs/security.md, 'What TensorFlow itself opens'")

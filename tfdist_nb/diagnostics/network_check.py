@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.topology import task_order
 
 
 def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
@@ -17,7 +18,7 @@ def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
     """``reach[src][dst]``: ``{"ok", "ms", "error"}``; ``stand_ins[task]``: whether its TF port
     was served or listened on for the check (or why not); ``bandwidth``: one task's
     all-reduce measurement."""
-    tasks = sorted({*reach, *stand_ins}, key=_order)
+    tasks = sorted({*reach, *stand_ins}, key=task_order)
     latency = pd.DataFrame(index=tasks, columns=tasks, dtype="float64")
     failures: list[tuple[str, str, str]] = []
     for src, row in reach.items():
@@ -63,7 +64,3 @@ def _most_named(failures: list[tuple[str, str, str]]) -> str | None:
     return next(iter(targets)) if len(targets) == 1 else None
 
 
-def _order(task: str) -> tuple[str, int]:
-    role, _, index = task.partition(":")
-    return ({"chief": "0", "worker": "1", "ps": "2", "evaluator": "3"}.get(role, role),
-            int(index) if index.isdigit() else 0)

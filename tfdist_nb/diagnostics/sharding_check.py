@@ -19,21 +19,11 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.topology import name_tasks, task_order
 
 #: examples of the undistributed dataset, from the per-task reads, quoted in a summary
 QUOTED = 5
 IMBALANCE_NOTE = 1.5  # max/min above this is said in the details
-
-
-def _order(task: str) -> tuple[str, int]:
-    role, _, index = task.partition(":")
-    return ({"chief": "0", "worker": "1", "ps": "2", "evaluator": "3"}.get(role, role),
-            int(index) if index.isdigit() else 0)
-
-
-def _names(tasks: list[str]) -> str:
-    tasks = sorted(tasks, key=_order)
-    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
 
 
 def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport | None:
@@ -42,11 +32,11 @@ def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport 
     another that will never join."""
     failed = {t: str(d["error"]) for t, d in described.items() if "error" in d}
     if failed:
-        errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=_order)]
+        errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=task_order)]
         by_text: dict[str, list[str]] = {}
         for t, text in failed.items():
             by_text.setdefault(text, []).append(t)
-        summary = "; ".join(f"{_names(ts)}: {text}" for text, ts in by_text.items())
+        summary = "; ".join(f"{name_tasks(ts)}: {text}" for text, ts in by_text.items())
         return CheckReport("sharding", False, summary, details=errors,
                            fields={"errors": errors, "overlap": None, "missing": None,
                                    "per_task": {}})
@@ -54,7 +44,7 @@ def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport 
     if len(set(kinds.values())) > 1:
         text = "the tasks disagree about the expression: " + ", ".join(
             f"{t} has a {'distributed dataset' if k == 'distributed' else 'tf.data.Dataset'}"
-            for t, k in sorted(kinds.items(), key=lambda x: _order(x[0])))
+            for t, k in sorted(kinds.items(), key=lambda x: task_order(x[0])))
         return CheckReport("sharding", False, text + " (a per-task code path)", details=[text],
                            fields={"errors": [text], "overlap": None, "missing": None,
                                    "per_task": {}})
@@ -136,10 +126,10 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     problem = describe_problem(described)
     if problem is not None:
         return problem
-    tasks = sorted(reads, key=_order)
+    tasks = sorted(reads, key=task_order)
     failed = {t: _short(str(r["error"])) for t, r in reads.items() if "error" in r}
     good = [t for t in tasks if t not in failed]
-    first = described[sorted(described, key=_order)[0]]
+    first = described[sorted(described, key=task_order)[0]]
     policy, effective, why = policy_explained(first)
     if first.get("kind") == "dataset":
         policy = None  # set on it, but only distributing it would apply it
@@ -147,7 +137,7 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     fields: dict[str, Any] = {"policy": policy, "effective": effective, "why": why,
                               "kind": first.get("kind"), "errors": []}
     if failed:
-        errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: _order(x[0]))]
+        errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: task_order(x[0]))]
         fields["errors"] = errors
         details = errors + details
         # a task released from the collective it waited in is a consequence, not the cause
@@ -158,14 +148,14 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
         same: dict[str, list[str]] = {}
         for t, e in causes.items():
             same.setdefault(e, []).append(t)
-        summary = "; ".join(f"{_names(ts)} could not read the dataset: {e}"
+        summary = "; ".join(f"{name_tasks(ts)} could not read the dataset: {e}"
                             for e, ts in same.items())
-        released = sorted(set(failed) - set(causes), key=_order)
+        released = sorted(set(failed) - set(causes), key=task_order)
         if all(ABORTED in e for e in causes.values()):
             summary += ("; the collectives were aborted (by an earlier failed read or an "
                         "interrupt): %tfdist_restart gives working collectives again")
         if released:
-            summary += (f"; {_names(released)} waited for it in a collective and was released "
+            summary += (f"; {name_tasks(released)} waited for it in a collective and was released "
                         f"(%tfdist_restart gives working collectives again)")
         if not good:
             return CheckReport("sharding", False, summary, details=details,
@@ -264,19 +254,19 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     if shared:
         if everywhere == len(seen_by) and len(good) > 1:
             whole = missing is None or not len(missing)
-            what = (f"{_names(good)} read the same {shared} element(s)" +
+            what = (f"{name_tasks(good)} read the same {shared} element(s)" +
                     (": every task reads the whole dataset" if whole else ""))
         else:
             busiest = sorted({t for r in overlap_rows for t in r["tasks"].split(", ")},
-                             key=_order)
-            what = (f"{shared} element(s) read by more than one task ({_names(busiest)}), "
+                             key=task_order)
+            what = (f"{shared} element(s) read by more than one task ({name_tasks(busiest)}), "
                     f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")
         problems.append(f"{what}; cause: {_cause(described, effective)}")
     if missing is not None and len(missing):
         problems.append(f"{len(missing)} element(s) of the undistributed dataset read by no "
                         f"task, e.g. {', '.join(map(str, missing['element'].head(QUOTED)))}")
     if empty:
-        problems.append(f"{_names(empty)} read no element while the others did")
+        problems.append(f"{name_tasks(empty)} read no element while the others did")
     if failed:
         problems.insert(0, summary)
     if problems:
@@ -284,18 +274,18 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
                            fields=fields)
     total = sum(per_task.values())
     split = "/".join(str(per_task[t]) for t in good)
-    text = (f"{total} element(s) split {split} across {_names(good)} without overlap"
+    text = (f"{total} element(s) split {split} across {name_tasks(good)} without overlap"
             + ("" if missing is None else ", none missing")
             + f" (sharding: {effective})")
     if cut:
-        text += f"; cut short by a bound on {_names(list(cut))}"
+        text += f"; cut short by a bound on {name_tasks(list(cut))}"
     return CheckReport("sharding", True, text, table, details=details, fields=fields)
 
 
 def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
     """The likely reason several tasks read the same elements, read from the pipelines' own
     structure (their shard() calls and the shuffles before them)."""
-    order = sorted(described, key=_order)
+    order = sorted(described, key=task_order)
     first = described[order[0]]
     ways = {t: policy_explained(described[t])[1] for t in order}
     if len(set(ways.values())) > 1:
@@ -308,11 +298,11 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
               for t, p in pipes.items()}
     shuffled = sorted((t for t, p in pipes.items()
                        if any(s.get("after_unseeded_shuffle") for s in p.get("shards", []))),
-                      key=_order)
+                      key=task_order)
     if shuffled and effective in ("shard()", "function"):
         calls = ", ".join(f"shard({n}, {i})" for n, i in shards[shuffled[0]])
         return (f"the pipeline shuffles without a seed before its {calls} call (on "
-                f"{_names(shuffled)}): each task shuffles into its own order, so the shards it "
+                f"{name_tasks(shuffled)}): each task shuffles into its own order, so the shards it "
                 "cuts overlap with the others' and miss elements; shard before shuffling, or "
                 "give that shuffle the same seed on every task")
     if effective == "shard()" and len(shards) > 1 and len(set(shards.values())) == 1:
@@ -321,7 +311,7 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
                 f"dataset.shard(num_workers, tw.task[1])")
     if effective == "function" and any(shards.values()):
         calls = "; ".join(f"{t} " + ", ".join(f"shard({n}, {i})" for n, i in shards[t])
-                          for t in sorted(shards, key=_order))
+                          for t in sorted(shards, key=task_order))
         return (f"the dataset function shards ({calls}) but the shards overlap: check that "
                 "num_shards is ctx.num_input_pipelines and index ctx.input_pipeline_id")
     if effective == "function":  # no shard() call at all
@@ -335,12 +325,12 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
     if effective == "none":
         return ("auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
                 "FILE), or shard it yourself")
-    unseeded = sorted((t for t, p in pipes.items() if p.get("unseeded_shuffle")), key=_order)
+    unseeded = sorted((t for t, p in pipes.items() if p.get("unseeded_shuffle")), key=task_order)
     if effective == "DATA" and unseeded:
         return (f"DATA sharding keeps every n-th element by position, and the pipeline "
-                f"shuffles without a seed (on {_names(unseeded)}), so each task keeps its share "
-                "of a different order; give the shuffle the same seed on every task, or shuffle "
-                "after the split")
+                f"shuffles without a seed (on {name_tasks(unseeded)}), so each task keeps its "
+                "share of a different order; give the shuffle the same seed on every task, or "
+                "shuffle after the split")
     if effective == "DATA":
         return ("DATA sharding keeps every n-th element by position, so an order that differs "
                 "between tasks (a non-deterministic map or interleave before the split) "

@@ -1,10 +1,10 @@
 """``%tfdist_check tfconfig``: every problem of the TF_CONFIGs the tasks see, each naming the
 task and the field (pure: the facts come from each task's probe).
 
-Structure and roles are checked by :func:`tfdist_nb.cluster.tfconfig.validate_tf_config`'s
-rules (re-stated here without importing the controller); this adds what only the running tasks
-can tell: ports in use on their host, host names that do not resolve there, and tasks that
-disagree about the cluster.
+Structure and roles are checked by :func:`tfdist_nb.topology.validate_tf_config`, the rules the
+launcher checks the TF_CONFIGs it builds with; this adds what only the running tasks can tell:
+ports in use on their host, host names that do not resolve there, and tasks that disagree about
+the cluster.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
-from tfdist_nb.topology import ROLES
+from tfdist_nb.topology import validate_tf_config
 
 
 def load_config(config: str | Mapping[str, Any] | Path) -> tuple[str, list[str]]:
@@ -46,52 +46,7 @@ def structure_errors(text: str | None, who: str) -> tuple[dict[str, Any] | None,
         return None, [f"{who}: TF_CONFIG is not valid JSON ({exc})"]
     if not isinstance(cfg, dict):
         return None, [f"{who}: TF_CONFIG must be a JSON object with 'cluster' and 'task'"]
-    return cfg, [f"{who}: {e}" for e in _problems(cfg)]
-
-
-def _problems(cfg: dict[str, Any]) -> list[str]:
-    errors: list[str] = []
-    cluster, task = cfg.get("cluster"), cfg.get("task")
-    if not isinstance(cluster, dict) or not cluster:
-        errors.append("cluster: missing or empty (expected {'worker': ['host:port', ...]})")
-        cluster = {}
-    seen: dict[str, str] = {}
-    for role, addrs in cluster.items():
-        if role not in ROLES:
-            errors.append(f"cluster.{role}: unknown task type (expected one of "
-                          f"{', '.join(ROLES)})")
-        if not isinstance(addrs, list) or not addrs:
-            errors.append(f"cluster.{role}: must be a non-empty list of 'host:port'")
-            continue
-        for i, addr in enumerate(addrs):
-            where = f"cluster.{role}[{i}]"
-            host, _, port = str(addr).rpartition(":")
-            if not isinstance(addr, str) or not host:
-                errors.append(f"{where}: {addr!r} is not 'host:port'")
-            elif not port.isdigit() or not 0 < int(port) < 65536:
-                errors.append(f"{where}: port {port!r} is not a port number (1-65535)")
-            if isinstance(addr, str) and addr in seen:
-                errors.append(f"{where}: duplicate address {addr} (also {seen[addr]})")
-            seen[str(addr)] = where
-    if isinstance(cluster.get("chief"), list) and len(cluster["chief"]) > 1:
-        errors.append(f"cluster.chief: {len(cluster['chief'])} chiefs; a cluster has at most one")
-    if cluster.get("ps") and not (cluster.get("worker") or cluster.get("chief")):
-        errors.append("cluster.ps: ps tasks without workers (add 'worker' addresses)")
-    if not isinstance(task, dict):
-        errors.append("task: missing (expected {'type': 'worker', 'index': 0})")
-        return errors
-    ttype, index = task.get("type"), task.get("index")
-    if ttype not in ROLES:
-        errors.append(f"task.type: {ttype!r} is not a task type (expected one of "
-                      f"{', '.join(ROLES)})")
-    elif ttype != "evaluator" and ttype not in cluster:
-        errors.append(f"task.type: {ttype!r} has no entry in cluster")
-    if not isinstance(index, int) or isinstance(index, bool) or index < 0:
-        errors.append(f"task.index: {index!r} must be a non-negative integer")
-    elif isinstance(cluster.get(ttype), list) and index >= len(cluster[ttype]):
-        errors.append(f"task.index: {index} is out of range for {ttype} "
-                      f"(it has {len(cluster[ttype])})")
-    return errors
+    return cfg, [f"{who}: {e}" for e in validate_tf_config(cfg)]
 
 
 def analyse(views: Mapping[str, Mapping[str, Any]],

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.topology import name_tasks, task_order
 
 ATOL = 1e-6
 RTOL = 1e-5
@@ -38,24 +39,13 @@ CAUSES = [
 ]
 
 
-def _order(task: str) -> tuple[str, int]:
-    role, _, index = task.partition(":")
-    return ({"chief": "0", "worker": "1", "ps": "2", "evaluator": "3"}.get(role, role),
-            int(index) if index.isdigit() else 0)
-
-
-def _names(tasks: list[str]) -> str:
-    tasks = sorted(tasks, key=_order)
-    return tasks[0] if len(tasks) == 1 else ", ".join(tasks[:-1]) + " and " + tasks[-1]
-
-
 def _floats(values: list[Any]) -> list[float]:
     return [float(v) for v in values]  # "nan" / "inf" / "-inf" came as text
 
 
 def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[str, Any]:
     """One variable across tasks: verdict, max abs difference (exact or bounds) and why."""
-    tasks = sorted(rows, key=_order)
+    tasks = sorted(rows, key=task_order)
     first = rows[tasks[0]]
     shapes = {t: tuple(r["shape"]) for t, r in rows.items()}
     dtypes = {t: r["dtype"] for t, r in rows.items()}
@@ -117,7 +107,7 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
             rtol: float = RTOL) -> CheckReport:
     """``answers[task]``: ``{"variables": [...], "strategy": name}`` from each task's
     :func:`~tfdist_nb.worker.consistency.variable_checksums`, or ``{"error": why}``."""
-    tasks = sorted(answers, key=_order)
+    tasks = sorted(answers, key=task_order)
     errors = [f"{t}: {answers[t]['error']}" for t in tasks if "error" in answers[t]]
     good = [t for t in tasks if "error" not in answers[t]]
     fields: dict[str, Any] = {"errors": errors, "diverged": {}, "within_tolerance": [],
@@ -140,13 +130,13 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
         absent = [t for t in good if t not in rows]
         mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
         record: dict[str, Any] = {"variable": name}
-        first = rows[sorted(rows, key=_order)[0]]
+        first = rows[sorted(rows, key=task_order)[0]]
         record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
                       mirrored=_mirrored_text(mirrored))
         got: dict[str, Any]
         if absent:
             got = {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                   "why": f"missing on {_names(absent)}"}
+                   "why": f"missing on {name_tasks(absent)}"}
         else:
             got = _compare(rows, atol, rtol)
         record.update(verdict=got["verdict"],
@@ -176,15 +166,15 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
                        (" ..." if len(within) > QUOTED else ""))
     if not by_name:
         return CheckReport("variables", not errors, (errors[0] if errors else
-                           "no variables found in the expression on " + _names(good)),
+                           "no variables found in the expression on " + name_tasks(good)),
                            table, details=details, fields=fields)
     if diverged:
         for name, why in list(causes.items())[:10]:
             details.append(f"{name}: {_amount(name, diverged[name], bounds)}; {why}")
         details.append("usual causes: " + "; ".join(CAUSES))
-        who = sorted(odd_tasks or set(good), key=_order)
-        between = (f"between {_names(good)}" if len(good) == 2 or len(who) == len(good)
-                   else f"on {_names(who)} (the others agree)")
+        who = sorted(odd_tasks or set(good), key=task_order)
+        between = (f"between {name_tasks(good)}" if len(good) == 2 or len(who) == len(good)
+                   else f"on {name_tasks(who)} (the others agree)")
         quoted = ", ".join(f"{n} ({_amount(n, diverged[n], bounds)})"
                            for n in list(diverged)[:QUOTED])
         common = _common_cause(causes)
@@ -194,7 +184,7 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
         if errors:
             summary += f"; {errors[0]}"
         return CheckReport("variables", False, summary, table, details=details, fields=fields)
-    summary = (f"all {len(by_name)} variable(s) are the same on {_names(good)}"
+    summary = (f"all {len(by_name)} variable(s) are the same on {name_tasks(good)}"
                + (" (some only within the tolerance)" if within else " (bitwise)"))
     if errors:
         return CheckReport("variables", False, f"{errors[0]}; on the others: {summary}", table,
@@ -208,7 +198,7 @@ def _mirrored_text(mirrored: Mapping[str, bool]) -> str:
         return "yes"
     if values == {False}:
         return "no"
-    return "only on " + _names([t for t, m in mirrored.items() if m])
+    return "only on " + name_tasks([t for t, m in mirrored.items() if m])
 
 
 def _cause(mirrored: Mapping[str, bool], strategies: Mapping[str, Any],
@@ -218,8 +208,8 @@ def _cause(mirrored: Mapping[str, bool], strategies: Mapping[str, Any],
     values = set(mirrored.values())
     if len(values) > 1:
         return ("a per-task code path: mirrored on " +
-                _names([t for t, m in mirrored.items() if m]) + ", a plain variable on " +
-                _names([t for t, m in mirrored.items() if not m]))
+                name_tasks([t for t, m in mirrored.items() if m]) + ", a plain variable on " +
+                name_tasks([t for t, m in mirrored.items() if not m]))
     if values == {False}:
         if any(strategies.values()):
             return ("created outside strategy.scope(): a plain variable on every task, each "

@@ -94,14 +94,7 @@ def _recorded(fn: Any, kind: str) -> Any:
             return fn(*args, **kwargs)
         if kind == "all_reduce":
             worker._entered_collective(time.time())
-        rows = LEDGER.enter([op], "eager")
-        try:
-            out = fn(*args, **kwargs)
-        except BaseException as exc:
-            LEDGER.close(rows, failed_state(exc))
-            raise
-        LEDGER.close(rows)
-        return out
+        return LEDGER.run(LEDGER.enter([op], "eager"), fn, *args, **kwargs)
 
     recorded._tfdist_ledger = True  # type: ignore[attr-defined]
     return recorded
@@ -221,13 +214,6 @@ def _calling_function(depth: int = 16) -> Any:
     return None
 
 
-def failed_state(exc: BaseException) -> str:
-    """``aborted`` when the collective was released (aborted, cancelled, interrupted)."""
-    name = type(exc).__name__
-    return "aborted" if name in ("UnavailableError", "CancelledError", "AbortedError",
-                                 "KeyboardInterrupt") else "failed"
-
-
 def patch_concrete_function(module: ModuleType) -> bool:
     """Count the runs of every concrete function with collectives; False if already done."""
     cls = getattr(module, "ConcreteFunction", None)
@@ -256,13 +242,7 @@ def patch_concrete_function(module: ModuleType) -> bool:
         if call == 1:
             agreement.check(graph, name, found, owner=_calling_function())
         rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
-        try:
-            out = method(self, *args, **kwargs)
-        except BaseException as exc:
-            LEDGER.close(rows, failed_state(exc))
-            raise
-        LEDGER.close(rows)
-        return out
+        return LEDGER.run(rows, method, self, *args, **kwargs)
 
     call_flat._tfdist_ledger = True  # type: ignore[attr-defined]
     cls._call_flat = call_flat

@@ -43,13 +43,7 @@ def patch_strategy(module: ModuleType) -> bool:
         rows = _enter()
         if rows is None:
             return method(self, *args, **kwargs)
-        try:
-            out = method(self, *args, **kwargs)
-        except BaseException:
-            LEDGER.close(rows, "failed")
-            raise
-        LEDGER.close(rows)
-        return out
+        return LEDGER.run(rows, method, self, *args, **kwargs)
 
     initialize_multi_worker._tfdist_startup = True  # type: ignore[attr-defined]
     cls._initialize_multi_worker = initialize_multi_worker

@@ -17,12 +17,14 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.ledger_runs import BARRIER_KINDS, fold
 
+T = TypeVar("T")
 KEEP = 5000
 MAX_ROWS_PER_MESSAGE = 2000
 
@@ -47,6 +49,13 @@ class Op:
 
     def describe(self) -> str:
         return f"{self.kind} {describe_tensor(self.dtype, self.shape)}"
+
+
+def failed_state(exc: BaseException) -> str:
+    """``aborted`` when the collective was released (aborted, cancelled, interrupted)."""
+    name = type(exc).__name__
+    return "aborted" if name in ("UnavailableError", "CancelledError", "AbortedError",
+                                 "KeyboardInterrupt") else "failed"
 
 
 class CollectiveMismatchError(RuntimeError):
@@ -103,6 +112,18 @@ class Ledger:
                 row["state"], row["done"] = state, now
                 self._dirty[row["seq"]] = row
                 self._open.pop(row["seq"], None)
+
+    def run(self, rows: list[dict[str, Any]], fn: Callable[..., T], *args: Any,
+            **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` with ``rows`` (just entered) closed as it ends: done, or
+        ``failed_state`` of what it raised."""
+        try:
+            out = fn(*args, **kwargs)
+        except BaseException as exc:
+            self.close(rows, failed_state(exc))
+            raise
+        self.close(rows)
+        return out
 
     def pending(self) -> bool:
         return bool(self._dirty)
