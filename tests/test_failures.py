@@ -150,20 +150,42 @@ def test_interrupt_releases_a_task_stuck_inside_a_collective() -> None:
         assert any("interrupted by the user" in a for a in c.alerts())
 
 
-def test_strategy_start_up_waiting_for_a_task_is_named() -> None:
-    """The strategy is created on worker:0 only; worker:1 never joins."""
+def test_strategy_start_up_waiting_for_a_task_not_running_the_cell_is_named() -> None:
+    """The strategy is created on worker:0 only; worker:1 never joins. worker:0 waits in C++
+    holding the GIL until TensorFlow's registration timeout: its start-up row names worker:1
+    at once, and the report says worker:0 is still blocked there (no interrupt reaches it)."""
     with Cluster(workers=2, preload=()) as c:
-        seen: list[Any] = []
+        started = time.monotonic()
         result = c.run("import tensorflow as tf\n"
                        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
-                       on=0, timeout=20, on_event=seen.append)
-        assert result.tasks["worker:0"].status == "timeout"
-        # TensorFlow holds the GIL while it waits for the peers, so the task's own threads
-        # (telemetry, output forwarding) are frozen: the gap in its heartbeats tells
+                       on=0, timeout=60)
+        assert time.monotonic() - started < 15  # not the cell's timeout
+        waiting = result.tasks["worker:0"]
+        assert waiting.status == "aborted"
+        assert result.cause is not None and result.cause.startswith(
+            "worker:0 waits in the start-up of MultiWorkerMirroredStrategy"), result.cause
+        assert "for worker:1, which is not running this cell" in result.cause
+        assert "worker:0 is still blocked in the start-up" in waiting.explanation
+        assert "drop --on" in waiting.explanation
+
+
+def test_a_frozen_interpreter_is_said_from_the_gap_in_its_heartbeats() -> None:
+    """A task whose Python threads are all frozen (a C call holding the GIL: here libc's
+    sleep through ctypes.PyDLL, which keeps it) sends no heartbeat: the gap is said once,
+    naming the tasks not running the cell; the cell then ends normally."""
+    with Cluster(workers=2, preload=(), warm=False) as c:
+        seen: list[Any] = []
+        result = c.run("import ctypes\nctypes.PyDLL(None).sleep(8)", on=0, timeout=60,
+                       on_event=seen.append)
+        assert result.ok, result.summary()
         gaps = [a for a in c.alerts() if "no heartbeat for" in a]
         assert len(gaps) == 1 and gaps[0].startswith("worker:0: no heartbeat for ")
+        assert "its Python threads are blocked" in gaps[0]
         assert "not running this cell: worker:1 (idle): run it on every task" in gaps[0]
         assert any("no heartbeat for" in getattr(e, "text", "") for e in seen)
+        # healthy: the same cell without the frozen C call says nothing
+        assert c.run("import time\ntime.sleep(8)", on=0, timeout=60).ok
+        assert len([a for a in c.alerts() if "no heartbeat for" in a]) == 1
 
 
 def test_a_task_that_dies_between_cells_is_dead_at_once_with_an_alert() -> None:

@@ -188,3 +188,30 @@ def test_a_telemetry_interval_that_would_starve_the_tasks_is_refused_up_front(
     with pytest.raises(SpecError, match=r"TFDIST_TELEMETRY_INTERVAL=.*at least 0\.05"):
         Cluster(workers=1)
     assert worker_kernels() == workers
+
+
+def test_a_dead_task_is_answered_with_advice_by_every_magic_that_acts_on_it(ip: Any) -> None:
+    """One error wrapper for all magics: a dead task is a UsageError saying how to bring it
+    back (it escaped as a raw ClusterNotRunningError from %tfdist_env and %tfdist_loglevel)."""
+    import os
+    import signal
+
+    from tests.conftest import wait_for
+
+    ip.run_line_magic("tfcluster", "1 worker --no-dashboard --no-warm")
+    cluster = current()
+    try:
+        (rt,) = cluster.tasks.values()
+        os.kill(rt.pid, signal.SIGKILL)
+        wait_for(lambda: rt.state.value == "dead", 10, "worker:0 dead")
+        for name, line in [("tfdist_env", ""), ("tfdist_loglevel", "INFO"),
+                           ("tfdist_inject", "straggler --on 0"), ("tfdist_numerics", "on"),
+                           ("tfdist_profile", "--now --duration-ms 100"),
+                           ("tfdist_check", "env")]:
+            with pytest.raises(UsageError) as err:
+                ip.run_line_magic(name, line)
+            said = str(err.value)
+            assert "worker:0 is dead; bring it back with %tfdist_restart" in said, (name, said)
+            assert "example: %" in said, (name, said)
+    finally:
+        cluster.stop()

@@ -134,9 +134,9 @@ def test_warm_options_of_the_magic() -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
     from tfdist_nb.magics.request import build_request
-    from tfdist_nb.magics.tfcluster import TfdistMagics
+    from tfdist_nb.magics.run import RunMagics
 
-    magics = TfdistMagics(InteractiveShell.instance())
+    magics = RunMagics(InteractiveShell.instance())
     parse = magics.tfcluster.parser.parse_args
     assert build_request(parse(shlex.split("2 workers"))).warm is None
     assert build_request(parse(shlex.split("2 workers --warm"))).warm is True

@@ -40,9 +40,10 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    from tfdist_nb.magics.tfcluster import TfdistMagics
+    from tfdist_nb.magics.tfcluster import MAGICS
 
-    ipython.register_magics(TfdistMagics)
+    for magics in MAGICS:
+        ipython.register_magics(magics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

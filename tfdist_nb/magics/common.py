@@ -1,0 +1,130 @@
+"""What every magic shares: reading its line, answering the user's mistakes with a UsageError
+and an example (never a traceback from deep inside), and finding the cluster it acts on.
+
+The magics only parse and hand off to :class:`~tfdist_nb.cluster.facade.Cluster`; the errors
+the Cluster API raises for what the user asked (a bad task list, a dead or stopped task, a task
+that did not answer) become one ``UsageError`` in :func:`user_errors`, the same for every magic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import argument
+
+from tfdist_nb.cluster.state import CannotRun
+from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
+from tfdist_nb.magics.request import EXAMPLE
+from tfdist_nb.store.rundir import open_private
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: What the Cluster API raises for what the user asked; the magics answer it as a UsageError.
+USER_ERRORS: tuple[type[Exception], ...] = (SpecError, ClusterNotRunningError, CannotRun,
+                                            AgentError)
+NO_CLUSTER = "no cluster is running; start one with\n  %%tfcluster 2 workers"
+
+
+def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
+    return UsageError(f"{exc}\n{example}")
+
+
+def user_errors(example: str = EXAMPLE, *more: type[Exception]) -> Callable[[F], F]:
+    """A magic whose user errors (``USER_ERRORS``, and ``more`` of its own) end as one
+    UsageError with ``example``; the magic reads its line with ``parse_line(self.<magic>,
+    line)``, which uses the example too."""
+    caught = USER_ERRORS + more
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def magic(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except caught as exc:
+                raise usage(exc, example) from None
+
+        magic.example = example  # type: ignore[attr-defined]
+        return magic  # type: ignore[return-value]
+    return wrap
+
+
+def parse_line(magic: Any, line: str) -> Any:
+    """Split like a POSIX shell (quotes group words and are removed), then parse with the
+    magic's own arguments; a mistake is a UsageError with the magic's example."""
+    example = getattr(magic, "example", EXAMPLE)
+    try:
+        return magic.parser.parse_args(shlex.split(line))
+    except ValueError as exc:  # unbalanced quotes
+        raise usage(f"cannot read the line: {exc}", example) from None
+    except UsageError as exc:
+        raise usage(exc, example) from None
+
+
+def number(kind: type, least: float, inclusive: bool = False) -> Any:
+    """An argparse type: a finite number of ``kind`` above ``least`` (or equal to it with
+    ``inclusive``); anything else is the option's usage error, not a failure deep inside."""
+    bound = f"{'at least' if inclusive else 'above'} {least:g}"
+
+    def read(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number {bound}")
+        return value
+
+    read.__name__ = kind.__name__  # argparse names the type in its messages
+    return read
+
+
+POSITIVE_S = number(float, 0.0)
+POSITIVE_N = number(int, 1, inclusive=True)
+NOT_NEGATIVE = number(float, 0.0, inclusive=True)
+NOT_NEGATIVE_N = number(int, 0, inclusive=True)
+
+
+def on_option(fn: F) -> F:
+    return argument("--on", metavar="TASKS", default=None,  # type: ignore[no-any-return]
+                    help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
+
+
+def save_private(path: str, text: str, example: str) -> None:
+    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through
+    a symlink; a path that cannot be written is a UsageError naming why."""
+    try:
+        with open_private(Path(path), "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise usage(f"--save: cannot write {path}: {exc.strerror or exc}", example) from None
+
+
+def current() -> Any:
+    """The active cluster, or None."""
+    from tfdist_nb.cluster.facade import current as active
+
+    return active()
+
+
+def require() -> Any:
+    """The active cluster, or a UsageError saying how to start one."""
+    cluster = current()
+    if cluster is None:
+        raise UsageError(NO_CLUSTER)
+    return cluster
+
+
+def require_any() -> Any:
+    """The active cluster, or the last one that ran (export works after a stop too)."""
+    from tfdist_nb.cluster.registry import last_cluster
+
+    cluster = current() or last_cluster()
+    if cluster is None:
+        raise UsageError("no cluster has run here yet; start one with\n  %%tfcluster 2 workers")
+    return cluster

@@ -1,0 +1,203 @@
+"""The magics that diagnose (docs/reference.md, Magics): ``%tfdist_check``, ``%tfdist_numerics``,
+``%tfdist_profile``, and ``%tfdist_export`` (a reproducer to take elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from tfdist_nb.magics.common import (
+    NOT_NEGATIVE,
+    NOT_NEGATIVE_N,
+    POSITIVE_N,
+    POSITIVE_S,
+    current,
+    on_option,
+    parse_line,
+    require,
+    require_any,
+    usage,
+    user_errors,
+)
+
+
+@magics_class
+class DiagnoseMagics(Magics):
+    """Checks, NaN/Inf hunting, profiles, and the reproducer."""
+
+    @magic_arguments()
+    @argument("kind", help="tfconfig | network | env | all | sharding | variables")
+    @argument("expr", nargs="*",
+              help="tfconfig: a TF_CONFIG to check instead of the tasks' own (JSON text, a "
+                   "file path, or a variable of this notebook holding either or a dict); "
+                   "sharding / variables: an expression evaluated in every task")
+    @argument("--reference", metavar="EXPR", default=None,
+              help="sharding: the undistributed dataset, evaluated in the first task, that "
+                   "missing elements are counted against")
+    @argument("--max-elements", type=POSITIVE_N, default=None, metavar="N",
+              help="sharding: stop after N examples per task (default 10000)")
+    @argument("--max-seconds", type=POSITIVE_S, default=None, metavar="S",
+              help="sharding: stop reading after S seconds (default 30)")
+    @argument("--atol", type=NOT_NEGATIVE, default=None,
+              help="variables: absolute tolerance (1e-6)")
+    @argument("--rtol", type=NOT_NEGATIVE, default=None,
+              help="variables: relative tolerance (1e-5)")
+    @on_option
+    @line_magic
+    @user_errors("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
+                   "sharding EXPR, variables EXPR)")
+    def tfdist_check(self, line: str) -> Any:
+        """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
+
+        - ``tfconfig``: every task's TF_CONFIG now: structure, task types, indices, duplicate
+          addresses, more than one chief, ps without workers, its own port in use on its host,
+          host names that do not resolve there, tasks that disagree about the cluster. Works
+          without a cluster for a TF_CONFIG you give (``%tfdist_check tfconfig cfg.json``).
+        - ``network``: every task connects to every other task's TF address (refused, timed
+          out, DNS), a latency matrix, and the all-reduce bandwidth of your strategy (1, 16,
+          64 MB) when a cell made one.
+        - ``env``: differences between the tasks' environments.
+        - ``all``: tfconfig, network and env.
+        - ``sharding EXPR``: EXPR (a ``tf.data.Dataset`` or a distributed dataset) is read on
+          every task at once, bounded by ``--max-elements`` and ``--max-seconds`` (the report
+          says when a bound cut it short), every example fingerprinted: ``.overlap`` (read by
+          more than one task), ``.missing`` (read by none, against the undistributed dataset:
+          the one given to ``experimental_distribute_dataset``, the function of
+          ``distribute_datasets_from_function`` called with one input pipeline, or
+          ``--reference EXPR``), ``.per_task``, ``.imbalance``, and the AutoShardPolicy in
+          effect and why.
+        - ``variables EXPR``: a Keras model, a ``tf.Module``, a variable, or a list / dict of
+          them: per-variable checksums on every task, exact and within ``--atol`` /
+          ``--rtol``; ``.diverged`` names the variables that differ with their max abs
+          difference, and the likely cause.
+
+        EXPR is evaluated in each task, not here; quote it when it holds quotes or spaces.
+
+        Examples::
+
+            %tfdist_check all
+            %tfdist_check network
+            %tfdist_check tfconfig '{"cluster": {"worker": ["a:1", "a:1"]}, "task": {...}}'
+            %tfdist_check sharding dist_dataset
+            %tfdist_check sharding 'dataset.batch(8)' --reference 'tf.data.Dataset.range(64)'
+            %tfdist_check variables model
+        """
+        from tfdist_nb.cluster.checks import EXPR_KINDS, KINDS, check_tf_config
+
+        example = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
+                   "sharding EXPR, variables EXPR)")
+        args = parse_line(self.tfdist_check, line)
+        if args.kind not in KINDS:
+            raise usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", example)
+        expr = " ".join(args.expr) or None
+        options = _check_options(args)
+        if args.kind in EXPR_KINDS:
+            if expr is None:
+                raise usage(f"the {args.kind} check needs an expression evaluated in every "
+                            f"task", f"example: %tfdist_check {args.kind} "
+                            f"{'dist_dataset' if args.kind == 'sharding' else 'model'}")
+        elif expr is not None and args.kind != "tfconfig":
+            raise usage(f"the {args.kind} check takes no argument", example)
+        if (expr is not None and args.kind == "tfconfig" and expr.isidentifier()
+                and expr in self.shell.user_ns):
+            expr = self.shell.user_ns[expr]
+        cluster = current()
+        if cluster is None:
+            if args.kind == "tfconfig" and expr is not None:
+                return check_tf_config(expr)
+            raise UsageError("no cluster is running; start one with\n  %%tfcluster 2 workers\n"
+                             "(a TF_CONFIG of your own is checked without one: "
+                             "%tfdist_check tfconfig cfg.json)")
+        return cluster.check(args.kind, expr, on=args.on, **options)
+
+    @magic_arguments()
+    @argument("state", choices=["on", "off"], help="on | off")
+    @argument("--dump", metavar="DIR",
+              help="also write TensorBoard Debugger V2 dumps, one root per task (DIR/worker-0, "
+                   "DIR/worker-1, ...): a root shared by several tasks cannot be read")
+    @line_magic
+    @user_errors("example: %tfdist_numerics on   (or: off, on --dump DIR)")
+    def tfdist_numerics(self, line: str) -> None:
+        """NaN/Inf checking on every task (``tf.debugging.enable_check_numerics``).
+
+        The first op whose output holds NaN or Inf raises on its task; when a cell fails that
+        way, it names the task that produced NaN/Inf first (by time across tasks) and the op,
+        with where the op was created. It slows every op down: turn it off when done.
+
+        Examples::
+
+            %tfdist_numerics on
+            %tfdist_numerics on --dump /tmp/dbg
+            %tfdist_numerics off
+        """
+        args = parse_line(self.tfdist_numerics, line)
+        print(f"tfdist_nb: {require().numerics(args.state == 'on', args.dump)}")
+
+    @magic_arguments()
+    @argument("--duration-ms", type=POSITIVE_N, default=2000, metavar="N",
+              help="how long to trace (default 2000)")
+    @argument("--logdir", metavar="DIR", help="where the trace goes (default: the run "
+                                              "directory's profile/)")
+    @argument("--now", action="store_true",
+              help="trace what the tasks do now and wait for it, instead of arming the "
+                   "capture for the next cell")
+    @argument("--delay-ms", type=NOT_NEGATIVE_N, default=500, metavar="N",
+              help="with an armed capture: start this long after the next cell is sent")
+    @line_magic
+    @user_errors("example: %tfdist_profile --duration-ms 3000")
+    def tfdist_profile(self, line: str) -> None:
+        """A TensorFlow profiler trace of every task at once, in one logdir for TensorBoard.
+
+        By default the capture is armed and starts with the next ``%%tfcluster`` cell (all tasks
+        together); when that cell ends, the cell says where the trace is, how to open it
+        (``%tensorboard --logdir ...``) and, per task, its busiest ops. ``--now`` traces what
+        the tasks are doing at once.
+
+        Examples::
+
+            %tfdist_profile --duration-ms 3000
+            %tfdist_profile --now --logdir /tmp/prof
+        """
+        args = parse_line(self.tfdist_profile, line)
+        said = require().profile(args.duration_ms, args.logdir, now=args.now,
+                                  delay_ms=args.delay_ms)
+        print(f"tfdist_nb: {said}")
+
+    @magic_arguments()
+    @argument("directory", help="where train.py and launch.sh go (created if missing)")
+    @argument("--force", action="store_true",
+              help="replace a train.py / launch.sh there that %%tfdist_export did not write")
+    @line_magic
+    @user_errors("example: %tfdist_export repro/")
+    def tfdist_export(self, line: str) -> None:
+        """Write a standalone reproducer of what the cluster ran: ``DIR/train.py`` (the cells,
+        in order, without notebook machinery) and ``DIR/launch.sh`` (the same tasks on this
+        machine, same TF_CONFIG layout with fresh ports, same ``--env``).
+        ``bash DIR/launch.sh`` runs it outside Jupyter and exits non-zero if a task fails.
+
+        Example::
+
+            %tfdist_export repro/
+        """
+        args = parse_line(self.tfdist_export, line)
+        out = require_any().export(args.directory, force=args.force)
+        print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
+              f"bash {out / 'launch.sh'}")
+
+
+
+def _check_options(args: Any) -> dict[str, Any]:
+    """``%tfdist_check``'s options that were given, by the name ``Cluster.check`` takes."""
+    wanted = {"sharding": ("reference", "max_elements", "max_seconds"),
+              "variables": ("atol", "rtol")}.get(args.kind, ())
+    given = {k: getattr(args, k) for k in ("reference", "max_elements", "max_seconds", "atol",
+                                           "rtol") if getattr(args, k) is not None}
+    extra = [f"--{k.replace('_', '-')}" for k in given if k not in wanted]
+    if extra:
+        raise usage(f"the {args.kind} check takes no {', '.join(extra)}",
+                    "example: %tfdist_check sharding dist_dataset --max-elements 1000")
+    return given

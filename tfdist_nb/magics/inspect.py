@@ -1,0 +1,147 @@
+"""The magics that look at the cluster (docs/reference.md, Magics): ``%tfdist_status``,
+``%tfdist_logs``, ``%tfdist_stacks``, ``%tfdist_collectives``, ``%tfdist_env``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from tfdist_nb.magics.common import (
+    NOT_NEGATIVE_N,
+    POSITIVE_N,
+    on_option,
+    parse_line,
+    require,
+    save_private,
+    usage,
+    user_errors,
+)
+
+
+@magics_class
+class InspectMagics(Magics):
+    """What the tasks are doing: status, logs, stacks, collectives, environment."""
+
+    @magic_arguments()
+    @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
+    @argument("--lab", action="store_true",
+              help="open the cluster's JupyterLab pane (tfdist-nb lab extension) instead")
+    @line_magic
+    @user_errors("example: %tfdist_status --table")
+    def tfdist_status(self, line: str) -> Any:
+        """The live dashboard of every task; ``--table``: a DataFrame; ``--lab``: the cluster's
+        dockable JupyterLab pane, fed by the Jupyter server (docs/reference.md).
+
+        The dashboard has a panel per task (state, steps, resources, a filterable log tail) and
+        charts of step time, CPU, RSS and GPU per task; it refreshes a few times a second.
+        """
+        args = parse_line(self.tfdist_status, line)
+        cluster = require()
+        if args.table:
+            return cluster.status()
+        if args.lab:  # rendered by the lab extension, which opens (once) the cluster's pane
+            import secrets
+            import time
+
+            from IPython.display import display
+            display({"application/vnd.tfdist.lab+json": {
+                "cluster": cluster.id, "nonce": secrets.token_hex(8), "time": time.time()},
+                "text/plain": f"tfdist_nb: cluster {cluster.id}: its pane opens in JupyterLab "
+                              "with the tfdist-nb extension (tfdist sidebar)"}, raw=True)
+            return None
+        from IPython.display import display
+
+        display(cluster.dashboard())
+        return None
+
+    @magic_arguments()
+    @on_option
+    @argument("--grep", metavar="RE", help="only lines matching this regular expression")
+    @argument("--tail", type=POSITIVE_N, metavar="N", help="only the last N lines")
+    @argument("--level", metavar="LEVELS",
+              help="only lines of these levels, comma separated: DEBUG, INFO, WARNING, ERROR, "
+                   "CRITICAL, FATAL (e.g. --level INFO: TensorFlow's INFO records)")
+    @argument("--save", metavar="PATH", help="also write the lines as JSON Lines to PATH")
+    @line_magic
+    @user_errors("example: %tfdist_logs --on 1 --grep 'loss|step' --tail 50", ValueError)
+    def tfdist_logs(self, line: str) -> Any:
+        """The merged log of every task (from the run directory), as a DataFrame.
+
+        Every line the tasks wrote is there, also TensorFlow's INFO records that the cell did not
+        show. Examples::
+
+            %tfdist_logs --on 1 --grep loss --tail 50
+            %tfdist_logs --level WARNING,ERROR
+        """
+        args = parse_line(self.tfdist_logs, line)
+        cluster = require()
+        df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail, level=args.level)
+        if args.save:
+            save_private(args.save, df.to_json(orient="records", lines=True, date_format="iso"),
+                         "example: %tfdist_logs --save ./tfdist_logs.jsonl")
+        return df
+
+    @magic_arguments()
+    @on_option
+    @line_magic
+    @user_errors("example: %tfdist_stacks --on 1")
+    def tfdist_stacks(self, line: str) -> None:
+        """Python stacks of every thread of each task, and where each main thread stands.
+
+        They are taken in each task's inspection subshell, so they come back while the main
+        thread is blocked inside a TensorFlow op (a stuck collective, say).
+        """
+        from tfdist_nb.display.printer import label
+
+        args = parse_line(self.tfdist_stacks, line)
+        cluster = require()
+        found = cluster.stacks(on=args.on)
+        stands = cluster.collectives_now(on=args.on)
+        for task, text in found.items():
+            print(f"{label(task)} collective: {stands.get(task, '?')}\n{text}\n")
+
+    @magic_arguments()
+    @on_option
+    @argument("--last", type=NOT_NEGATIVE_N, default=20, metavar="N",
+              help="the last N collectives of each task (default 20; 0: all kept)")
+    @line_magic
+    @user_errors("example: %tfdist_collectives --last 50")
+    def tfdist_collectives(self, line: str) -> Any:
+        """Every task's collective ledger side by side, as a DataFrame: each collective it
+        issued (eager or inside tf.function) with its kind, dtype, shape, the line that made it,
+        its state and times. Examples::
+
+            %tfdist_collectives
+            %tfdist_collectives --on 1 --last 50
+        """
+        args = parse_line(self.tfdist_collectives, line)
+        if args.last < 0:
+            raise usage(ValueError("--last must be 0 (all) or a positive number"),
+                        "example: %tfdist_collectives --on 1 --last 50")
+        return require().collectives(on=args.on, last=args.last or None)
+
+    @magic_arguments()
+    @argument("--all", action="store_true",
+              help="every property, not only the ones that differ between tasks")
+    @line_magic
+    @user_errors("example: %tfdist_env --all")
+    def tfdist_env(self, line: str) -> Any:
+        """Each task's environment, read now, side by side; ``mismatch`` marks differences.
+
+        Python, TensorFlow and the CUDA/cuDNN it was built for, Keras / tf_keras, numpy, NVIDIA
+        driver and GPUs, OS, host, every TF_*, CUDA_*, NCCL_*, XLA_* variable (also one a cell
+        set), and installed packages whose versions differ. Without ``--all`` only the rows
+        that differ are shown (and a line says when none do).
+        """
+        args = parse_line(self.tfdist_env, line)
+        df = require().env()
+        if args.all:
+            return df
+        differing = df[df["mismatch"]]
+        if differing.empty:
+            print(f"tfdist_nb: the {len(df.columns) - 1} task(s) run the same environment "
+                  "(%tfdist_env --all lists it)")
+        return differing

@@ -1,0 +1,263 @@
+"""The magics that start and run the cluster (docs/reference.md, Magics): ``%%tfcluster`` (start,
+reuse, resize, run a cell) and ``%tfdist_restart`` / ``%tfdist_interrupt`` / ``%tfdist_stop`` /
+``%tfdist_loglevel``. Each parses its line and hands off to the Cluster API; user errors become
+a UsageError with an example (:func:`~tfdist_nb.magics.common.user_errors`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments
+
+from tfdist_nb.errors import TaskError
+from tfdist_nb.magics.common import current, on_option, parse_line, require, user_errors
+from tfdist_nb.magics.request import ClusterRequest, PlanAction, build_request, glue_sbatch, plan
+
+DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
+PLAIN_LINES = 5000
+
+
+@magics_class
+class RunMagics(Magics):
+    """``%%tfcluster`` and the magics that control its tasks."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell, **kwargs)
+        self._noise_said: dict[str, set[str]] = {}  # run directory -> known noise already said
+
+    @magic_arguments()
+    @argument("spec", nargs="*",
+              help="cluster SPEC: pairs of <count> <role>, e.g. '2 workers', "
+                   "'1 chief 2 workers 1 ps'. Omit it to use the running cluster.")
+    @on_option
+    @argument("--env", action="append", metavar="KEY=VALUE",
+              help="environment variable for every task, set before TensorFlow is imported "
+                   "(repeatable), e.g. --env TF_USE_LEGACY_KERAS=1")
+    @argument("--timeout", type=float, metavar="SECONDS",
+              help="end the whole cell after this many seconds (tasks are interrupted)")
+    @argument("--stall-timeout", type=float, metavar="SECONDS",
+              help="seconds without progress before a busy task counts as stalled")
+    @argument("--restart", action="store_true",
+              help="start every task afresh before running (a second strategy needs this)")
+    @argument("--python", metavar="PATH", help="worker interpreter (default: this kernel's)")
+    @argument("--hosts", metavar="H1,H2",
+              help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
+                   "(implies --launcher ssh)")
+    @argument("--launcher", metavar="NAME",
+              help="local (default) | ssh (with --hosts) | attach (with --connection-dir) | "
+                   "slurm (one sbatch job, --sbatch for its options)")
+    @argument("--sbatch", metavar='"ARGS"',
+              help="for --launcher slurm (implied): sbatch options of the job, quoted, e.g. "
+                   "--sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; SLURM_CONF and "
+                   "the rest of the environment configure SLURM's tools as usual")
+    @argument("--connection-dir", metavar="DIR",
+              help="for --launcher attach: where workers started by a scheduler with "
+                   "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
+                   "themselves")
+    @argument("--warm", dest="warm", action="store_true", default=None,
+              help="keep spare worker kernels with TensorFlow imported, so --restart and a "
+                   "resize take well under a second (default for the local launcher)")
+    @argument("--no-warm", dest="warm", action="store_false", default=None,
+              help="no spare kernels: restarts and resizes start cold")
+    @argument("--no-dashboard", action="store_true",
+              help="show plain attributed output instead of the live dashboard")
+    @argument("--verbose", action="store_true",
+              help="also show TensorFlow's INFO log lines live (by default they go to the run "
+                   "directory, the dashboard and %%tfdist_logs, and the cell counts them)")
+    @line_cell_magic
+    @user_errors()
+    def tfcluster(self, line: str, cell: str | None = None) -> Any:
+        """Start (or reuse, or resize) a multi-worker TensorFlow cluster and run the cell on it.
+
+        Every task is a real ipykernel with its own TF_CONFIG, set before TensorFlow is
+        imported. The cell body runs on all targeted tasks at once; their output streams live,
+        each line prefixed with its task. If a task raises, its traceback is shown under its
+        name and the cell raises, so "Run All" stops.
+
+        A cluster of the same SPEC is reused; a different SPEC replaces it and says
+        ``resized: 2 workers -> 1 worker`` (shrinking a failing job is one edit of this line).
+        The line form (``%tfcluster 2 workers``) only ensures the cluster exists.
+
+        Examples::
+
+            %%tfcluster 2 workers
+            import tensorflow as tf
+            strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+            %%tfcluster 2 workers --on 1          # only worker:1
+            %%tfcluster 2 workers --env TF_USE_LEGACY_KERAS=1   # tf_keras for model.fit
+            %%tfcluster --restart                  # fresh kernels, same cluster
+            %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
+            %%tfcluster 2 workers --sbatch "--nodes=2"  # one SLURM job, a task per node
+        """
+        args = parse_line(self.tfcluster, glue_sbatch(line))
+        request = build_request(args)
+        cluster = self._ensure(request)
+        if cell is None or not cell.strip():
+            return None
+        return self._run(cluster, line, cell, request)
+
+    def _ensure(self, request: ClusterRequest) -> Any:
+        from tfdist_nb.cluster.facade import Cluster
+
+        active = current()
+        decided = plan(request, active.spec if active else None,
+                       active.extra_env if active else None, active.python if active else None,
+                       (active.launcher.name, active.hosts) if active else None,
+                       getattr(active.launcher, "sbatch_args", None) if active else None)
+        if decided.message:
+            print(f"tfdist_nb: {decided.message}")
+        if decided.action in (PlanAction.REUSE, PlanAction.RESTART) and request.warm is not None:
+            active.set_warm(request.warm)
+        if decided.action is PlanAction.REUSE:
+            return active
+        if decided.action is PlanAction.RESTART and active.launcher.restartable:
+            active.restart()  # from spare kernels where they fit (docs/design.md)
+            if active.warm_note:
+                print(f"tfdist_nb: {active.warm_note}")
+            return active
+        launcher, hosts = request.launcher, request.hosts
+        options = ({"connection_dir": request.connection_dir} if request.connection_dir else
+                   {"sbatch_args": request.sbatch} if request.sbatch is not None else None)
+        env, python = request.env, request.python
+        if active is not None:  # a resize keeps what the line does not change
+            env, python = env or active.extra_env, python or active.python
+            if launcher is None:
+                launcher, hosts = active.launcher.name, hosts or active.hosts
+                options = options or active.launcher_options
+        spec = decided.spec
+        # made (and so checked) before the running cluster is stopped for it
+        cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
+                          evaluator=bool(spec.evaluator), launcher=launcher or "local",
+                          hosts=hosts, env=env, python=python,
+                          stall_timeout=request.stall_timeout or 60.0,
+                          launcher_options=options,
+                          warm=request.warm if request.warm is not None else
+                          None if active is None or active.warm else False)
+        if active is not None:  # the new cluster takes over its spare kernels
+            active.stop(spares_to=cluster)
+        where = f"on {', '.join(hosts)}" if hosts else cluster.launcher.name
+        print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
+        cluster.start()
+        if cluster.warm_note:
+            print(f"tfdist_nb: {cluster.warm_note}")
+        print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
+              f"{cluster.run_dir}", flush=True)
+        print(f"tfdist_nb: {cluster.network()}", flush=True)
+        return cluster
+
+    def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:
+        from tfdist_nb.display.printer import LivePrinter, failure_report
+
+        printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
+                              else PLAIN_LINES, run_dir=cluster.run_dir,
+                              verbose=request.verbose,
+                              noise_said=self._noise_said.setdefault(str(cluster.run_dir), set()))
+        dashboard = self._show_dashboard(cluster) if request.dashboard else None
+        # The magic line goes along as a comment (IPython drops leading blank lines), so worker
+        # tracebacks carry the line numbers the user sees in the notebook cell.
+        try:
+            result = cluster.run(f"# %%tfcluster {line}\n{code}", on=request.on,
+                                 timeout=request.timeout, on_event=printer,
+                                 stall_timeout=request.stall_timeout)
+        finally:
+            printer.flush()  # the tasks' lines go out before the closing lines, in order
+            if dashboard is not None:
+                dashboard.refresh()
+        if printer.hidden():
+            trouble = cluster.disk_trouble()
+            kept = (f"on disk in {cluster.run_dir}/events.jsonl" if trouble is None else
+                    f"kept (in memory until the run directory can be written: {trouble})")
+            print(f"tfdist_nb: {printer.hidden()} more lines are {kept} (%tfdist_logs)")
+        for note in [*printer.noise_notes(), printer.held_back_note()]:
+            if note:
+                print(note)
+        if result.profile:
+            print(f"tfdist_nb: {result.profile}")
+        if exposed := cluster.exposure_note():
+            print(f"tfdist_nb: {exposed}")
+        sys.stdout.flush()
+        if not result.ok:
+            sys.stderr.write(failure_report(result))
+            sys.stderr.flush()
+            raise TaskError(result.summary(), result)
+        return None
+
+    @staticmethod
+    def _show_dashboard(cluster: Any) -> Any:
+        from IPython.display import display
+
+        dashboard = cluster.dashboard()
+        display(dashboard)
+        return dashboard
+
+    @magic_arguments()
+    @on_option
+    @line_magic
+    @user_errors("example: %tfdist_interrupt --on 1")
+    def tfdist_interrupt(self, line: str) -> None:
+        """Interrupt the targeted tasks: SIGINT, then, for a task still stuck inside a TensorFlow
+        op (a collective) two seconds later, abort its collectives (restart before the next)."""
+        args = parse_line(self.tfdist_interrupt, line)
+        aborted = require().interrupt(on=args.on)
+        if aborted:
+            print(f"tfdist_nb: {', '.join(aborted)} did not answer SIGINT inside a TensorFlow "
+                  "op; their collectives were aborted: %tfdist_restart before training again")
+
+    @magic_arguments()
+    @on_option
+    @line_magic
+    @user_errors("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
+    def tfdist_restart(self, line: str) -> None:
+        """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
+        args = parse_line(self.tfdist_restart, line)
+        cluster = require()
+        cluster.restart(on=args.on)
+        warm = cluster.warm_outcome  # spare kernels: how they were used
+        how = (f"({warm})" if warm is not None and warm.fresh_ports else
+               "with the same TF_CONFIG" + (f" ({warm})" if warm is not None else ""))
+        print(f"tfdist_nb: restarted {args.on or 'all tasks'} {how}")
+        spec = cluster.spec
+        if args.on not in (None, "all") and spec.workers + spec.chief > 1 and not spec.ps:
+            print("tfdist_nb: with MultiWorkerMirroredStrategy every task has to restart "
+                  "together (the others still belong to the old collective group): run "
+                  "%tfdist_restart without --on to restart them all")
+
+    @magic_arguments()
+    @line_magic
+    @user_errors("example: %tfdist_stop")
+    def tfdist_stop(self, line: str) -> None:
+        """Stop every task of the active cluster (fast: short grace, then SIGKILL)."""
+        parse_line(self.tfdist_stop, line)
+        cluster = current()
+        if cluster is None:
+            print("tfdist_nb: no cluster is running")
+            return
+        reports = cluster.stop()
+        print(f"tfdist_nb: stopped {len(reports)} task(s) of {cluster.spec}")
+
+    @magic_arguments()
+    @argument("level", help="DEBUG | INFO | WARNING | ERROR | CRITICAL (Python and tf logger)")
+    @argument("--cpp", type=int, metavar="N",
+              help="TF_CPP_MIN_LOG_LEVEL for TensorFlow's C++ logs (0-3); restarts the tasks")
+    @argument("--vmodule", metavar="SPEC",
+              help="TF_CPP_VMODULE, e.g. 'collective_ops=2'; restarts the tasks")
+    @line_magic
+    @user_errors("example: %tfdist_loglevel INFO --cpp 0")
+    def tfdist_loglevel(self, line: str) -> None:
+        """Set the log level on every task.
+
+        The Python level (root and ``tensorflow`` loggers) changes at once. TensorFlow reads its
+        C++ settings only at start-up, so ``--cpp`` / ``--vmodule`` restart every task (which
+        loses their state) and say so.
+
+        Examples::
+
+            %tfdist_loglevel DEBUG
+            %tfdist_loglevel INFO --cpp 0 --vmodule collective_ops=2
+        """
+        args = parse_line(self.tfdist_loglevel, line)
+        print(f"tfdist_nb: {require().set_log_level(args.level, args.cpp, args.vmodule)}")
