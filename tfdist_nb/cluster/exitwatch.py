@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.topology import TaskId
+
+logger = logging.getLogger(__name__)
 
 WATCH_S = 1.0
 
@@ -55,6 +58,7 @@ class ExitWatch:
         try:
             code = await handle.poll()
         except Exception:  # a launcher that cannot tell now; the next poll asks again
+            logger.debug("%s: poll failed", rt.name, exc_info=True)
             return False
         if code is None or rt.state is not TaskState.IDLE or rt.handle is not handle:
             return False  # alive, or a cell / restart / stop took the task meanwhile

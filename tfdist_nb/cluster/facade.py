@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
+import logging
 import os
 import queue
 import re
@@ -40,6 +40,7 @@ from tfdist_nb.cluster.spares import SparePool, WarmOutcome
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.env_check import critical_mismatch
 from tfdist_nb.diagnostics.env_check import env_frame as env_table
 from tfdist_nb.diagnostics.hangs import where_each_stands
@@ -58,6 +59,8 @@ from tfdist_nb.store.state import StateFile, snapshot
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.worker.telemetry import telemetry_interval
+
+logger = logging.getLogger(__name__)
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_TIMEOUT_S = 30.0
@@ -184,7 +187,7 @@ class Cluster:
             self._loop.call_soon(control.stop, RunEnd.STOPPED)
         pool = None
         if self._lifecycle is not None:
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 if (spares_to is not None and spares_to._warm and spares_to._loop is None
                         and spares_to._handoff is None and self._lifecycle.spares is not None):
                     self.last_stop, pool = self._loop.run(self._lifecycle.stop_for_handoff(),
@@ -202,12 +205,12 @@ class Cluster:
         self.running = False
         self._armed_profile = None  # an armed capture does not outlive the tasks
         if self._dashboard is not None:
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 self._dashboard.stop()
         if self._loop is not None:
             if self._lifecycle is not None and (any(rt.handle for rt in self.tasks.values())
                                                 or self._lifecycle.spares is not None):
-                with contextlib.suppress(Exception):
+                with swallowed(logger):
                     self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
             self._loop.close()
             self._loop = None
@@ -291,7 +294,7 @@ class Cluster:
         if loop is not None and not loop.alive:
             loop, pool = None, None
         if pool is not None and not self._warm and loop is not None:
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 loop.run(pool.close(), STOP_TIMEOUT_S)
             pool = None
         if self._warm and self._lifecycle is not None:
@@ -312,7 +315,7 @@ class Cluster:
         handoff, self._handoff = self._handoff, None
         if handoff is not None:
             loop, pool = handoff
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 loop.run(pool.close(), STOP_TIMEOUT_S)
             loop.close()
             registry.forget(self)

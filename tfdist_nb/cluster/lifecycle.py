@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Mapping
@@ -36,11 +37,14 @@ from tfdist_nb.cluster.spares import Spare, SparePool, WarmOutcome, env_delta, s
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import AgentError, ClusterStartError
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory, open_private
 from tfdist_nb.topology import ClusterSpec, TaskId
 from tfdist_nb.transport.channel import KernelChannel
+
+logger = logging.getLogger(__name__)
 
 PORT_ATTEMPTS = 3
 STOP_GRACE_S = 1.0
@@ -234,10 +238,10 @@ class Lifecycle:
         """The old processes of a restart from spares: SIGKILL at once, in parallel."""
         async def one(handle: Any, channel: Any) -> None:
             if channel is not None:
-                with contextlib.suppress(Exception):
+                with swallowed(logger):
                     await channel.close()
             if handle is not None:
-                with contextlib.suppress(Exception):
+                with swallowed(logger):
                     await handle.stop(0.0)
 
         await asyncio.gather(*(one(h, c) for h, c in old), return_exceptions=True)

@@ -7,9 +7,13 @@ the extension stops them all: no worker outlives the notebook kernel (docs/desig
 from __future__ import annotations
 
 import atexit
-import contextlib
+import logging
 import weakref
 from typing import TYPE_CHECKING
+
+from tfdist_nb.debuglog import swallowed
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.facade import Cluster
@@ -55,5 +59,5 @@ def live_clusters() -> list[Cluster]:
 @atexit.register
 def stop_all() -> None:
     for cluster in live_clusters():
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             cluster.stop()

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import logging
 import os
 import time
 from collections import deque
@@ -36,11 +37,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.adopt import SPARE_ENV, WARM_NICE
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.lifecycle import Setup
@@ -509,13 +513,13 @@ async def stop_spare(spare: Spare) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await spare.warming
     if spare.handle is None and spare.starting is not None:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             spare.handle = await asyncio.wait_for(asyncio.shield(spare.starting), 30)
     if spare.channel is not None:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             await spare.channel.close()
     if spare.handle is not None:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             await spare.handle.stop(0.0)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import signal
@@ -32,9 +33,12 @@ from typing import Any
 import psutil
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
+
+logger = logging.getLogger(__name__)
 
 SIDECAR_SUFFIX = ".tfdist.json"  # as written by tfdist_nb.worker.__main__
 GONE = 255
@@ -157,12 +161,12 @@ class AttachedTaskHandle(TaskHandle):
     async def interrupt(self) -> None:
         if self._signal(signal.SIGINT):
             return
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             self.client.control_channel.send(self.client.session.msg("interrupt_request", {}))
 
     async def stop(self, grace_s: float) -> StopReport:
         start = time.monotonic()
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             self.client.stop_channels()
         path = StopPath.ALREADY_DEAD
         if await self.poll() is None:

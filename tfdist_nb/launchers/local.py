@@ -29,6 +29,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers import ports, private_net
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
@@ -99,23 +100,23 @@ class LocalTaskHandle(TaskHandle):
 
     async def stop(self, grace_s: float) -> StopReport:
         start = time.monotonic()
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             self.client.stop_channels()
         path = StopPath.ALREADY_DEAD
         if await self.poll() is None:
             path = await self._request_then_kill(grace_s)
         code = await self.poll()
         self._kill_process_group()
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             await self.manager.cleanup_resources()
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             self.manager.context.destroy(linger=0)
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
         return StopReport(str(self.task), path, code, time.monotonic() - start)
 
     async def _request_then_kill(self, grace_s: float) -> StopPath:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             await self.manager.request_shutdown()
             if await self._wait_exit(grace_s):
                 return StopPath.REQUEST

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import select
 import shutil
@@ -29,7 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import TfdistError
+
+logger = logging.getLogger(__name__)
 
 NET_MODES = ("auto", "private", "host")
 READY_TIMEOUT_S = 10.0
@@ -76,7 +80,7 @@ class PrivateNetwork:
                 *argv]
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             if self.holder.stdin is not None:
                 self.holder.stdin.close()
         if self._slirp_exit is not None:

@@ -22,6 +22,7 @@ it. Recipes and limits: docs/remote.md.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import secrets
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.attach import (
     GONE,
@@ -45,6 +47,8 @@ from tfdist_nb.launchers.attach import (
 )
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
+
+logger = logging.getLogger(__name__)
 
 #: sbatch options the launcher sets itself: the task count comes from the cluster's SPEC, and
 #: the output files and the script are what it reads and writes.
@@ -549,7 +553,7 @@ class SlurmLauncher(Launcher):
         kept in ``said`` only: a task's crash report gives them where they matter."""
         self.said.append(text)
         if self._starting:
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 self.progress(text)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
@@ -169,7 +170,7 @@ class SSHTaskHandle(TaskHandle):
         if self.proc.returncode is None:
             return None
         if self._reader is not None:
-            with contextlib.suppress(Exception):
+            with swallowed(logger):
                 await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
         return self.remote_exit if self.remote_exit is not None else SSH_LOST
 
@@ -193,7 +194,7 @@ class SSHTaskHandle(TaskHandle):
 
     async def stop(self, grace_s: float) -> StopReport:
         start = time.monotonic()
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             self.client.stop_channels()
         path = StopPath.ALREADY_DEAD
         if self.proc.returncode is None:
@@ -201,7 +202,7 @@ class SSHTaskHandle(TaskHandle):
                 await self._wait_exit(grace_s + 5.0)
             if self.proc.returncode is None:
                 self._send("kill")
-                with contextlib.suppress(Exception):
+                with swallowed(logger):
                     self.proc.stdin.close()  # type: ignore[union-attr]
                 await self._wait_exit(5.0)
             if self.proc.returncode is None:  # ssh itself is stuck: cut the connection

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -31,7 +32,10 @@ from typing import Any
 
 import psutil
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.store.safe_read import read_regular
+
+logger = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 SCHEMA = 1
@@ -124,7 +128,7 @@ class StateFile:
 
     def write(self) -> None:
         with self._lock:
-            with contextlib.suppress(Exception):  # a view read mid-change: the next write has it
+            with swallowed(logger):  # a view read mid-change: the next write has it
                 self._doc.update(self._source())
             now = time.time()
             self._doc["updated"] = now
@@ -136,7 +140,8 @@ class StateFile:
         while not self._wake.wait(self.interval):
             try:
                 current = self._source()
-            except Exception:
+            except Exception:  # the cluster changed under the reading: the next tick reads again
+                logger.debug("state.json: reading the cluster failed", exc_info=True)
                 continue
             if current != self._last or time.time() - self._written >= HEARTBEAT_S:
                 self._last = current

@@ -80,7 +80,8 @@ class KernelChannel:
         self.client.control_channel.send(self.client.session.msg("create_subshell_request", {}))
         try:
             reply = await self.client.get_control_msg(timeout=timeout)
-        except Exception:
+        except Exception:  # no reply in time (an older ipykernel has no subshells)
+            logger.debug("%s: no subshell", self.task, exc_info=True)
             return None
         return reply.get("content", {}).get("subshell_id")
 

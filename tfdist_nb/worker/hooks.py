@@ -8,13 +8,17 @@ to ``on_error``, which tells the user once (docs/design.md, "Findings from insid
 
 from __future__ import annotations
 
-import contextlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from tfdist_nb.debuglog import swallowed
+
+logger = logging.getLogger(__name__)
 
 OnError = Callable[[BaseException], None]
 
@@ -24,7 +28,7 @@ def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnErro
         hook(module)
     except Exception as exc:  # never break the user's import; say it instead
         if on_error is not None:
-            with contextlib.suppress(Exception):  # reporting must not break the import either
+            with swallowed(logger):  # reporting must not break the import either
                 on_error(exc)
 
 

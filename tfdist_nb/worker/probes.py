@@ -7,14 +7,18 @@ analysis in :mod:`tfdist_nb.diagnostics` says what is wrong.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import os
 import socket
 import sys
 import threading
 import time
 from typing import Any
+
+from tfdist_nb.debuglog import swallowed
+
+logger = logging.getLogger(__name__)
 
 RESOLVE_TIMEOUT_S = 2.0
 CONNECT_TIMEOUT_S = 2.0
@@ -282,7 +286,7 @@ def _gpus() -> dict[str, Any]:
     except Exception:
         return {}
     finally:
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             pynvml.nvmlShutdown()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -31,7 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.portpick import draw
+
+logger = logging.getLogger(__name__)
 
 #: ZeroMQ channel -> ipc "port" (the socket is ``<dir>/k-<port>``); both ends agree on these.
 CHANNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4,
@@ -118,7 +122,7 @@ class _Lifeline:
         assert self.proc is not None
         deadline = time.monotonic() + grace_s
         client = None
-        with contextlib.suppress(Exception):
+        with swallowed(logger):
             from jupyter_client import BlockingKernelClient
 
             client = BlockingKernelClient(connection_file=str(self.connection_file))
@@ -134,7 +138,7 @@ class _Lifeline:
             self.signal(signal.SIGKILL)
         finally:
             if client is not None:
-                with contextlib.suppress(Exception):
+                with swallowed(logger):
                     client.stop_channels()
 
     def obey(self) -> None:
