@@ -297,9 +297,6 @@ class SparePool:
                 "pids": [s.pid for s in spares if s.pid],
                 "note": self.skipped}
 
-    def pids(self) -> list[int]:
-        return [s.pid for s in list(self._spares) if s.pid]
-
     def typical_warm_s(self) -> float | None:
         """How long a spare of this pool took to warm (the median of the last few), if any did."""
         times = sorted(self._warm_times[-5:])

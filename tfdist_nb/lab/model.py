@@ -101,7 +101,6 @@ class ClusterWatch:
         self.lines: deque[dict[str, Any]] = deque(maxlen=LINES_KEPT)
         self.series: dict[str, TaskSeries] = {}
         self._pending: dict[int, dict[str, list[Any]]] = {}
-        self.polled = False
 
     # ------------------------------------------------------------------ the state file
     def refresh_state(self) -> bool:
@@ -121,7 +120,6 @@ class ClusterWatch:
     # ------------------------------------------------------------------ the JSON Lines tails
     def poll(self) -> dict[str, Any]:
         """Read what was appended since the last poll; fold it in; return it for the streams."""
-        self.polled = True
         events = []
         for rec in self.events.read_new():
             ev = compact_event(rec)

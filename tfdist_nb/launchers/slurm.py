@@ -393,7 +393,6 @@ class SlurmLauncher(Launcher):
         self.job: SlurmJob | None = None
         self.started: set[TaskId] = set()
         self.attach: AttachLauncher | None = None
-        self.said: list[str] = []  # every progress line, in order
         self._released = threading.Event()
         self._starting = False
         self._watcher: threading.Thread | None = None
@@ -550,8 +549,7 @@ class SlurmLauncher(Launcher):
 
     def _say(self, text: str) -> None:
         """Progress while the job starts goes to ``progress`` (the cell); later changes are
-        kept in ``said`` only: a task's crash report gives them where they matter."""
-        self.said.append(text)
+        not printed: a task's crash report gives them where they matter."""
         if self._starting:
             with swallowed(logger):
                 self.progress(text)

@@ -136,7 +136,6 @@ class RunDirectory:
     """Appends events and cells; safe to call from the loop thread and the caller's thread."""
 
     def __init__(self, root: str | os.PathLike[str] | None, cluster_id: str) -> None:
-        self.cluster_id = cluster_id
         base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT)
         _make_missing_dirs(base)
         self.path = _cluster_dir(base / cluster_id)

@@ -344,10 +344,6 @@ def set_environment(env_json: str) -> str:
     return "ok"
 
 
-def describe_json(preload: list[str] | tuple[str, ...] = ()) -> str:
-    return json.dumps(describe(preload))
-
-
 _server: Any = None
 
 
