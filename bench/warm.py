@@ -14,7 +14,7 @@ failed collective).
   + start engines, the controller stays up) + ``import tensorflow`` on the new engines, as the
   issue measured it (no strategy: its engines have no TF_CONFIG).
 - *warm resize 2 -> 1*: what ``%%tfcluster 1 worker`` does on a 2-worker cluster with ready
-  spares (a new ``Cluster(workers=1)``, ``old.stop(spares_to=new)``, ``new.start()``) + a new
+  spares (a new ``Cluster(workers=1)``, ``old.stop(keep_spares=True)``, ``new.start()``) + a new
   strategy. Goal: <= 0.2x of a cold start of the 1-worker cluster (+ strategy); the cold resize
   (the same with ``warm=False``) is reported too.
 - *training after restart*: the median step of ``bench.training``'s MWMS loop on tasks adopted
@@ -133,7 +133,7 @@ def resize(old: Any, n: int, warm: bool) -> tuple[dict[str, float], Any]:
 
     t0 = time.perf_counter()
     new = Cluster(workers=n, warm=None if warm else False)
-    old.stop(spares_to=new)
+    old.stop(keep_spares=warm)
     stopped = time.perf_counter()
     new.start()
     started = time.perf_counter()

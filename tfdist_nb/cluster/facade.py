@@ -36,6 +36,7 @@ from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
+from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spares import SparePool, WarmOutcome
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
@@ -116,7 +117,6 @@ class Cluster:
                            start_timeout=float(start_timeout))
         # spare kernels (docs/reference.md, warm=): how many, 0 for none
         self._warm = _spare_count(warm, chosen, self.setup)
-        self._handoff: tuple[LoopThread, SparePool] | None = None  # from the replaced cluster
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
         self._exposure_said: frozenset[tuple[str, int | str]] = frozenset()
@@ -153,7 +153,12 @@ class Cluster:
         self._state = StateFile(self.rundir.path, self.id, str(self.spec),
                                 lambda: snapshot(self)).start()
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
-        self._loop = self._take_handoff() or LoopThread(f"tfdist-{self.id}")
+        self._loop = SESSION.loop()
+        if self._warm:  # the replaced cluster's spares, if it left them (a resize)
+            self._lifecycle.spares = self._attach_pool(SESSION.take_pool() or
+                                                       SparePool(self._warm))
+        else:
+            SESSION.drop_pool()
         registry.track(self)
         if self._lifecycle.spares is not None:  # filled in the background, CPU allowing: on a
             self._loop.call_soon(self._lifecycle.spares.start_refill)  # host with idle cores,
@@ -173,31 +178,27 @@ class Cluster:
         self._warn_mismatch()
         return self
 
-    def stop(self, *, spares_to: Cluster | None = None) -> list[StopReport]:
+    def stop(self, *, keep_spares: bool = False) -> list[StopReport]:
         """End every task and spare at once (shutdown request, short grace, then SIGKILL).
 
-        ``spares_to``: the cluster about to replace this one (``%%tfcluster`` resize) takes
-        over its spare kernels, with the loop thread they live on; the tasks are then killed
-        without grace (docs/design.md, Spare kernels).
+        ``keep_spares``: a cluster about to replace this one (``%%tfcluster`` resize) takes
+        over its spare kernels: they are kept in the session, and the tasks are killed without
+        grace (docs/design.md, Spare kernels).
         """
         if self._loop is None:
-            self._drop_handoff()
             return self.last_stop
         for control in list(self._active_runs):  # a cell still running ends now, not later
             self._loop.call_soon(control.stop, RunEnd.STOPPED)
-        pool = None
         if self._lifecycle is not None:
             with swallowed(logger):
-                if (spares_to is not None and spares_to._warm and spares_to._loop is None
-                        and spares_to._handoff is None and self._lifecycle.spares is not None):
+                if keep_spares and self._lifecycle.spares is not None:
                     self.last_stop, pool = self._loop.run(self._lifecycle.stop_for_handoff(),
                                                           STOP_TIMEOUT_S)
+                    if pool is not None:
+                        SESSION.keep_pool(pool)
                 else:
                     self.last_stop = self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
         concurrent.futures.wait(list(self._active_runs.values()), timeout=5)
-        if pool is not None and spares_to is not None:
-            spares_to._handoff, self._loop = (self._loop, pool), None
-            registry.track(spares_to)  # reached at exit even if it never starts
         self._teardown()
         return self.last_stop
 
@@ -212,8 +213,7 @@ class Cluster:
                                                 or self._lifecycle.spares is not None):
                 with swallowed(logger):
                     self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
-            self._loop.close()
-            self._loop = None
+            self._loop = None  # the session's: it serves the next cluster
         self.launcher.release()
         for rt in self.tasks.values():
             if rt.state is not TaskState.STOPPED:
@@ -286,22 +286,6 @@ class Cluster:
             lifecycle.spares = self._attach_pool(SparePool(self._warm))
             loop.call_soon(lifecycle.spares.start_refill)
 
-    def _take_handoff(self) -> LoopThread | None:
-        """The loop thread (and spares) of the cluster this one replaces, if any; the pool this
-        cluster's lifecycle takes spares from when it is warm."""
-        handoff, self._handoff = self._handoff, None
-        loop, pool = handoff if handoff is not None else (None, None)
-        if loop is not None and not loop.alive:
-            loop, pool = None, None
-        if pool is not None and not self._warm and loop is not None:
-            with swallowed(logger):
-                loop.run(pool.close(), STOP_TIMEOUT_S)
-            pool = None
-        if self._warm and self._lifecycle is not None:
-            self._lifecycle.spares = self._attach_pool(
-                pool if pool is not None else SparePool(self._warm))
-        return loop
-
     def _attach_pool(self, pool: SparePool) -> SparePool:
         assert self.rundir is not None
         pool.attach(self.setup, self.rundir.path, self._spares_busy,
@@ -309,16 +293,6 @@ class Cluster:
                     starting=lambda: sum(rt.state is TaskState.STARTING
                                          for rt in list(self.tasks.values())))
         return pool
-
-    def _drop_handoff(self) -> None:
-        """A cluster given spares that is stopped before it started: they end here."""
-        handoff, self._handoff = self._handoff, None
-        if handoff is not None:
-            loop, pool = handoff
-            with swallowed(logger):
-                loop.run(pool.close(), STOP_TIMEOUT_S)
-            loop.close()
-            registry.forget(self)
 
     def _spares_busy(self) -> bool:
         """No spare starts while tasks are being restarted: the restart takes what the pool

@@ -138,7 +138,7 @@ class RunMagics(Magics):
                           warm=request.warm if request.warm is not None else
                           None if active is None or active.warm else False)
         if active is not None:  # the new cluster takes over its spare kernels
-            active.stop(spares_to=cluster)
+            active.stop(keep_spares=cluster.warm > 0)
         where = f"on {', '.join(hosts)}" if hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
         cluster.start()
