@@ -1,0 +1,127 @@
+"""The cluster core (lifecycle, spares, runner) on tasks that are not processes
+(tests/support/fake_launcher.py): every way a start, a restart or a cell ends, in milliseconds.
+The same paths on real kernels are in test_start_robust.py, test_warm.py, test_failures.py and
+test_restart_failures.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.support.fake_launcher import FakeLauncher
+from tfdist_nb import Cluster
+from tfdist_nb.cluster import spares as spares_module
+from tfdist_nb.errors import ClusterNotRunningError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class IdleHost:
+    """The host's CPU as the pool sees it: always a core to spare (a loaded test machine must
+    not decide whether a spare starts here)."""
+
+    room_cores = 1.0
+
+    def idle_cores(self) -> float:
+        return 2.0
+
+
+@pytest.fixture(autouse=True)
+def _idle_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spares_module, "HostCpu", IdleHost)
+
+
+def cluster(workers: int = 2, warm: int | bool = False, **fake: Any) -> Cluster:
+    return Cluster(workers=workers, launcher=FakeLauncher(**fake), preload=(), warm=warm,
+                   start_timeout=20)
+
+
+@pytest.fixture
+def two() -> Iterator[Cluster]:
+    with cluster() as c:
+        yield c
+
+
+def test_a_cell_runs_on_every_task_and_each_ends_its_own_way(two: Cluster) -> None:
+    result = two.run("print hello\nraise ValueError: bad batch", on="worker:1")
+    (r,) = result.tasks.values()
+    assert (r.status, r.error.ename, r.stdout) == ("error", "ValueError", "hello\n")
+    ok = two.run("print fine")
+    assert ok.ok and {t.stdout for t in ok.tasks.values()} == {"fine\n"}
+
+
+def test_a_task_that_dies_in_a_cell_is_crashed_and_the_others_are_released(two: Cluster) -> None:
+    result = two.run("worker:1> die -9\nsleep 30", timeout=60)
+    died = result.tasks["worker:1"]
+    assert died.status == "crashed" and died.explanation and "SIGKILL" in died.explanation
+    assert result.tasks["worker:0"].status == "interrupted"  # released at once, not in 30 s
+    with pytest.raises(ClusterNotRunningError, match="worker:1 is dead; bring"):
+        two.run("print again")
+    two.restart()
+    assert two.run("print back").ok
+
+
+def test_a_start_that_fails_once_is_retried_and_said() -> None:
+    with cluster(start_fails=["worker:1"]) as c:
+        assert c.run("print up").ok
+        said = [a for a in c.alerts() if a.startswith("worker:1:")]
+        assert said and "failed to start (OSError: could not start worker:1)" in said[0]
+        assert "starting it once more" in said[0]
+
+
+def test_a_restart_that_cannot_start_leaves_dead_tasks_that_say_what_to_do() -> None:
+    with cluster() as c:
+        c.launcher.start_fails = ["worker:0", "worker:0", "worker:1", "worker:1"]
+        with pytest.raises(Exception, match="failed to start"):
+            c.restart()
+        assert set(c.status()["state"]) == {"dead"}
+        assert any("the restart failed" in a for a in c.alerts())
+        c.restart()  # the launcher works again
+        assert c.run("print back").ok
+
+
+def test_a_restart_takes_a_ready_spare() -> None:
+    with cluster(workers=1, warm=1) as c:
+        wait_for(lambda: c.spares()["ready"] == 1, 10, "the spare")
+        (spare,) = c.spares()["pids"]
+        c.restart()
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, w.cold, w.still_warming) == (1, (), 0), w
+        assert next(iter(c.tasks.values())).pid == spare
+        assert sum(k.calls.count("adopt") for k in c.launcher.kernels) == 1
+        assert c.run("print adopted").ok
+
+
+def test_a_spare_much_slower_than_a_cold_start_gives_way_to_one() -> None:
+    with cluster(workers=1, warm=1, behaviour={"spare": {"warm_s": 60}}) as c:
+        wait_for(lambda: c.spares()["warming"] == 1, 10, "the spare warming")
+        c.restart()
+        w = c.warm_outcome
+        assert w is not None and w.adopted == 1 and w.still_warming == 1  # taken warming,
+        said = [a for a in c.alerts() if "could not take spare-1" in a]   # then given up
+        assert said and "was still warming" in said[0] and "starting it cold" in said[0]
+        assert c.run("print cold").ok
+
+
+def test_a_spare_whose_adoption_fails_is_replaced_by_a_cold_start() -> None:
+    with cluster(workers=1, warm=1, behaviour={"spare": {"adopt_fails": True}}) as c:
+        wait_for(lambda: c.spares()["ready"] == 1, 10, "the spare")
+        c.restart()
+        said = [a for a in c.alerts() if "could not take spare-1" in a]
+        assert said and "adoption refused" in said[0], c.alerts()
+        assert c.run("print cold").ok
+
+
+def test_an_interrupt_ends_a_sleeping_cell_as_interrupted(two: Cluster) -> None:
+    import threading
+
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(two.run("sleep 30")))
+    runner.start()
+    wait_for(lambda: set(two.status()["state"]) == {"busy"}, 10, "the cell to run")
+    two.interrupt()
+    runner.join(20)
+    assert {r.status for r in results[0].tasks.values()} == {"interrupted"}
