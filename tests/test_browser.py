@@ -8,81 +8,22 @@ panels with their tf.print lines, and the charts. A screenshot is saved in the t
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import shutil
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.support.jupyter_server import CHROMIUM_ARGS, ensure_chromium, jupyter_server
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("TFDIST_CHROMIUM", "/usr/bin/chromium")
-
-
-def ensure_chromium() -> str:
-    """Debian's chromium (Playwright's own browser download is not used): installed with apt-get
-    when missing and we are root on Debian, as on CI; otherwise the test says what to install."""
-    if Path(CHROMIUM).exists():
-        return CHROMIUM
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, timeout=600)
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, env=env,
-                       timeout=900)
-    assert Path(CHROMIUM).exists(), (
-        f"{CHROMIUM} missing: install Debian's chromium (apt-get install chromium) or set "
-        "TFDIST_CHROMIUM to a Chromium binary")
-    return CHROMIUM
-
-
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage"]
-
-
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[str]:
     shutil.copy(REPO / "examples" / "01_quickstart.ipynb", tmp_path)
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
-    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed in the finally below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-         "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
-         "jupyterlab.handlers.announcements.NeverCheckForUpdate"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                return True
-        except OSError:
-            return proc.poll() is not None
-
-    try:
-        wait_for(up, 60, "JupyterLab to answer")
-        assert proc.poll() is None, (tmp_path / "jupyterlab.log").read_text()[-3000:]
-        yield f"{base}/lab/tree/01_quickstart.ipynb?token={token}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with jupyter_server(tmp_path, tmp_path / "runs", app="lab") as server:
+        yield f"{server['base']}/lab/tree/01_quickstart.ipynb?token={server['token']}"
 
 
 @pytest.mark.timeout(420)

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.conftest import wait_for
+from tests.support.jupyter_server import jupyter_server
 
 TICKS = ("import time, tfdist_nb.worker as tw\n"
          "for i in range(10):\n"
@@ -52,38 +53,8 @@ def cluster(run_base: Path) -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def server(run_base: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     root = tmp_path_factory.mktemp("lab_root")
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "TFDIST_RUNS_DIR": str(run_base),
-           "JUPYTER_CONFIG_DIR": str(root / ".jupyter-config"),
-           "JUPYTER_RUNTIME_DIR": str(root / ".jupyter-runtime")}
-    log_path = root / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "server", "--no-browser",
-             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-             "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-             f"--ServerApp.root_dir={root}", "--allow-root"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                return True
-        except OSError:
-            return proc.poll() is not None
-
-    try:
-        wait_for(up, 60, "jupyter server to answer")
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        yield {"base": base, "token": token, "log": str(log_path)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with jupyter_server(root, run_base) as found:
+        yield found
 
 
 def get(server: dict[str, str], path: str, token: str | None = "") -> Any:

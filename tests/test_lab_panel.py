@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import secrets
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +21,7 @@ from typing import Any
 import nbformat
 import pytest
 
-from tests.conftest import free_port, wait_for
-from tests.test_browser import CHROMIUM_ARGS, ensure_chromium
+from tests.support.jupyter_server import CHROMIUM_ARGS, ensure_chromium, jupyter_server
 
 pytestmark = pytest.mark.cluster
 
@@ -68,40 +63,9 @@ def lab(tmp_path: Path) -> Iterator[dict[str, str]]:
             "apputils-extension" / "notification.jupyterlab-settings")
     news.parent.mkdir(parents=True)
     news.write_text(json.dumps({"fetchNews": "false"}))
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs"),
-           "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter-config"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "jupyter-runtime")}
-    log_path = tmp_path / "jupyterlab.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-             f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
-             f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
-             "--allow-root", "--KernelManager.shutdown_wait_time=20", "--LabApp.news_url=",
-             "--LabApp.check_for_updates_class="
-             "jupyterlab.handlers.announcements.NeverCheckForUpdate"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
-                return True
-        except OSError:
-            return proc.poll() is not None
-
-    try:
-        wait_for(up, 60, "JupyterLab to answer")
-        assert proc.poll() is None, log_path.read_text()[-3000:]
-        yield {"base": base, "token": token, "log": str(log_path)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    with jupyter_server(tmp_path, tmp_path / "runs", app="lab",
+                        extra_args=["--KernelManager.shutdown_wait_time=20"]) as server:
+        yield server
 
 
 def api(lab: dict[str, str], path: str, method: str = "GET", body: Any = None) -> Any:
