@@ -15,6 +15,7 @@ from typing import Any
 
 from tfdist_nb.errors import AgentError
 from tfdist_nb.transport.channel import KernelChannel
+from tfdist_nb.worker.ops import Op
 
 INSPECT_TIMEOUT_S = 5.0
 _MODULE = "tfdist_nb.worker.rpc"
@@ -28,11 +29,11 @@ class AgentClient:
         self.channel = channel
         self.subshell = subshell
 
-    async def call(self, op: str, *, inspect: bool = False, timeout: float | None = None,
+    async def call(self, op: Op, *, inspect: bool = False, timeout: float | None = None,
                    **args: Any) -> Any:
         """The result of ``op(**args)`` in the task; AgentError when it raised there,
         asyncio.TimeoutError past ``timeout`` (``INSPECT_TIMEOUT_S`` for ``inspect``)."""
-        request = json.dumps({"op": op, "args": args})
+        request = json.dumps({"op": Op(op).value, "args": args})
         # json.dumps of the request text is a valid Python string literal: the worker sees
         # exactly the JSON it is given, and nothing here is built with repr().
         expr = f"__import__({_MODULE!r}, fromlist=['_']).call({json.dumps(request)})"
@@ -55,22 +56,54 @@ class AgentClient:
 
     async def describe(self, preload: list[str]) -> dict[str, Any]:
         """Who and where the task is, after importing ``preload`` (the start-up handshake)."""
-        return dict(await self.call("describe", preload=list(preload)))
+        return dict(await self.call(Op.DESCRIBE, preload=list(preload)))
 
     async def set_environment(self, env: dict[str, str]) -> None:
-        await self.call("set_environment", env=env)
+        await self.call(Op.SET_ENVIRONMENT, env=env)
 
     async def stacks(self) -> dict[str, Any]:
-        return dict(await self.call("stacks", inspect=True))
+        return dict(await self.call(Op.STACKS, inspect=True))
 
     async def abort_collectives(self, reason: str) -> str:
-        return str(await self.call("abort_collectives", inspect=True, reason=reason))
+        return str(await self.call(Op.ABORT_COLLECTIVES, inspect=True, reason=reason))
 
     async def inject(self, kind: str, params: dict[str, Any]) -> str:
-        return str(await self.call("inject", inspect=True, kind=kind, params=params))
+        return str(await self.call(Op.INJECT, inspect=True, kind=kind, params=params))
 
     async def set_log_level(self, level: str) -> str:
-        return str(await self.call("set_log_level", level=level))
+        return str(await self.call(Op.SET_LOG_LEVEL, level=level))
 
     async def start_tf_server(self) -> str:
-        return str(await self.call("start_tf_server"))
+        return str(await self.call(Op.START_TF_SERVER))
+
+    async def warm(self, preload: list[str], nice: int, timeout: float) -> dict[str, Any]:
+        """A spare imports ``preload`` at nice ``nice`` (docs/design.md, Spare kernels)."""
+        return dict(await self.call(Op.WARM, timeout=timeout, preload=list(preload), nice=nice))
+
+    async def adopt(self, task: str, set_env: dict[str, str], unset_env: list[str],
+                    log_path: str, preload: list[str], timeout: float) -> dict[str, Any]:
+        """A spare becomes ``task``: answers like ``describe``, plus ``adopted``."""
+        return dict(await self.call(Op.ADOPT, timeout=timeout, task=task, set_env=set_env,
+                                    unset_env=unset_env, log_path=log_path,
+                                    preload=list(preload)))
+
+    async def set_numerics(self, on: bool, dump_root: str | None,
+                           timeout: float) -> dict[str, Any]:
+        return dict(await self.call(Op.SET_NUMERICS, timeout=timeout, on=on,
+                                    dump_root=dump_root))
+
+    async def profiler_server(self, timeout: float) -> int:
+        return int(await self.call(Op.PROFILER_SERVER, inspect=True, timeout=timeout))
+
+    async def profile_capture(self, service_addrs: list[str], logdir: str, duration_ms: int,
+                              delay_ms: int, timeout: float) -> str:
+        return str(await self.call(Op.PROFILE_CAPTURE, inspect=True, timeout=timeout,
+                                   service_addrs=service_addrs, logdir=logdir,
+                                   duration_ms=duration_ms, delay_ms=delay_ms))
+
+    async def profile_state(self, timeout: float) -> dict[str, Any]:
+        return dict(await self.call(Op.PROFILE_STATE, inspect=True, timeout=timeout))
+
+    async def profile_summary(self, logdir: str, timeout: float) -> dict[str, Any]:
+        return dict(await self.call(Op.PROFILE_SUMMARY, inspect=True, timeout=timeout,
+                                    logdir=logdir))

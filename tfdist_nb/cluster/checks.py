@@ -23,6 +23,7 @@ from tfdist_nb.diagnostics import (
 from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
 from tfdist_nb.worker import consistency, probes
+from tfdist_nb.worker.ops import Op
 
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
@@ -48,7 +49,7 @@ class CheckRunner:
     def __init__(self, targets: list[TaskRuntime]) -> None:
         self.targets = [rt for rt in targets if rt.agent is not None]
 
-    async def _ask(self, op: str, *, inspect: bool = True,
+    async def _ask(self, op: Op, *, inspect: bool = True,
                    timeout: float = PROBE_TIMEOUT_S, **args: Any) -> dict[str, Any]:
         """``{task: answer}``; a task that fails or does not answer in time is
         ``{"error": ...}``."""
@@ -89,28 +90,28 @@ class CheckRunner:
             if errors:
                 return CheckReport("tfconfig", False, errors[0], details=errors,
                                    fields={"errors": errors})
-        views = await self._ask("tf_config_view", tf_config=text)
+        views = await self._ask(Op.TF_CONFIG_VIEW, tf_config=text)
         expected = {rt.name: rt.name for rt in self.targets} if text is None else None
         return tfconfig_check.analyse(views, expected)
 
     async def network(self) -> CheckReport:
         addresses = {rt.name: rt.address for rt in self.targets}
-        stand_ins = await self._ask("open_stand_in")
+        stand_ins = await self._ask(Op.OPEN_STAND_IN)
         try:
             reach = {}
             for rt in self.targets:  # one task at a time: connect times are not queued
                 others = {n: a for n, a in addresses.items() if n != rt.name}
-                reach.update(await self._ask_one(rt, "connect_peers", addresses=others))
+                reach.update(await self._ask_one(rt, Op.CONNECT_PEERS, addresses=others))
         finally:
-            await self._ask("close_stand_ins")
-        bandwidth = await self._ask("allreduce_bandwidth", inspect=False,
+            await self._ask(Op.CLOSE_STAND_INS)
+        bandwidth = await self._ask(Op.ALLREDUCE_BANDWIDTH, inspect=False,
                                     timeout=BANDWIDTH_TIMEOUT_S,
                                     sizes_mb=list(BANDWIDTH_SIZES_MB))
         first = next(iter(bandwidth.values()), None) if bandwidth else None
         return network_check.analyse(reach, {t: _text(s) for t, s in stand_ins.items()},
                                      first if isinstance(first, dict) else None)
 
-    async def _ask_one(self, rt: TaskRuntime, op: str, **args: Any) -> dict[str, Any]:
+    async def _ask_one(self, rt: TaskRuntime, op: Op, **args: Any) -> dict[str, Any]:
         assert rt.agent is not None
         try:
             return {rt.name: await rt.agent.call(op, inspect=True, timeout=PROBE_TIMEOUT_S,
@@ -130,7 +131,7 @@ class CheckRunner:
         (docs/reference.md, Checks)."""
         # describing evaluates EXPR and serialises its graph: a large in-memory dataset takes a
         # while, so it gets the read's limit too (at least PROBE_TIMEOUT_S)
-        described = await self._ask("sharding_describe", expr=expr,
+        described = await self._ask(Op.SHARDING_DESCRIBE, expr=expr,
                                     timeout=max(PROBE_TIMEOUT_S, float(max_seconds)))
         problem = sharding_check.describe_problem(described)
         if problem is not None:
@@ -144,7 +145,7 @@ class CheckRunner:
         timeout = 2 * float(max_seconds) + READ_MARGIN_S
         first = self.targets[0].name
         reads = await self._ask_each(
-            "sharding_fingerprints", timeout, lambda rt: {
+            Op.SHARDING_FINGERPRINTS, timeout, lambda rt: {
                 "expr": expr, "max_elements": int(max_elements),
                 "max_seconds": float(max_seconds), "unbatch": unbatch,
                 "reference": reference, "with_reference": rt.name == first},
@@ -157,12 +158,12 @@ class CheckRunner:
                         full_values: int = consistency.FULL_VALUES) -> CheckReport:
         """Checksums of EXPR's variables from every task, read on the main shells between cells
         (so every task is at the same step), compared exactly and within atol/rtol."""
-        answers = await self._ask("variable_checksums", inspect=False,
+        answers = await self._ask(Op.VARIABLE_CHECKSUMS, inspect=False,
                                   timeout=VARIABLES_TIMEOUT_S, expr=expr,
                                   full_values=int(full_values))
         return variables_check.analyse(answers, atol=float(atol), rtol=float(rtol))
 
-    async def _ask_each(self, op: str, timeout: float,
+    async def _ask_each(self, op: Op, timeout: float,
                         args: Callable[[TaskRuntime], dict[str, Any]],
                         release: bool = False) -> dict[str, Any]:
         """Like ``_ask`` on the main shells, every task at once, with arguments per task.
@@ -205,7 +206,7 @@ class CheckRunner:
                                              "for the sharding check")
 
     async def env(self) -> pd.DataFrame:
-        reports = await self._ask("env_report")
+        reports = await self._ask(Op.ENV_REPORT)
         return env_check.env_frame({t: r for t, r in reports.items() if "props" in r})
 
 

@@ -521,8 +521,7 @@ class Cluster:
         if root is not None and on:
             _directory_to_write(root, "--dump")
         said = self._require_loop().run(_gather(*(
-            rt.agent.call("set_numerics", timeout=60, on=on,
-                          dump_root=str(root / rt.task.slug) if root else None)
+            rt.agent.set_numerics(on, str(root / rt.task.slug) if root else None, timeout=60)
             for rt in targets if rt.agent)), 120)
         text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
         if root and on:

@@ -414,9 +414,9 @@ class Lifecycle:
         set_env, unset_env = env_delta(spare.env, rt.env)
         agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
         info = await self._unless_it_dies(
-            rt, agent.call("adopt", timeout=max(deadline - time.monotonic(), 0.1), task=rt.name,
-                           set_env=set_env, unset_env=unset_env, log_path=str(rt.log_path),
-                           preload=list(self.setup.preload)), deadline)
+            rt, agent.adopt(rt.name, set_env, unset_env, str(rt.log_path),
+                            list(self.setup.preload),
+                            timeout=max(deadline - time.monotonic(), 0.1)), deadline)
         adopted = info.pop("adopted", None) or {}
         rt.info = info
         rt.agent = agent

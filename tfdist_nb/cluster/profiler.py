@@ -32,17 +32,16 @@ class Capture:
 async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
     """Start every task's server, then the capture on the first task; returns the capturing
     task."""
-    ports = await asyncio.gather(*(_agent(rt).call("profiler_server", inspect=True,
-                                                   timeout=CALL_TIMEOUT_S) for rt in targets))
+    ports = await asyncio.gather(*(_agent(rt).profiler_server(CALL_TIMEOUT_S)
+                                   for rt in targets))
     addrs = [f"grpc://{rt.address.rpartition(':')[0]}:{port}"
              for rt, port in zip(targets, ports, strict=True)]
     capture.traced = {f"{addr.removeprefix('grpc://').replace(':', '_')}.xplane.pb": rt.name
                       for rt, addr in zip(targets, addrs, strict=True)}
     capture.logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lead = targets[0]
-    said = await _agent(lead).call("profile_capture", inspect=True, timeout=CALL_TIMEOUT_S,
-                                   service_addrs=addrs, logdir=str(capture.logdir),
-                                   duration_ms=capture.duration_ms, delay_ms=capture.delay_ms)
+    said = await _agent(lead).profile_capture(addrs, str(capture.logdir), capture.duration_ms,
+                                              capture.delay_ms, timeout=CALL_TIMEOUT_S)
     if said != "started":
         raise TfdistError(f"{lead.name}: a profile capture is still running")
     return lead
@@ -53,7 +52,7 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
     deadline = time.monotonic() + (capture.delay_ms + capture.duration_ms) / 1000 + 60
     state: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        state = await _agent(lead).call("profile_state", inspect=True, timeout=CALL_TIMEOUT_S)
+        state = await _agent(lead).profile_state(timeout=CALL_TIMEOUT_S)
         if not state.get("running"):
             break
         await asyncio.sleep(0.2)
@@ -62,8 +61,7 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
     if state.get("error"):
         raise TfdistError(f"the profile capture failed: {state['error']}")
     try:
-        return await _agent(lead).call("profile_summary", inspect=True,
-                                       timeout=CALL_TIMEOUT_S, logdir=str(capture.logdir))
+        return await _agent(lead).profile_summary(str(capture.logdir), timeout=CALL_TIMEOUT_S)
     except (AgentError, asyncio.TimeoutError) as exc:
         return {"run": None, "files": {}, "unreadable": str(exc)}
 

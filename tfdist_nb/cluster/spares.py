@@ -457,8 +457,7 @@ class SparePool:
         spare.channel = channel
         await _unless_dies(spare, channel.start(timeout=60))
         agent = AgentClient(spare.name, channel)
-        await _unless_dies(spare, agent.call("warm", timeout=WARM_TIMEOUT_S,
-                                             preload=list(spare.preload), nice=WARM_NICE))
+        await _unless_dies(spare, agent.warm(list(spare.preload), WARM_NICE, WARM_TIMEOUT_S))
         await _unless_dies(spare, asyncio.wait_for(channel.iopub_alive.wait(), 10))
         spare.subshell = await _unless_dies(
             spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))

@@ -203,7 +203,7 @@ def set_log_level(level: str) -> str:
     return logging.getLevelName(logging.getLogger("tensorflow").level)
 
 
-def stacks_json() -> str:
+def stacks() -> dict[str, Any]:
     """Every thread's Python stack, main thread first, and where the main thread stands.
 
     Runs in the inspection subshell, so it answers while the main thread is inside a TF op.
@@ -221,7 +221,7 @@ def stacks_json() -> str:
             continue
         out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
     in_tf = [names.get(i, str(i)) for i, f in frames.items() if i != me and _inside_tf(f)]
-    return json.dumps({"threads": out, "main": _where(frames.get(main_id)), "in_tf": in_tf})
+    return {"threads": out, "main": _where(frames.get(main_id)), "in_tf": in_tf}
 
 
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
@@ -326,17 +326,16 @@ def abort_collectives(reason: str) -> str:
     return "aborted"
 
 
-def inject(kind: str, params_json: str) -> str:
+def inject(kind: str, params: dict[str, Any]) -> str:
     from tfdist_nb.worker import inject as faults
 
-    return faults.clear() if kind == "clear" else faults.set_fault(kind, json.loads(params_json))
+    return faults.clear() if kind == "clear" else faults.set_fault(kind, params)
 
 
-def set_environment(env_json: str) -> str:
+def set_environment(env: dict[str, str]) -> str:
     """Attached workers get TF_CONFIG and ``env=`` this way, before any cell (the scheduler
     started their process, so nothing could be set at launch). TensorFlow reads TF_CONFIG when
     a strategy or resolver is made, not at import, so this is early enough."""
-    env = json.loads(env_json)
     os.environ.update(env)
     if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
         role, _, index = env["TFDIST_TASK"].partition(":")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb.worker import adopt, agent, consistency, numerics, probes, profiling
+from tfdist_nb.worker.ops import Op
 
 
 class JsonReply:
@@ -29,48 +30,32 @@ class JsonReply:
         return json.dumps(self.value)
 
 
-def _describe(preload: list[str]) -> dict[str, Any]:
-    return agent.describe(preload)
-
-
-def _stacks() -> dict[str, Any]:
-    return json.loads(agent.stacks_json())
-
-
-def _set_environment(env: dict[str, str]) -> str:
-    return agent.set_environment(json.dumps(env))
-
-
-def _inject(kind: str, params: dict[str, Any]) -> str:
-    return agent.inject(kind, json.dumps(params))
-
-
-OPERATIONS: dict[str, Callable[..., Any]] = {
-    "describe": _describe,
-    "stacks": _stacks,
-    "set_environment": _set_environment,
-    "inject": _inject,
-    "abort_collectives": agent.abort_collectives,
-    "set_log_level": agent.set_log_level,
-    "start_tf_server": agent.start_tf_server,
+OPERATIONS: dict[Op, Callable[..., Any]] = {
+    Op.DESCRIBE: agent.describe,
+    Op.STACKS: agent.stacks,
+    Op.SET_ENVIRONMENT: agent.set_environment,
+    Op.INJECT: agent.inject,
+    Op.ABORT_COLLECTIVES: agent.abort_collectives,
+    Op.SET_LOG_LEVEL: agent.set_log_level,
+    Op.START_TF_SERVER: agent.start_tf_server,
     # spare kernels (docs/design.md, Spare kernels): warm up, then become a task
-    "warm": adopt.warm,
-    "adopt": adopt.adopt,
+    Op.WARM: adopt.warm,
+    Op.ADOPT: adopt.adopt,
     # the checks (docs/reference.md, Checks)
-    "tf_config_view": probes.tf_config_view,
-    "open_stand_in": probes.open_stand_in,
-    "close_stand_ins": probes.close_stand_ins,
-    "connect_peers": probes.connect_peers,
-    "allreduce_bandwidth": probes.allreduce_bandwidth,
-    "env_report": probes.env_report,
-    "sharding_describe": consistency.sharding_describe,
-    "sharding_fingerprints": consistency.sharding_fingerprints,
-    "variable_checksums": consistency.variable_checksums,
-    "set_numerics": numerics.set_numerics,
-    "profiler_server": profiling.start_server,
-    "profile_capture": profiling.start_capture,
-    "profile_state": profiling.capture_state,
-    "profile_summary": profiling.summary,
+    Op.TF_CONFIG_VIEW: probes.tf_config_view,
+    Op.OPEN_STAND_IN: probes.open_stand_in,
+    Op.CLOSE_STAND_INS: probes.close_stand_ins,
+    Op.CONNECT_PEERS: probes.connect_peers,
+    Op.ALLREDUCE_BANDWIDTH: probes.allreduce_bandwidth,
+    Op.ENV_REPORT: probes.env_report,
+    Op.SHARDING_DESCRIBE: consistency.sharding_describe,
+    Op.SHARDING_FINGERPRINTS: consistency.sharding_fingerprints,
+    Op.VARIABLE_CHECKSUMS: consistency.variable_checksums,
+    Op.SET_NUMERICS: numerics.set_numerics,
+    Op.PROFILER_SERVER: profiling.start_server,
+    Op.PROFILE_CAPTURE: profiling.start_capture,
+    Op.PROFILE_STATE: profiling.capture_state,
+    Op.PROFILE_SUMMARY: profiling.summary,
 }
 
 
@@ -78,7 +63,8 @@ def call(request: str) -> JsonReply:
     """Run ``{"op": NAME, "args": {...}}``; an unknown op or bad arguments raise here, and the
     controller reports the exception by name."""
     req = json.loads(request)
-    op = OPERATIONS.get(req.get("op"))
-    if op is None:
-        raise ValueError(f"unknown worker operation {req.get('op')!r}")
+    try:
+        op = OPERATIONS[Op(req.get("op"))]
+    except ValueError:
+        raise ValueError(f"unknown worker operation {req.get('op')!r}") from None
     return JsonReply(op(**req.get("args", {})))
