@@ -357,7 +357,7 @@ def test_spares_wait_for_a_core_start_while_a_cell_sleeps_and_stop_with_the_clus
     try:
         pids = ready_spares(c, 2, timeout=60)
         assert "spares: 2 ready" in __import__("tfdist_nb.display.dashboard",
-                                               fromlist=["_"]).spares_text(c)
+                                               fromlist=["_"]).spares_text(c.snapshot())
         assert c.status().attrs["spares"]["ready"] == 2
         for pid in pids:  # low priority only for the import thread, not the kernel
             assert psutil.Process(pid).nice() == psutil.Process().nice()

@@ -56,7 +56,8 @@ from tfdist_nb.results import RunResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.store.logs import logs_frame, parse_levels
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
-from tfdist_nb.store.state import StateFile, snapshot
+from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
+from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
 from tfdist_nb.worker.telemetry import telemetry_interval
@@ -151,7 +152,7 @@ class Cluster:
         self.rundir = RunDirectory(self._run_root, self.id)
         self.hub = EventHub(self.rundir, self.live, self._task_states)
         self._state = StateFile(self.rundir.path, self.id, str(self.spec),
-                                lambda: snapshot(self)).start()
+                                lambda: state_doc(self.snapshot(), self.live)).start()
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
         self._loop = SESSION.loop()
         if self._warm:  # the replaced cluster's spares, if it left them (a resize)
@@ -598,8 +599,19 @@ class Cluster:
 
         if self._dashboard is not None:
             self._dashboard.stop()
-        self._dashboard = Dashboard(self)
+        self._dashboard = Dashboard(self.snapshot, self.live)
         return self._dashboard.start() if start else self._dashboard
+
+    def snapshot(self) -> ClusterSnapshot:
+        """What the views are told about this cluster now, as one value (any thread)."""
+        return ClusterSnapshot(
+            id=self.id, spec=str(self.spec), running=self.running,
+            run_dir=str(self.run_dir) if self.run_dir else "",
+            tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host)
+                        for rt in list(self.tasks.values())),
+            alerts=tuple(self.alerts()),
+            stragglers={name: s.lag_ms for name, s in self.stragglers.items()},
+            spares=self.spares(), disk_trouble=self.disk_trouble())
 
     def default_targets(self) -> str:
         """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""

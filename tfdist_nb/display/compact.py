@@ -100,7 +100,8 @@ class TaskGrid:
 
 def grid_rows(names: list[str], views: dict[str, TaskView],
               state_pid: Callable[[str], tuple[str, int | None]],
-              stragglers: dict[str, Any], alerts: list[str]) -> list[dict[str, Any]]:
+              stragglers: dict[str, float], alerts: list[str]) -> list[dict[str, Any]]:
+    """One grid row per task; ``stragglers``: task -> lateness (ms)."""
     counts: dict[str, int] = defaultdict(int)
     for alert in alerts:
         for task in set(_TASK.findall(alert)):
@@ -109,9 +110,8 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
     for name in names:
         v, (state, _) = views[name], state_pid(name)
         latest = v.latest
-        s = stragglers.get(name)
         rows.append({"task": name, "state": state, "step": v.step_count,
-                     "step_ms": v.step_time_ms(), "late_ms": getattr(s, "lag_ms", None),
+                     "step_ms": v.step_time_ms(), "late_ms": stragglers.get(name),
                      "cpu": latest.get("cpu_percent"), "rss": latest.get("rss_mb"),
                      "gpu": latest.get("gpu_util_percent"), "alerts": counts.get(name, 0)})
     return rows

@@ -12,12 +12,14 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.display.compact import COMPACT_AT, BandCharts, TaskGrid, grid_rows, named_tasks
 from tfdist_nb.display.printer import task_colour
-from tfdist_nb.store.tails import TaskView
+from tfdist_nb.store.snapshot import ClusterSnapshot
+from tfdist_nb.store.tails import LiveStore, TaskView
 
 logger = logging.getLogger(__name__)
 REFRESH_S = 0.5
@@ -213,9 +215,9 @@ def _box_class() -> type:
     return w.VBox
 
 
-def spares_text(cluster: Any) -> str:
+def spares_text(snap: ClusterSnapshot) -> str:
     """`` · spares: 2 ready, 1 warming`` for the header (docs/design.md, Spare kernels)."""
-    info = cluster.spares() if callable(getattr(cluster, "spares", None)) else None
+    info = snap.spares
     if not info or not info.get("count"):
         return ""
     text = f" · spares: {info['ready']} ready"
@@ -234,11 +236,13 @@ class Dashboard(_box_class()):  # type: ignore[misc]
     showing their last state.
     """
 
-    def __init__(self, cluster: Any, refresh_s: float = REFRESH_S) -> None:
+    def __init__(self, source: Callable[[], ClusterSnapshot], live: LiveStore,
+                 refresh_s: float = REFRESH_S) -> None:
         import ipywidgets as w
 
-        names = [str(t) for t in cluster.tasks]
-        run_dir = str(cluster.run_dir)
+        first = source()
+        names = [t.name for t in first.tasks]
+        run_dir = first.run_dir
         header, alerts = w.HTML(), w.HTML()
         # many tasks: a grid row each, full panels on demand, aggregated charts (compact.py)
         self.compact = len(names) > COMPACT_AT
@@ -253,7 +257,7 @@ class Dashboard(_box_class()):  # type: ignore[misc]
         top = [self.grid.widget, self.pick] if self.grid and self.pick else []
         super().__init__([header, alerts, *top, self.panel_box, charts.box])
         self.add_class("tfdist-dashboard")
-        self.cluster = cluster
+        self.source, self.live = source, live
         self.refresh_s = refresh_s
         self.header, self.alerts, self.panels, self.charts = header, alerts, panels, charts
         self.updates = 0
@@ -305,31 +309,30 @@ class Dashboard(_box_class()):  # type: ignore[misc]
 
     def _refresh(self) -> bool:
         with self._refresh_lock:
-            c = self.cluster
+            c = self.source()
             changed = False
-            runtimes = {r.name: r for r in c.tasks.values()}
 
             def state_pid(name: str) -> tuple[str, int | None]:
-                rt = runtimes.get(name)
-                return (rt.state.value, rt.pid) if rt else ("stopped", None)
+                t = c.task(name)
+                return (t.state, t.pid) if t else ("stopped", None)
 
-            views = {name: c.live.view(name) for name in self.names}
+            views = {name: self.live.view(name) for name in self.names}
+            alerts = list(c.alerts)
             if self.grid is not None:
                 changed |= self.grid.update(grid_rows(self.names, views, state_pid,
-                                                      dict(c.stragglers), c.alerts()))
-                changed |= self._choose_panels(c.alerts())
-            trouble = c.disk_trouble()
+                                                      c.stragglers, alerts))
+                changed |= self._choose_panels(alerts)
             for name, panel in self.panels.items():
                 state, pid = state_pid(name)
-                changed |= panel.update(views[name], state, pid, name in c.stragglers, trouble)
-            changed |= self.charts.update(list(views.values()), c.live.revision)
-            header = (f"<b>tfdist_nb</b> {html.escape(str(c.spec))} · cluster "
+                changed |= panel.update(views[name], state, pid, name in c.stragglers,
+                                        c.disk_trouble)
+            changed |= self.charts.update(list(views.values()), self.live.revision)
+            header = (f"<b>tfdist_nb</b> {html.escape(c.spec)} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"
                       f"{html.escape(spares_text(c))}")
             if header != self.header.value:
                 self.header.value = header
                 changed = True
-            alerts = c.alerts()
             text = "".join(f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
                            for a in alerts[-5:])
             if text != self.alerts.value:

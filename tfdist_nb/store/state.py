@@ -34,6 +34,8 @@ import psutil
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.store.safe_read import read_regular
+from tfdist_nb.store.snapshot import ClusterSnapshot
+from tfdist_nb.store.tails import LiveStore
 
 logger = logging.getLogger(__name__)
 
@@ -46,20 +48,17 @@ REMOTE_STALE_S = 30.0
 Snapshot = Callable[[], dict[str, Any]]
 
 
-def snapshot(cluster: Any) -> dict[str, Any]:
-    """Tasks and alerts of a running ``Cluster`` (read from any thread, like ``status()``)."""
-    lag = dict(cluster.stragglers)
+def state_doc(snap: ClusterSnapshot, live: LiveStore) -> dict[str, Any]:
+    """Tasks and alerts of a cluster for ``state.json`` (read from any thread)."""
     tasks = []
-    for rt in list(cluster.tasks.values()):
-        view = cluster.live.view(rt.name)
+    for t in snap.tasks:
+        view = live.view(t.name)
         tasks.append({
-            "task": rt.name, "role": rt.task.role, "state": str(rt.state),
-            "step": view.step_count, "pid": rt.pid, "host": rt.host,
-            "step_time_ms": view.step_time_ms(),
-            "lateness_ms": lag[rt.name].lag_ms if rt.name in lag else None,
-            "straggler": rt.name in lag,
+            "task": t.name, "role": t.role, "state": t.state, "step": view.step_count,
+            "pid": t.pid, "host": t.host, "step_time_ms": view.step_time_ms(),
+            "lateness_ms": snap.stragglers.get(t.name), "straggler": t.name in snap.stragglers,
         })
-    return {"tasks": tasks, "alerts": list(cluster.alerts())}
+    return {"tasks": tasks, "alerts": list(snap.alerts)}
 
 
 def _own_create_time() -> float | None:

@@ -1,0 +1,37 @@
+"""What the views (the dashboard, ``state.json`` for the lab panes) are told about a cluster, as
+one typed value the cluster makes (``Cluster.snapshot()``): they read it, never the cluster's
+internals. The per-task live data (lines, samples, steps) stays in the ``LiveStore`` they are
+given beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    name: str  # "worker:1"
+    role: str
+    state: str  # docs/reference.md, States
+    pid: int | None
+    host: str
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    id: str
+    spec: str  # "2 workers"
+    running: bool
+    run_dir: str
+    tasks: tuple[TaskSnapshot, ...]
+    alerts: tuple[str, ...]
+    #: straggler task -> how late it was on average (ms)
+    stragglers: dict[str, float] = field(default_factory=dict)
+    #: spare kernels: ``{"count", "ready", "warming", "pids", "note"}``
+    spares: dict[str, Any] = field(default_factory=dict)
+    disk_trouble: str | None = None  # the run directory's disk refusing writes, in words
+
+    def task(self, name: str) -> TaskSnapshot | None:
+        return next((t for t in self.tasks if t.name == name), None)
