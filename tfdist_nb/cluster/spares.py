@@ -42,7 +42,8 @@ from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
-from tfdist_nb.worker.adopt import SPARE_ENV, WARM_NICE
+from tfdist_nb.worker.adopt import WARM_NICE
+from tfdist_nb.worker.state import SPARE_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from tfdist_nb.worker import inject as _inject
+from tfdist_nb.worker import state as _state
 
 T = TypeVar("T")
 
@@ -36,75 +37,17 @@ def _task_from_env() -> tuple[str, int] | None:
 
 
 task: tuple[str, int] | None = _task_from_env()
-_steps = 0
-_input_wait_s: float | None = None
-_input_entry: float | None = None  # wall time at which the step's batch was asked for
-_fetch_s = 0.0  # this step's local tf.data fetch time so far (see worker._tfdata)
-_fetch_done: float | None = None  # wall time at which the last local fetch returned
-_syncs: list[float] = []  # when this step's eager collectives were entered (see _collectives)
-MAX_SYNCS = 16
-_telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
-# what could not be instrumented on this task, "part" -> "ExcType: message" (agent.describe and
-# every telemetry sample carry it, so the controller can flag the task)
-instrumentation_errors: dict[str, str] = {}
 
 
 def steps_done() -> int:
     """How many steps this task has completed (``tw.step()`` blocks and Keras batches)."""
-    return _steps
+    return _state.steps
 
 
 def set_total_steps(total: int | None) -> None:
     """Tell the dashboard how many steps to expect, for a progress bar."""
-    if _telemetry is not None:
-        _telemetry.set_total(total)
-
-
-def _note(text: str, level: str = "INFO") -> None:
-    """Tell the controller something this task found (it becomes an alert for WARNING)."""
-    if _telemetry is not None:
-        _telemetry.note(text, level)
-
-
-def _instrumentation_failed(part: str, stops: str, exc: BaseException) -> None:
-    """A patch of TensorFlow or Keras could not be installed (a private name moved in another
-    release): said once per task and part, as a WARNING note (an alert in the controller), since
-    the detection that needs it silently stops otherwise (docs/design.md, "Findings from inside
-    the task")."""
-    if part in instrumentation_errors:
-        return
-    error = f"{type(exc).__name__}: {exc}"
-    instrumentation_errors[part] = error
-    _note(f"tfdist_nb could not instrument {part} on this task ({error}); not available on this "
-          f"task: {stops} (training itself is unaffected)", "WARNING")
-
-
-def _local_fetch(seconds: float) -> None:
-    """A distributed iterator took this task's batch from its own pipeline in ``seconds``."""
-    global _fetch_s, _fetch_done
-    _fetch_s += seconds
-    _fetch_done = time.time()
-
-
-def _entered_collective(at: float) -> None:
-    if len(_syncs) < MAX_SYNCS:
-        _syncs.append(at)
-
-
-def _record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
-                 entry: float | None = None) -> None:
-    """``entry``: when this task arrived at the step's first synchronisation point (it asked
-    for the batch, or began the step); the straggler is the task that arrives last. When a
-    distributed iterator fetched the batch, the arrival is when the local fetch returned: the
-    all-reduce that follows it is the first synchronisation point."""
-    global _steps, _fetch_s, _fetch_done, _syncs
-    _steps += 1
-    fetch_s, fetch_done, syncs = _fetch_s, _fetch_done, _syncs
-    _fetch_s, _fetch_done, _syncs = 0.0, None, []
-    if _telemetry is not None:
-        arrival = fetch_done if fetch_done is not None else (entry or begin)
-        _telemetry.record_step(begin, duration_s, input_wait_s, arrival,
-                               fetch_s if fetch_done is not None else None, syncs)
+    if _state.telemetry is not None:
+        _state.telemetry.set_total(total)
 
 
 @contextlib.contextmanager
@@ -113,17 +56,16 @@ def step() -> Iterator[None]:
 
     Time spent fetching the batch through :func:`timed` just before counts as its input wait.
     """
-    global _input_wait_s, _input_entry
-    wait, _input_wait_s = _input_wait_s, None
-    entry, _input_entry = _input_entry, None
+    wait, _state.input_wait_s = _state.input_wait_s, None
+    entry, _state.input_entry = _state.input_entry, None
     if _inject._faults:
-        _inject.before_step(_steps, timed_input=wait is not None)
+        _inject.before_step(_state.steps, timed_input=wait is not None)
     begin = time.time()
     start = time.perf_counter()
     try:
         yield
     finally:
-        _record_step(begin, time.perf_counter() - start, wait, entry)
+        _state.record_step(begin, time.perf_counter() - start, wait, entry)
 
 
 def timed(iterable: Iterable[T]) -> Iterator[T]:
@@ -131,20 +73,19 @@ def timed(iterable: Iterable[T]) -> Iterator[T]:
 
     ``for x, y in tw.timed(dist_dataset): with tw.step(): train_step(x, y)``
     """
-    global _input_wait_s, _input_entry
     iterator = iter(iterable)
     while True:
         if _inject._faults:
-            if _inject.data_ended(_steps):
+            if _inject.data_ended(_state.steps):
                 return
             _inject.before_input()
-        _input_entry = time.time()
+        _state.input_entry = time.time()
         start = time.perf_counter()
         try:
             item = next(iterator)
         except StopIteration:
             return
-        _input_wait_s = time.perf_counter() - start
+        _state.input_wait_s = time.perf_counter() - start
         yield item
 
 

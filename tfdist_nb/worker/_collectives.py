@@ -75,7 +75,7 @@ def _recorded(fn: Any, kind: str) -> Any:
     from tensorflow.python.eager import context
     from tensorflow.python.framework import ops
 
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     sig = inspect.signature(fn)
     receives = "t" not in sig.parameters  # broadcast_recv: the shape and dtype are arguments
@@ -93,7 +93,7 @@ def _recorded(fn: Any, kind: str) -> Any:
             _add_to_graph(ops.get_default_graph(), [op])
             return fn(*args, **kwargs)
         if kind == "all_reduce":
-            worker._entered_collective(time.time())
+            state.entered_collective(time.time())
         return LEDGER.run(LEDGER.enter([op], "eager"), fn, *args, **kwargs)
 
     recorded._tfdist_ledger = True  # type: ignore[attr-defined]
@@ -250,8 +250,8 @@ def patch_concrete_function(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
-    on_error = functools.partial(worker._instrumentation_failed, PART, STOPS)
+    on_error = functools.partial(state.instrumentation_failed, PART, STOPS)
     after_import((COLLECTIVE_OPS,), patch_collective_ops, on_error=on_error)
     after_import((CONCRETE_FUNCTION,), patch_concrete_function, on_error=on_error)

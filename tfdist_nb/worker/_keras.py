@@ -31,6 +31,7 @@ def keras_module() -> Any:
 
 def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
     from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     base = (keras or keras_module()).callbacks.Callback
 
@@ -76,7 +77,7 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
                 duration = now - (last if last is not None else t0 or now)
             else:
                 duration = time.perf_counter() - t0 if t0 is not None else 0.0
-            worker._record_step(getattr(self, "_begin", time.time()), duration, None)
+            state.record_step(getattr(self, "_begin", time.time()), duration, None)
             from tfdist_nb.worker import inject
 
             if inject._faults and inject.data_ended(worker.steps_done()):
@@ -115,7 +116,7 @@ def patch_fit(keras: ModuleType) -> bool:
 
 def install() -> None:
     """Patch Keras now if it is loaded, and whenever it is imported later."""
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     after_import(KERAS_PACKAGES, patch_fit,
-                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
+                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))

@@ -44,7 +44,7 @@ def unsharded_reason(strategy: Any, dataset: Any) -> str | None:
 
 
 def _checked(method: Any) -> Any:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     @functools.wraps(method)
     def distribute_and_check(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
@@ -53,7 +53,7 @@ def _checked(method: Any) -> Any:
         except Exception:  # a check must never break the user's input pipeline
             reason = None
         if reason:
-            worker._note(f"input not sharded: {reason}", "WARNING")
+            state.note(f"input not sharded: {reason}", "WARNING")
         return method(self, dataset, *args, **kwargs)
 
     distribute_and_check._tfdist_shard_check = True  # type: ignore[attr-defined]
@@ -83,7 +83,7 @@ def patch_distribute_lib(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     after_import((DISTRIBUTE_LIB,), patch_distribute_lib,
-                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
+                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))

@@ -61,15 +61,15 @@ def _enter() -> list[dict[str, Any]] | None:
     op = Op("startup", len(everyone), None, "", None, None, cellmap.main_thread_site())
     rows = LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
                         check=f"tfdist/startup/{nth}")
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
-    if worker._telemetry is not None:  # the wait holds the GIL: nothing is sent during it
-        worker._telemetry.deliver_ledger()
+    if state.telemetry is not None:  # the wait holds the GIL: nothing is sent during it
+        state.telemetry.deliver_ledger()
     return rows
 
 
 def install() -> None:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     after_import((STRATEGY_MODULE,), patch_strategy,
-                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
+                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))

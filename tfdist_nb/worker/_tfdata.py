@@ -23,7 +23,7 @@ _METHODS = ("get_next_as_optional_list", "get_next_as_list")
 
 
 def _timed(method: Any, executing_eagerly: Any) -> Any:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     @functools.wraps(method)
     def timed_fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -33,7 +33,7 @@ def _timed(method: Any, executing_eagerly: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         finally:
-            worker._local_fetch(time.perf_counter() - start)
+            state.local_fetch(time.perf_counter() - start)
 
     timed_fetch._tfdist_timed = True  # type: ignore[attr-defined]
     return timed_fetch
@@ -64,7 +64,7 @@ def patch_input_lib(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
     after_import((INPUT_LIB,), patch_input_lib,
-                 on_error=functools.partial(worker._instrumentation_failed, PART, STOPS))
+                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))

@@ -21,18 +21,12 @@ import time
 from typing import Any
 
 from tfdist_nb import worker
+from tfdist_nb.worker import state
 
-SPARE_ENV = "TFDIST_SPARE"
 #: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
 WARM_NICE = 10
 
 _warmed: dict[str, Any] = {}
-_adopted = False
-
-
-def is_spare() -> bool:
-    """Whether this kernel is (still) a spare: started as one and not yet adopted."""
-    return os.environ.get(SPARE_ENV) == "1" and not _adopted
 
 
 def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
@@ -43,7 +37,7 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
     task's TensorFlow context makes later, keep the normal priority of a cold task. The import
     runs no TensorFlow op.
     """
-    if not is_spare():
+    if not state.is_spare():
         raise RuntimeError("only a spare kernel is warmed")
     failed: list[BaseException] = []
     imported: dict[str, Any] = {}
@@ -74,10 +68,9 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
     """Become ``task`` (``worker:1``): its environment, identity, log tag, process log and
     telemetry; answers what :func:`tfdist_nb.worker.agent.describe` answers at a cold start,
     plus ``adopted`` (how the spare was warmed, and threads whose priority stayed low)."""
-    global _adopted
     from tfdist_nb.worker import agent
 
-    if not is_spare():
+    if not state.is_spare():
         raise RuntimeError("this kernel is not a spare (or was adopted already)")
     role, sep, index = task.partition(":")
     if not sep or not index.isdigit():
@@ -87,13 +80,13 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
     os.environ.update(set_env)
     os.environ["TFDIST_TASK"] = task
     worker.task = (role, int(index))
-    _adopted = True
+    state.adopted = True
     agent._tag_log_records()  # records made from now on carry the task's name
     if log_path:
         _redirect_process_log(log_path)
     low = _restore_priority()
-    if worker._telemetry is not None:
-        worker._telemetry.start()
+    if state.telemetry is not None:
+        state.telemetry.start()
     info = agent.describe(preload)  # preload is imported: this only reads and checks the port
     info["adopted"] = {"warm_s": _warmed.get("seconds"), "low_priority_threads": low}
     return info

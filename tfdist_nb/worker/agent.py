@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb import worker
+from tfdist_nb.worker import state
 
 
 def _version(dist: str) -> str | None:
@@ -83,7 +84,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         "imported": imported,
         # parts of the TensorFlow/Keras instrumentation that could not be installed so far
         # (importing ``preload`` runs the hooks); later ones come in telemetry samples too
-        "instrumentation_errors": dict(worker.instrumentation_errors),
+        "instrumentation_errors": dict(state.instrumentation_errors),
     }
 
 
@@ -120,7 +121,7 @@ def start(kernel: Any) -> None:
         interval = 1.0
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     telemetry.drained = functools.partial(_iopub_drained, kernel)
-    worker._telemetry = telemetry  # before the instrumentation, so its failures can be said
+    state.telemetry = telemetry  # before the instrumentation, so its failures can be said
     from tfdist_nb.worker import cellmap
     from tfdist_nb.worker.ledger import ABORT, LEDGER
 
@@ -131,10 +132,8 @@ def start(kernel: Any) -> None:
         try:
             module.install()
         except Exception as exc:  # say it (once) instead of losing the detection silently
-            worker._instrumentation_failed(module.PART, module.STOPS, exc)
-    from tfdist_nb.worker import adopt
-
-    if not adopt.is_spare():  # a spare starts its telemetry when it is adopted as a task
+            state.instrumentation_failed(module.PART, module.STOPS, exc)
+    if not state.is_spare():  # a spare starts its telemetry when it is adopted as a task
         telemetry.start()
     # The steps of a cell go out at its end, on iopub before its idle status, so when the
     # controller sees a cell finish it already has that cell's exact step count.
@@ -149,15 +148,15 @@ def _note_out_of_memory(result: Any) -> None:
     from tfdist_nb.worker.telemetry import out_of_memory_error
 
     exc = getattr(result, "error_in_exec", None)
-    if exc is None or worker._telemetry is None:
+    if exc is None or state.telemetry is None:
         return
     try:
-        text = out_of_memory_error(type(exc).__name__, str(exc), worker._telemetry.resources())
+        text = out_of_memory_error(type(exc).__name__, str(exc), state.telemetry.resources())
     except Exception:  # a diagnosis must never break the kernel
         return
     if text:
-        worker._note(text, "WARNING")
-        worker._telemetry.flush_steps()  # out before the cell's idle status: shown in the cell
+        state.note(text, "WARNING")
+        state.telemetry.flush_steps()  # out before the cell's idle status: shown in the cell
 
 
 def _flush_output_sooner() -> None:

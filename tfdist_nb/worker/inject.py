@@ -111,10 +111,10 @@ def _start_oom(limit_mb: float) -> None:
 
 def _last_heartbeat() -> None:
     """Send one sample with the final RSS before dying, as evidence for the crash report."""
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
-    if worker._telemetry is not None:
-        worker._telemetry.flush()
+    if state.telemetry is not None:
+        state.telemetry.flush()
         time.sleep(0.3)  # let the iopub thread put it on the wire
 
 

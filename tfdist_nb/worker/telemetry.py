@@ -286,9 +286,9 @@ def _gpu_memory(gpus: list[dict[str, Any]] | None) -> str:
 
 
 def _instrumentation_errors() -> dict[str, str]:
-    from tfdist_nb import worker
+    from tfdist_nb.worker import state
 
-    return dict(worker.instrumentation_errors)
+    return dict(state.instrumentation_errors)
 
 
 def _rlimit_as_mb() -> float | None:

@@ -1,0 +1,82 @@
+"""The worker side's private state and its one bus to the controller, apart from the user API
+(``tfdist_nb.worker``): the telemetry sender the agent installs, what could not be instrumented,
+and the current step's accounting that ``tw.step`` / ``tw.timed``, the Keras step timer and the
+collective and tf.data patches feed.
+
+Imports nothing of TensorFlow, Keras or the rest of the worker side, so every worker module can
+use it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+MAX_SYNCS = 16
+SPARE_ENV = "TFDIST_SPARE"
+
+telemetry: Any = None  # set by tfdist_nb.worker.agent when running inside a worker kernel
+#: what could not be instrumented on this task, "part" -> "ExcType: message" (agent.describe
+#: and every telemetry sample carry it, so the controller can flag the task)
+instrumentation_errors: dict[str, str] = {}
+
+adopted = False  # a spare kernel became a task (worker/adopt.py)
+steps = 0
+input_wait_s: float | None = None  # the batch this step got through tw.timed took this long
+input_entry: float | None = None  # wall time at which the step's batch was asked for
+_fetch_s = 0.0  # this step's local tf.data fetch time so far (see worker._tfdata)
+_fetch_done: float | None = None  # wall time at which the last local fetch returned
+_syncs: list[float] = []  # when this step's eager collectives were entered (see _collectives)
+
+
+def is_spare() -> bool:
+    """Whether this kernel is (still) a spare: started as one and not yet adopted."""
+    return os.environ.get(SPARE_ENV) == "1" and not adopted
+
+
+def note(text: str, level: str = "INFO") -> None:
+    """Tell the controller something this task found (it becomes an alert for WARNING)."""
+    if telemetry is not None:
+        telemetry.note(text, level)
+
+
+def instrumentation_failed(part: str, stops: str, exc: BaseException) -> None:
+    """A patch of TensorFlow or Keras could not be installed (a private name moved in another
+    release): said once per task and part, as a WARNING note (an alert in the controller), since
+    the detection that needs it silently stops otherwise (docs/design.md, "Findings from inside
+    the task")."""
+    if part in instrumentation_errors:
+        return
+    error = f"{type(exc).__name__}: {exc}"
+    instrumentation_errors[part] = error
+    note(f"tfdist_nb could not instrument {part} on this task ({error}); not available on this "
+         f"task: {stops} (training itself is unaffected)", "WARNING")
+
+
+def local_fetch(seconds: float) -> None:
+    """A distributed iterator took this task's batch from its own pipeline in ``seconds``."""
+    global _fetch_s, _fetch_done
+    _fetch_s += seconds
+    _fetch_done = time.time()
+
+
+def entered_collective(at: float) -> None:
+    if len(_syncs) < MAX_SYNCS:
+        _syncs.append(at)
+
+
+def record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
+                entry: float | None = None) -> None:
+    """``entry``: when this task arrived at the step's first synchronisation point (it asked
+    for the batch, or began the step); the straggler is the task that arrives last. When a
+    distributed iterator fetched the batch, the arrival is when the local fetch returned: the
+    all-reduce that follows it is the first synchronisation point."""
+    global steps, _fetch_s, _fetch_done, _syncs
+    steps += 1
+    fetch_s, fetch_done, syncs = _fetch_s, _fetch_done, _syncs
+    _fetch_s, _fetch_done, _syncs = 0.0, None, []
+    if telemetry is not None:
+        arrival = fetch_done if fetch_done is not None else (entry or begin)
+        telemetry.record_step(begin, duration_s, input_wait_s, arrival,
+                              fetch_s if fetch_done is not None else None, syncs)
