@@ -24,14 +24,17 @@ class IdleHost:
     not decide whether a spare starts here)."""
 
     room_cores = 1.0
+    cores = 2
+    idle = 2.0
 
     def idle_cores(self) -> float:
-        return 2.0
+        return IdleHost.idle
 
 
 @pytest.fixture(autouse=True)
 def _idle_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(spares_module, "HostCpu", IdleHost)
+    monkeypatch.setattr(IdleHost, "idle", 2.0)
 
 
 def cluster(workers: int = 2, warm: int | bool = False, **fake: Any) -> Cluster:
@@ -125,3 +128,14 @@ def test_an_interrupt_ends_a_sleeping_cell_as_interrupted(two: Cluster) -> None:
     two.interrupt()
     runner.join(20)
     assert {r.status for r in results[0].tasks.values()} == {"interrupted"}
+
+
+def test_a_busy_host_gets_no_spare_until_a_core_is_idle_and_the_pool_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(IdleHost, "idle", 0.2)
+    with cluster(workers=1, warm=1) as c:
+        wait_for(lambda: "waiting for a core" in (c.spares()["note"] or ""), 10, "the note")
+        assert c.spares()["pids"] == [] and "0.2 of 2 idle" in c.spares()["note"]
+        IdleHost.idle = 2.0
+        wait_for(lambda: c.spares()["ready"] == 1, 10, "the spare once a core is idle")
+        assert c.spares()["note"] is None

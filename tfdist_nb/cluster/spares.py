@@ -317,8 +317,15 @@ class SparePool:
         await asyncio.sleep(FIRST_LOOK_S)
         while not self._closed:
             await self._check_spares()
-            room = host.idle_cores() >= host.room_cores
+            idle = host.idle_cores()
+            room = idle >= host.room_cores
             now = time.monotonic()
+            short = len(self._spares) < self.count
+            if short and not room and not self._busy():  # said: the pool is not stuck
+                self.skipped = (f"waiting for a core to spare ({idle:.1f} of {host.cores} idle "
+                                "now)")
+            elif self.skipped and self.skipped.startswith("waiting for a core"):
+                self.skipped = None
             if self._busy() or not room:
                 room_since = None
             else:
