@@ -136,128 +136,175 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     details: list[str] = [f"sharding: {why}"]
     fields: dict[str, Any] = {"policy": policy, "effective": effective, "why": why,
                               "kind": first.get("kind"), "errors": []}
+    failure = None
     if failed:
-        errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: task_order(x[0]))]
+        failure, errors, released = _failures(failed, reads)
         fields["errors"] = errors
-        details = errors + details
-        # a task released from the collective it waited in is a consequence, not the cause
-        causes = {t: e for t, e in failed.items() if ABORTED not in e} or failed
-        if any(RELEASED in str(r.get("error")) for r in reads.values()):
-            details.append("collectives were aborted on the tasks still reading, so that none "
-                           "waits forever: %tfdist_restart gives working collectives again")
-        same: dict[str, list[str]] = {}
-        for t, e in causes.items():
-            same.setdefault(e, []).append(t)
-        summary = "; ".join(f"{name_tasks(ts)} could not read the dataset: {e}"
-                            for e, ts in same.items())
-        released = sorted(set(failed) - set(causes), key=task_order)
-        if all(ABORTED in e for e in causes.values()):
-            summary += ("; the collectives were aborted (by an earlier failed read or an "
-                        "interrupt): %tfdist_restart gives working collectives again")
-        if released:
-            summary += (f"; {name_tasks(released)} waited for it in a collective and was released "
-                        f"(%tfdist_restart gives working collectives again)")
+        details = errors + details + released
         if not good:
-            return CheckReport("sharding", False, summary, details=details,
+            return CheckReport("sharding", False, failure, details=details,
                                fields={**fields, "overlap": None, "missing": None,
                                        "per_task": {}})
-    previews: dict[str, str] = {}
-    for t in good:
-        previews.update(reads[t].get("previews") or {})
-    counts = {t: dict(reads[t].get("counts") or {}) for t in good}
-    per_task = {t: int(reads[t].get("examples", sum(counts[t].values()))) for t in good}
-    seen_by: dict[str, list[str]] = {}
-    for t in good:
-        for fp in counts[t]:
-            seen_by.setdefault(fp, []).append(t)
-
-    overlap_rows = []
-    for fp, who in seen_by.items():
-        if len(who) > 1:
-            row: dict[str, Any] = {"fingerprint": fp, "element": previews.get(fp, ""),
-                                   "tasks": ", ".join(who)}
-            row.update({t: counts[t].get(fp, 0) for t in good})
-            row["seen"] = sum(counts[t].get(fp, 0) for t in good)
-            overlap_rows.append(row)
-    overlap = pd.DataFrame(overlap_rows, columns=["fingerprint", "element", "tasks", *good,
-                                                  "seen"])
-    overlap = overlap.sort_values("element", key=_natural).reset_index(drop=True)
-
+    reading = _Reading(good, reads)
+    overlap = reading.overlap()
     cut = {t: reads[t].get("cut") for t in good if reads[t].get("cut")}
-    missing: pd.DataFrame | None = None
-    extra = 0
-    ref_note = None
-    if reference and "counts" in reference:
-        ref = reference["counts"]
-        ref_previews = reference.get("previews") or {}
-        extra = sum(1 for fp in seen_by if fp not in ref)
-        if cut:
-            ref_note = ("missing not measured: the tasks' reading was cut short by a bound "
-                        "(elements past it would count as missing)")
-        else:
-            missing = pd.DataFrame(
-                [{"fingerprint": fp, "element": ref_previews.get(fp, ""), "in reference": n}
-                 for fp, n in ref.items() if fp not in seen_by],
-                columns=["fingerprint", "element", "in reference"])
-            missing = missing.sort_values("element", key=_natural).reset_index(drop=True)
-            ref_note = (f"reference: {reference.get('origin', 'the undistributed dataset')}, "
-                        f"{reference.get('examples', sum(ref.values()))} example(s)")
-            if reference.get("cut"):
-                ref_note += (f", cut short by its {reference['cut']}: missing counts only the "
-                             f"part read")
-        if extra:
-            details.append(f"{extra} element(s) the tasks read are not in the reference: the "
-                           "pipeline is not deterministic (random maps or augmentation, "
-                           "unseeded shuffles before a map) or the reference is another "
-                           "dataset; missing and overlap compare fingerprints, so they are "
-                           "unreliable then")
-    elif reference and ("skipped" in reference or "error" in reference):
-        ref_note = ("missing not measured: " + str(reference.get("skipped") or
-                                                    reference.get("error")))
+    missing, extra, ref_notes = _missing(reference, reading.seen_by, bool(cut))
+    details += ref_notes
+    table = reading.table(described)
+    details += _reading_notes(reading, cut)
+    fields.update(overlap=overlap, missing=missing, per_task=reading.per_task,
+                  imbalance=reading.imbalance(), extra=extra, cut=cut)
+    problems = _problems(reading, overlap, missing, described, effective)
+    if failure is not None:
+        problems.insert(0, failure)
+    if problems:
+        return CheckReport("sharding", False, "; ".join(problems), table, details=details,
+                           fields=fields)
+    per_task = reading.per_task
+    split = "/".join(str(per_task[t]) for t in good)
+    text = (f"{sum(per_task.values())} element(s) split {split} across {name_tasks(good)} "
+            "without overlap" + ("" if missing is None else ", none missing")
+            + f" (sharding: {effective})")
+    if cut:
+        text += f"; cut short by a bound on {name_tasks(list(cut))}"
+    return CheckReport("sharding", True, text, table, details=details, fields=fields)
+
+
+def _failures(failed: dict[str, str],
+              reads: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str], list[str]]:
+    """The summary of the tasks that could not read, one error line per task, and what was
+    done to the tasks still reading."""
+    errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: task_order(x[0]))]
+    # a task released from the collective it waited in is a consequence, not the cause
+    causes = {t: e for t, e in failed.items() if ABORTED not in e} or failed
+    released_note = (["collectives were aborted on the tasks still reading, so that none "
+                      "waits forever: %tfdist_restart gives working collectives again"]
+                     if any(RELEASED in str(r.get("error")) for r in reads.values()) else [])
+    same: dict[str, list[str]] = {}
+    for t, e in causes.items():
+        same.setdefault(e, []).append(t)
+    summary = "; ".join(f"{name_tasks(ts)} could not read the dataset: {e}"
+                        for e, ts in same.items())
+    released = sorted(set(failed) - set(causes), key=task_order)
+    if all(ABORTED in e for e in causes.values()):
+        summary += ("; the collectives were aborted (by an earlier failed read or an "
+                    "interrupt): %tfdist_restart gives working collectives again")
+    if released:
+        summary += (f"; {name_tasks(released)} waited for it in a collective and was released "
+                    f"(%tfdist_restart gives working collectives again)")
+    return summary, errors, released_note
+
+
+class _Reading:
+    """What the tasks that answered read: counts per fingerprint, who saw each."""
+
+    def __init__(self, good: list[str], reads: Mapping[str, Mapping[str, Any]]) -> None:
+        self.good, self.reads = good, reads
+        self.previews: dict[str, str] = {}
+        for t in good:
+            self.previews.update(reads[t].get("previews") or {})
+        self.counts = {t: dict(reads[t].get("counts") or {}) for t in good}
+        self.per_task = {t: int(reads[t].get("examples", sum(self.counts[t].values())))
+                         for t in good}
+        self.seen_by: dict[str, list[str]] = {}
+        for t in good:
+            for fp in self.counts[t]:
+                self.seen_by.setdefault(fp, []).append(t)
+        self.dupes = {t: self.per_task[t] - len(self.counts[t]) for t in good}
+
+    def overlap(self) -> pd.DataFrame:
+        rows = []
+        for fp, who in self.seen_by.items():
+            if len(who) > 1:
+                row: dict[str, Any] = {"fingerprint": fp, "element": self.previews.get(fp, ""),
+                                       "tasks": ", ".join(who)}
+                row.update({t: self.counts[t].get(fp, 0) for t in self.good})
+                row["seen"] = sum(self.counts[t].get(fp, 0) for t in self.good)
+                rows.append(row)
+        overlap = pd.DataFrame(rows, columns=["fingerprint", "element", "tasks", *self.good,
+                                              "seen"])
+        return overlap.sort_values("element", key=_natural).reset_index(drop=True)
+
+    def imbalance(self) -> float:
+        n = list(self.per_task.values())
+        return (max(n) / min(n) if n and min(n) > 0 else
+                float("inf") if n and max(n) > 0 else 1.0)
+
+    def table(self, described: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+        seen_by, reads = self.seen_by, self.reads
+        return pd.DataFrame([{
+            "task": t, "examples": self.per_task[t], "distinct": len(self.counts[t]),
+            "shared": sum(1 for fp in self.counts[t] if len(seen_by[fp]) > 1),
+            "only_here": sum(1 for fp in self.counts[t] if len(seen_by[fp]) == 1),
+            "repeated": self.dupes[t], "steps": reads[t].get("steps"),
+            "cut_short_by": reads[t].get("cut") or "",
+            "seconds": reads[t].get("seconds"),
+            "auto_shard_policy": _policy_cell(described.get(t, {})),
+            "own_shard": ", ".join(
+                f"shard({s.get('num_shards')}, {s.get('index')})" for s in
+                (described.get(t, {}).get("pipeline") or {}).get("shards", [])),
+        } for t in self.good]).set_index("task")
+
+
+def _missing(reference: Mapping[str, Any] | None, seen_by: dict[str, list[str]],
+             cut: bool) -> tuple[pd.DataFrame | None, int, list[str]]:
+    """Elements of the undistributed dataset no task read (None: not measured), elements read
+    that are not in it, and what to say about both."""
+    notes: list[str] = []
+    if not reference or "counts" not in reference:
+        why = (reference.get("skipped") or reference.get("error")) if reference else None
+        return None, 0, [f"missing not measured: {why}" if why else
+                         "missing not measured: no undistributed dataset (give reference=EXPR)"]
+    ref = reference["counts"]
+    ref_previews = reference.get("previews") or {}
+    extra = sum(1 for fp in seen_by if fp not in ref)
+    missing = None
+    if cut:
+        note = ("missing not measured: the tasks' reading was cut short by a bound (elements "
+                "past it would count as missing)")
     else:
-        ref_note = "missing not measured: no undistributed dataset (give reference=EXPR)"
-    if ref_note:
-        details.append(ref_note)
+        missing = pd.DataFrame(
+            [{"fingerprint": fp, "element": ref_previews.get(fp, ""), "in reference": n}
+             for fp, n in ref.items() if fp not in seen_by],
+            columns=["fingerprint", "element", "in reference"])
+        missing = missing.sort_values("element", key=_natural).reset_index(drop=True)
+        note = (f"reference: {reference.get('origin', 'the undistributed dataset')}, "
+                f"{reference.get('examples', sum(ref.values()))} example(s)")
+        if reference.get("cut"):
+            note += f", cut short by its {reference['cut']}: missing counts only the part read"
+    if extra:
+        notes.append(f"{extra} element(s) the tasks read are not in the reference: the "
+                     "pipeline is not deterministic (random maps or augmentation, unseeded "
+                     "shuffles before a map) or the reference is another dataset; missing and "
+                     "overlap compare fingerprints, so they are unreliable then")
+    return missing, extra, [*notes, note]
 
-    distinct = {t: len(counts[t]) for t in good}
-    dupes = {t: per_task[t] - distinct[t] for t in good}
-    nonzero = [n for n in per_task.values()]
-    imbalance = (max(nonzero) / min(nonzero) if nonzero and min(nonzero) > 0 else
-                 float("inf") if nonzero and max(nonzero) > 0 else 1.0)
-    empty = [t for t in good if per_task[t] == 0 and max(per_task.values()) > 0]
-    table = pd.DataFrame([{
-        "task": t, "examples": per_task[t], "distinct": distinct[t],
-        "shared": sum(1 for fp in counts[t] if len(seen_by[fp]) > 1),
-        "only_here": sum(1 for fp in counts[t] if len(seen_by[fp]) == 1),
-        "repeated": dupes[t], "steps": reads[t].get("steps"),
-        "cut_short_by": reads[t].get("cut") or "",
-        "seconds": reads[t].get("seconds"),
-        "auto_shard_policy": _policy_cell(described.get(t, {})),
-        "own_shard": ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in
-                               (described.get(t, {}).get("pipeline") or {}).get("shards", [])),
-    } for t in good]).set_index("task")
-    for t, cut_by in cut.items():
-        details.append(f"{t}: reading cut short by the {cut_by}; the counts cover what was read")
-    if any(dupes.values()):
-        details.append("read more than once by the same task: " + ", ".join(
-            f"{t} {n}" for t, n in dupes.items() if n) + " (repeat(), or duplicates in the "
-            "data)")
-    if imbalance > IMBALANCE_NOTE:
-        details.append(f"imbalance: {_ratio(imbalance)} (max/min examples per task) - the "
-                       "tasks with more data set the pace of every synchronous step")
 
-    fields.update(overlap=overlap, missing=missing, per_task=per_task, imbalance=imbalance,
-                  extra=extra, cut=cut)
-    shared = len(overlap)
-    everywhere = int(sum(1 for who in seen_by.values() if len(who) == len(good)))
+def _reading_notes(reading: _Reading, cut: dict[str, Any]) -> list[str]:
+    notes = [f"{t}: reading cut short by the {by}; the counts cover what was read"
+             for t, by in cut.items()]
+    if any(reading.dupes.values()):
+        notes.append("read more than once by the same task: " + ", ".join(
+            f"{t} {n}" for t, n in reading.dupes.items() if n) + " (repeat(), or duplicates "
+            "in the data)")
+    if (imbalance := reading.imbalance()) > IMBALANCE_NOTE:
+        notes.append(f"imbalance: {_ratio(imbalance)} (max/min examples per task) - the "
+                     "tasks with more data set the pace of every synchronous step")
+    return notes
+
+
+def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | None,
+              described: Mapping[str, Mapping[str, Any]], effective: str) -> list[str]:
+    good, seen_by = reading.good, reading.seen_by
     problems: list[str] = []
-    if shared:
+    if shared := len(overlap):
+        everywhere = sum(1 for who in seen_by.values() if len(who) == len(good))
         if everywhere == len(seen_by) and len(good) > 1:
             whole = missing is None or not len(missing)
             what = (f"{name_tasks(good)} read the same {shared} element(s)" +
                     (": every task reads the whole dataset" if whole else ""))
         else:
-            busiest = sorted({t for r in overlap_rows for t in r["tasks"].split(", ")},
+            busiest = sorted({t for who in overlap["tasks"] for t in who.split(", ")},
                              key=task_order)
             what = (f"{shared} element(s) read by more than one task ({name_tasks(busiest)}), "
                     f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")
@@ -265,21 +312,11 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     if missing is not None and len(missing):
         problems.append(f"{len(missing)} element(s) of the undistributed dataset read by no "
                         f"task, e.g. {', '.join(map(str, missing['element'].head(QUOTED)))}")
+    per_task = reading.per_task
+    empty = [t for t in good if per_task[t] == 0 and max(per_task.values()) > 0]
     if empty:
         problems.append(f"{name_tasks(empty)} read no element while the others did")
-    if failed:
-        problems.insert(0, summary)
-    if problems:
-        return CheckReport("sharding", False, "; ".join(problems), table, details=details,
-                           fields=fields)
-    total = sum(per_task.values())
-    split = "/".join(str(per_task[t]) for t in good)
-    text = (f"{total} element(s) split {split} across {name_tasks(good)} without overlap"
-            + ("" if missing is None else ", none missing")
-            + f" (sharding: {effective})")
-    if cut:
-        text += f"; cut short by a bound on {name_tasks(list(cut))}"
-    return CheckReport("sharding", True, text, table, details=details, fields=fields)
+    return problems
 
 
 def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
