@@ -1,6 +1,6 @@
 """The three ways to get N Python kernels that run the same cell, as the benchmarks drive them.
 
-- ``tfdist_nb``: ``Cluster(workers=n).start()`` then ``Cluster.run``.
+- ``tfdist_nb``: ``Cluster(workers=n, warm=False).start()`` then ``Cluster.run``.
 - ``ipyparallel``: ``Cluster(n=n).start_and_connect_sync()`` then ``DirectView.execute``.
 - ``jupyter_client``: what a user could hand-roll without either: N ``python -m ipykernel_launcher``
   kernels (the default ``python3`` kernel spec), each given a TF_CONFIG, started in parallel with
@@ -63,6 +63,10 @@ class _Phases:
 # Cluster.start() for every task (a name that no longer exists is skipped, not an error).
 _TFDIST_PROBES = [
     # (module, class, method, phase, how to name the task from the call's arguments)
+    ("tfdist_nb.launchers.local", "LocalLauncher", "tf_addresses", "0 TF ports chosen",
+     lambda a: "all"),
+    ("tfdist_nb.launchers.local", "LocalLauncher", "private_network",
+     "0 private network decided", lambda a: "all"),
     ("tfdist_nb.launchers.local", "LocalLauncher", "start", "1 process spawned",
      lambda a: str(a[1].task)),
     ("tfdist_nb.transport.channel", "KernelChannel", "start", "2 kernel ready (wait_for_ready)",
@@ -122,7 +126,10 @@ class Tfdist:
 
         phases = _Phases()
         with _probed(phases):
-            cluster = Cluster(workers=n, preload=("tensorflow",) if tf else ()).start()
+            # no spare kernels: their warm-up, right after the start, would share the cores
+            # with the round trips timed next (what spares cost and save is bench.warm's)
+            cluster = Cluster(workers=n, preload=("tensorflow",) if tf else (),
+                              warm=False).start()
         took = time.perf_counter() - phases.t0
         done, each = phases.summary()
         return Started(took, cluster, done, each)
