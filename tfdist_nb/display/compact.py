@@ -117,7 +117,24 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
     return rows
 
 
-class BandCharts:
+class RevisionCharts:
+    """Charts that redraw only when the live store changed since they last drew."""
+
+    _seen = -1
+
+    def due(self, revision: int) -> bool:
+        if revision == self._seen:
+            return False
+        self._seen = revision
+        return True
+
+    @staticmethod
+    def first_sample(views: list[TaskView]) -> float:
+        """The time axis starts at the first sample of any task."""
+        return min((v.samples[0][0] for v in views if v.samples), default=time.time())
+
+
+class BandCharts(RevisionCharts):
     """Per series, three lines across all tasks (min, median, max) and the outliers named."""
 
     SERIES = (("step time (ms)", "steps", 2, " ms", 5.0), ("CPU %", "time", 1, "%", 15.0),
@@ -149,13 +166,11 @@ class BandCharts:
         self.box = w.Box([w.VBox([f, n], layout=w.Layout(width="49%"))
                           for f, n in zip(self.figures, self.notes, strict=True)],
                          layout=w.Layout(flex_flow="row wrap"))
-        self._seen = -1
 
     def update(self, views: list[TaskView], revision: int) -> bool:
-        if revision == self._seen:
+        if not self.due(revision):
             return False
-        self._seen = revision
-        t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
+        t0 = self.first_sample(views)
         for (_, xkind, col, unit, gap), mark, note in zip(self.SERIES, self.marks, self.notes,
                                                           strict=True):
             per_x: dict[float, list[float]] = defaultdict(list)

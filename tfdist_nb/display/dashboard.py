@@ -16,7 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb.diagnostics.hangs import describe_row
-from tfdist_nb.display.compact import COMPACT_AT, BandCharts, TaskGrid, grid_rows, named_tasks
+from tfdist_nb.display.compact import (
+    COMPACT_AT,
+    BandCharts,
+    RevisionCharts,
+    TaskGrid,
+    grid_rows,
+    named_tasks,
+)
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore, TaskView
@@ -155,7 +162,7 @@ def _stats_html(view: TaskView) -> str:
             "</small>")
 
 
-class Charts:
+class Charts(RevisionCharts):
     """bqplot charts, one line per task: step time and input wait over steps (a straggler's
     slow input stands out there even when synchronous training evens out the step times), and
     CPU / RSS / GPU over time.
@@ -188,13 +195,11 @@ class Charts:
             self.figures.append(fig)
             self.marks.append(marks)
         self.box = w.Box(self.figures, layout=w.Layout(flex_flow="row wrap"))
-        self._seen = -1
 
     def update(self, views: list[TaskView], revision: int) -> bool:
-        if revision == self._seen:
+        if not self.due(revision):
             return False
-        self._seen = revision
-        t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
+        t0 = self.first_sample(views)
         for (_, xkind, col), marks in zip(self.SERIES, self.marks, strict=True):
             for v, mark in zip(views, marks, strict=True):
                 if xkind == "steps":

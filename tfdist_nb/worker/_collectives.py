@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from tfdist_nb.worker import cellmap
-from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.hooks import after_import, original_method, put_in_place
 from tfdist_nb.worker.ledger import LEDGER, Op
 
 COLLECTIVE_OPS = "tensorflow.python.ops.collective_ops"
@@ -216,12 +216,10 @@ def _calling_function(depth: int = 16) -> Any:
 
 def patch_concrete_function(module: ModuleType) -> bool:
     """Count the runs of every concrete function with collectives; False if already done."""
-    cls = getattr(module, "ConcreteFunction", None)
-    method = getattr(cls, "_call_flat", None)
-    if method is None:
-        raise AttributeError(f"{module.__name__}.ConcreteFunction._call_flat not found")
-    if getattr(method, "_tfdist_ledger", False):
+    found_method = original_method(module, "ConcreteFunction", "_call_flat")
+    if found_method is None:
         return False
+    cls, method = found_method
     from tensorflow.python.eager import context
     from tensorflow.python.framework import ops
 
@@ -244,9 +242,7 @@ def patch_concrete_function(module: ModuleType) -> bool:
         rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
         return LEDGER.run(rows, method, self, *args, **kwargs)
 
-    call_flat._tfdist_ledger = True  # type: ignore[attr-defined]
-    cls._call_flat = call_flat
-    return True
+    return put_in_place(cls, "_call_flat", call_flat)
 
 
 def install() -> None:

@@ -13,7 +13,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.hooks import after_import, original_method, put_in_place
 
 KERAS_PACKAGES = ("keras", "tf_keras")
 
@@ -93,12 +93,10 @@ STOPS = "step counting, step times and progress of model.fit (and straggler dete
 def patch_fit(keras: ModuleType) -> bool:
     """Make ``keras.Model.fit`` add a StepTimer unless the caller passed one; False if it
     already does. Raises AttributeError if this Keras has no ``Model.fit`` to patch."""
-    model = getattr(keras, "Model", None)
-    fit = getattr(model, "fit", None)
-    if fit is None:
-        raise AttributeError(f"{keras.__name__}.Model.fit not found")
-    if getattr(fit, "_tfdist_patched", False):
+    found = original_method(keras, "Model", "fit")
+    if found is None:
         return False
+    model, fit = found
 
     @functools.wraps(fit)
     def fit_with_step_timer(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -109,9 +107,7 @@ def patch_fit(keras: ModuleType) -> bool:
             kwargs["callbacks"] = callbacks
         return fit(self, *args, **kwargs)
 
-    fit_with_step_timer._tfdist_patched = True  # type: ignore[attr-defined]
-    model.fit = fit_with_step_timer
-    return True
+    return put_in_place(model, "fit", fit_with_step_timer)
 
 
 def install() -> None:

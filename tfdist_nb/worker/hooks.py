@@ -21,6 +21,26 @@ from tfdist_nb.debuglog import swallowed
 logger = logging.getLogger(__name__)
 
 OnError = Callable[[BaseException], None]
+#: set on every method tfdist_nb put in place of TensorFlow's or Keras's own
+PATCHED = "_tfdist_patched"
+
+
+def original_method(module: ModuleType, cls_name: str, name: str) -> tuple[Any, Any] | None:
+    """``(class, method)`` of ``module.cls_name.name`` when it is still the library's own;
+    None when tfdist_nb replaced it already. Raises AttributeError, naming what is missing,
+    when this release has no such method (said to the user by the hook's ``on_error``)."""
+    cls = getattr(module, cls_name, None)
+    method = getattr(cls, name, None)
+    if method is None:
+        raise AttributeError(f"{module.__name__}.{cls_name}.{name} not found")
+    return None if getattr(method, PATCHED, False) else (cls, method)
+
+
+def put_in_place(cls: Any, name: str, replacement: Any) -> bool:
+    """Install ``replacement`` (marked as tfdist_nb's) as ``cls.name``; True."""
+    setattr(replacement, PATCHED, True)
+    setattr(cls, name, replacement)
+    return True
 
 
 def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnError | None) -> None:
