@@ -165,10 +165,7 @@ class AttachedTaskHandle(TaskHandle):
             self.client.control_channel.send(self.client.session.msg("interrupt_request", {}))
 
     async def stop(self, grace_s: float) -> StopReport:
-        start = time.monotonic()
-        with swallowed(logger):
-            self.client.stop_channels()
-        path = StopPath.ALREADY_DEAD
+        start, path = self.close_channels(), StopPath.ALREADY_DEAD
         if await self.poll() is None:
             path = StopPath.REQUEST
             control = AsyncKernelClient()

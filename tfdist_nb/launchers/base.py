@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import abc
 import enum
+import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.topology import TaskId
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,6 +75,13 @@ class TaskHandle(abc.ABC):
     @abc.abstractmethod
     async def stop(self, grace_s: float) -> StopReport:
         """End the task: shutdown request, at most ``grace_s`` to exit, then SIGKILL."""
+
+    def close_channels(self) -> float:
+        """The first step of every stop: the controller's channels to the task close (a stop
+        report's duration counts from here). Returns the time it happened."""
+        with swallowed(logger):
+            self.client.stop_channels()
+        return time.monotonic()
 
     def describe_exit(self, code: int) -> str:
         """How the task ended, in words (a launcher may know more than the exit code)."""

@@ -99,10 +99,7 @@ class LocalTaskHandle(TaskHandle):
             await self.manager.interrupt_kernel()
 
     async def stop(self, grace_s: float) -> StopReport:
-        start = time.monotonic()
-        with swallowed(logger):
-            self.client.stop_channels()
-        path = StopPath.ALREADY_DEAD
+        start, path = self.close_channels(), StopPath.ALREADY_DEAD
         if await self.poll() is None:
             path = await self._request_then_kill(grace_s)
         code = await self.poll()

@@ -193,10 +193,7 @@ class SSHTaskHandle(TaskHandle):
         self._send("interrupt")
 
     async def stop(self, grace_s: float) -> StopReport:
-        start = time.monotonic()
-        with swallowed(logger):
-            self.client.stop_channels()
-        path = StopPath.ALREADY_DEAD
+        start, path = self.close_channels(), StopPath.ALREADY_DEAD
         if self.proc.returncode is None:
             if self._send(f"stop {grace_s}"):
                 await self._wait_exit(grace_s + 5.0)
