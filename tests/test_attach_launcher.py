@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from tests.conftest import cell, wait_for
+from tests.support.contract import check_launcher_contract
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, TfdistError
 from tfdist_nb.portpick import draw
@@ -159,3 +160,11 @@ def test_attach_from_the_magic(scheduler: tuple[Path, list[subprocess.Popen[str]
     assert "(attach)" in out
     assert sorted(int(x) for x in re.findall(r"pid (\d+)", out)) == workers
     assert "scheduler: workers exited" in job.communicate(timeout=30)[0]
+
+
+def test_the_attach_launcher_keeps_the_launcher_contract(
+        scheduler: tuple[Path, list[subprocess.Popen[str]]]) -> None:
+    start_workers(scheduler, 2)
+    with Cluster(workers=2, launcher="attach", preload=(),
+                 launcher_options={"connection_dir": str(scheduler[0])}) as c:
+        check_launcher_contract(c)

@@ -22,6 +22,7 @@ import pytest
 from tests import slurm_cluster
 from tests.conftest import cell, wait_for, worker_kernels
 from tests.notebooks import cell_text
+from tests.support.contract import check_launcher_contract
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.slurm import JobState, batch_script, check_sbatch_args, task_script
@@ -323,3 +324,10 @@ def test_a_job_that_hits_its_time_limit_ends_the_running_cell_in_slurms_words(
         assert any("TIME LIMIT" in r.error.evalue or "reached its time limit" in r.error.evalue
                    for r in result.tasks.values()), result.summary()
     print(f"time limit ended the cell {latency:.1f}s after it was set")
+
+
+def test_the_slurm_launcher_keeps_the_launcher_contract(
+        slurm: slurm_cluster.SlurmCluster) -> None:
+    with Cluster(workers=2, launcher="slurm", preload=(),
+                 launcher_options={"sbatch_args": ["--nodes=2"]}) as c:
+        check_launcher_contract(c)

@@ -27,6 +27,7 @@ import pytest
 from tests import remote_hosts
 from tests.conftest import cell, wait_for
 from tests.notebooks import cell_text
+from tests.support.contract import check_launcher_contract
 from tests.test_notebook import run_notebook
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
@@ -257,3 +258,9 @@ def test_every_ssh_call_ends_its_options_before_the_host(
         assert argv[argv.index("--") + 1] == "tfdhost1", argv
         assert argv[argv.index("-F") + 1] == str(hosts.ssh_config), argv
     no_task_left(hosts, "tfdhost1")
+
+
+def test_the_ssh_launcher_keeps_the_launcher_contract(hosts: remote_hosts.TestHosts) -> None:
+    with Cluster(workers=2, launcher="ssh", hosts=["tfdhost1", "tfdhost2"], preload=(),
+                 launcher_options={"ssh_config": hosts.ssh_config}) as c:
+        check_launcher_contract(c)
