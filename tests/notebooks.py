@@ -114,5 +114,19 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def run_notebook(cells: list[str], tmp_path: Path) -> Any:
+    """Execute ``cells`` as a new notebook in ``tmp_path`` (errors kept in the outputs)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    client = NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return nb
+
+
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+

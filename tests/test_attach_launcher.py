@@ -144,8 +144,7 @@ def test_attach_without_a_connection_dir_is_a_usage_error() -> None:
 
 def test_attach_from_the_magic(scheduler: tuple[Path, list[subprocess.Popen[str]]],
                                tmp_path: Path) -> None:
-    from tests.notebooks import cell_text
-    from tests.test_notebook import run_notebook
+    from tests.notebooks import cell_text, run_notebook
 
     job = start_workers(scheduler, 2)
     workers = wait_for(lambda: len(kids := psutil.Process(job.pid).children()) == 2 and

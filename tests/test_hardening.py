@@ -27,8 +27,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_for
-from tests.notebooks import cell_text
-from tests.test_notebook import run_notebook
+from tests.notebooks import cell_text, run_notebook
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers import ssh as ssh_launcher

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 
-from tests.test_request import request
+from tests.support.magic_lines import request
 from tfdist_nb import Cluster
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers import registry

@@ -11,21 +11,11 @@ from typing import Any
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.notebooks import ANSI, cell_text
+from tests.notebooks import ANSI, cell_text, run_notebook
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[1]
-
-
-def run_notebook(cells: list[str], tmp_path: Path) -> Any:
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in cells]
-    client = NotebookClient(nb, timeout=180, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
-    return nb
 
 
 def text_of(cell: Any) -> str:

@@ -123,7 +123,7 @@ def profile_tab_in_chromium(base: str, run: str, screenshot: Path) -> str:
     once it shows the capture's session ``run``."""
     from playwright.sync_api import sync_playwright
 
-    from tests.test_browser import CHROMIUM_ARGS, ensure_chromium
+    from tests.support.jupyter_server import CHROMIUM_ARGS, ensure_chromium
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=ensure_chromium(), headless=True,

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
+from tests.support.magic_lines import request
 from tfdist_nb.errors import SpecError
-from tfdist_nb.magics.request import build_request, plan
+from tfdist_nb.magics.request import plan
 from tfdist_nb.topology import parse_spec
-
-
-def request(spec: str = "", **kw: object):
-    ns = argparse.Namespace(spec=spec.split(), on=None, env=None, timeout=None,
-                            stall_timeout=None, restart=False, python=None, hosts=None,
-                            launcher=None, connection_dir=None, no_dashboard=False)
-    for key, value in kw.items():
-        setattr(ns, key, value)
-    return build_request(ns)
 
 
 def test_first_line_starts() -> None:

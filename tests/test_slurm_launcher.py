@@ -117,7 +117,7 @@ def test_the_slurm_launcher_takes_no_hosts() -> None:
 # ---------------------------------------------------------------------------- real SLURM
 def test_mwms_across_two_slurm_nodes_from_a_notebook(slurm: slurm_cluster.SlurmCluster,
                                                      tmp_path: Path) -> None:
-    from tests.test_notebook import run_notebook
+    from tests.notebooks import run_notebook
 
     started = time.monotonic()
     nb = run_notebook([

@@ -26,9 +26,8 @@ import pytest
 
 from tests import remote_hosts
 from tests.conftest import cell, wait_for
-from tests.notebooks import cell_text
+from tests.notebooks import cell_text, run_notebook
 from tests.support.contract import check_launcher_contract
-from tests.test_notebook import run_notebook
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
 

@@ -135,6 +135,8 @@ class Cluster:
         self.last_stop: list[StopReport] = []
         self.running = False
         self._armed_profile: Capture | None = None
+        #: the notebook sends every cell here (%tfdist_mode on); shown by the dashboard
+        self.persistent_mode = False
 
     # what the cluster was made with (the magics compare a new line against these)
     spec = property(lambda self: self.setup.spec)
@@ -611,7 +613,8 @@ class Cluster:
                         for rt in list(self.tasks.values())),
             alerts=tuple(self.alerts()),
             stragglers={name: s.lag_ms for name, s in self.stragglers.items()},
-            spares=self.spares(), disk_trouble=self.disk_trouble())
+            spares=self.spares(), disk_trouble=self.disk_trouble(),
+            persistent_mode=self.persistent_mode)
 
     def default_targets(self) -> str:
         """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""

@@ -334,7 +334,9 @@ class Dashboard(_box_class()):  # type: ignore[misc]
             changed |= self.charts.update(list(views.values()), self.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(c.spec)} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"
-                      f"{html.escape(spares_text(c))}")
+                      f"{html.escape(spares_text(c))}"
+                      + (" · <b>persistent mode</b>: every cell runs here" if c.persistent_mode
+                         else ""))
             if header != self.header.value:
                 self.header.value = header
                 changed = True

@@ -6,6 +6,7 @@ a UsageError with an example (:func:`~tfdist_nb.magics.common.user_errors`).
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
@@ -13,7 +14,8 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import TaskError
-from tfdist_nb.magics.common import current, on_option, parse_line, require, user_errors
+from tfdist_nb.magics.common import current, on_option, parse_line, require, usage, user_errors
+from tfdist_nb.magics.mode import PersistentMode
 from tfdist_nb.magics.request import ClusterRequest, PlanAction, build_request, glue_sbatch, plan
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
@@ -27,6 +29,7 @@ class RunMagics(Magics):
     def __init__(self, shell: Any = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self._noise_said: dict[str, set[str]] = {}  # run directory -> known noise already said
+        self.mode = PersistentMode()  # %tfdist_mode
 
     @magic_arguments()
     @argument("spec", nargs="*",
@@ -67,6 +70,7 @@ class RunMagics(Magics):
     @argument("--verbose", action="store_true",
               help="also show TensorFlow's INFO log lines live (by default they go to the run "
                    "directory, the dashboard and %%tfdist_logs, and the cell counts them)")
+    @argument("--from-mode", action="store_true", help=argparse.SUPPRESS)  # %tfdist_mode's
     @line_cell_magic
     @user_errors()
     def tfcluster(self, line: str, cell: str | None = None) -> Any:
@@ -96,9 +100,16 @@ class RunMagics(Magics):
         args = parse_line(self.tfcluster, glue_sbatch(line))
         request = build_request(args)
         cluster = self._ensure(request)
+        cluster.persistent_mode = self.mode.on
+        if args.from_mode:
+            print("tfdist_nb: persistent mode: this cell runs on the cluster (%tfdist_mode off "
+                  "to run cells here)", flush=True)
         if cell is None or not cell.strip():
             return None
-        return self._run(cluster, line, cell, request)
+        # the cell as the user sees it: with the magic line as its line 1, or (persistent
+        # mode) without one, so a task's traceback names the lines the notebook shows
+        code = cell if args.from_mode else f"# %%tfcluster {line}\n{cell}"
+        return self._run(cluster, code, request)
 
     def _ensure(self, request: ClusterRequest) -> Any:
         from tfdist_nb.cluster.facade import Cluster
@@ -149,7 +160,7 @@ class RunMagics(Magics):
         print(f"tfdist_nb: {cluster.network()}", flush=True)
         return cluster
 
-    def _run(self, cluster: Any, line: str, code: str, request: ClusterRequest) -> None:
+    def _run(self, cluster: Any, code: str, request: ClusterRequest) -> None:
         from tfdist_nb.display.printer import LivePrinter, failure_report
 
         printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
@@ -157,10 +168,8 @@ class RunMagics(Magics):
                               verbose=request.verbose,
                               noise_said=self._noise_said.setdefault(str(cluster.run_dir), set()))
         dashboard = self._show_dashboard(cluster) if request.dashboard else None
-        # The magic line goes along as a comment (IPython drops leading blank lines), so worker
-        # tracebacks carry the line numbers the user sees in the notebook cell.
         try:
-            result = cluster.run(f"# %%tfcluster {line}\n{code}", on=request.on,
+            result = cluster.run(code, on=request.on,
                                  timeout=request.timeout, on_event=printer,
                                  stall_timeout=request.stall_timeout)
         finally:
@@ -261,3 +270,48 @@ class RunMagics(Magics):
         """
         args = parse_line(self.tfdist_loglevel, line)
         print(f"tfdist_nb: {require().set_log_level(args.level, args.cpp, args.vmodule)}")
+
+    @magic_arguments()
+    @argument("state", nargs="?", choices=["on", "off"], help="on | off (none: say the mode)")
+    @argument("options", nargs=argparse.REMAINDER,
+              help="with on: the %%%%tfcluster line every cell gets, e.g. --on 1 --timeout 600 "
+                   "(or a SPEC: 2 workers)")
+    @line_magic
+    @user_errors("example: %tfdist_mode on --timeout 600   (then: %tfdist_mode off)")
+    def tfdist_mode(self, line: str) -> None:
+        """Persistent mode: while on, every cell runs on the cluster as if it began with
+        ``%%tfcluster`` and the options given here (ipyparallel's ``%autopx``); cells that
+        begin with a tfdist_nb magic (``%tfdist_*``, ``%%tfcluster``) still run here.
+
+        Examples::
+
+            %tfdist_mode on
+            %tfdist_mode on --on 1 --timeout 600
+            %tfdist_mode off
+        """
+        args = parse_line(self.tfdist_mode, line)
+        if args.state is None:
+            print(f"tfdist_nb: persistent mode is {self._mode_said()}")
+            return
+        if args.state == "off":
+            self.mode.turn_off()
+            if (active := current()) is not None:
+                active.persistent_mode = False
+            print("tfdist_nb: persistent mode off: cells run in this notebook again")
+            return
+        options = " ".join(args.options)
+        request = build_request(parse_line(self.tfcluster, glue_sbatch(options)))
+        if request.spec is None and current() is None:
+            raise usage("no cluster is running to send the cells to; give its SPEC, or start "
+                        "it first with %%tfcluster 2 workers",
+                        "example: %tfdist_mode on 2 workers --timeout 600")
+        self.mode.turn_on(self.shell, options)
+        if (active := current()) is not None:
+            active.persistent_mode = True
+        print(f"tfdist_nb: persistent mode {self._mode_said()}: every cell runs on the cluster "
+              "(each says so); %tfdist_mode off to run cells here")
+
+    def _mode_said(self) -> str:
+        if not self.mode.on:
+            return "off"
+        return f"on (%%tfcluster {self.mode.options})" if self.mode.options else "on"

@@ -32,6 +32,7 @@ class ClusterSnapshot:
     #: spare kernels: ``{"count", "ready", "warming", "pids", "note"}``
     spares: dict[str, Any] = field(default_factory=dict)
     disk_trouble: str | None = None  # the run directory's disk refusing writes, in words
+    persistent_mode: bool = False  # every notebook cell runs on the cluster (%tfdist_mode on)
 
     def task(self, name: str) -> TaskSnapshot | None:
         return next((t for t in self.tasks if t.name == name), None)

@@ -1,0 +1,52 @@
+"""Persistent mode (docs/reference.md, Magics: ``%tfdist_mode``; ipyparallel's ``%autopx``):
+while on, every cell of the notebook runs on the cluster as if it began with ``%%tfcluster``
+and the options given to ``%tfdist_mode on``.
+
+It is an IPython input transformer (``shell.input_transformers_cleanup``: before the cell-magic
+detection, which then sees the ``%%tfcluster`` line), so the cell the user
+wrote is what the tasks run, line numbers included, and the notebook's own history holds it.
+Cells that begin with one of tfdist_nb's magics (``%tfdist_*``, ``%tfcluster``, ``%%tfcluster``)
+still run in the notebook: that is how the mode is turned off or the cluster inspected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+OURS = ("%tfdist_", "%tfcluster", "%%tfcluster")
+
+
+class PersistentMode:
+    """The mode of one notebook shell: off, or on with the ``%%tfcluster`` options to use."""
+
+    def __init__(self) -> None:
+        self.options: str | None = None  # None: off
+        self._shell: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self.options is not None
+
+    def turn_on(self, shell: Any, options: str) -> None:
+        self.options = options
+        if self._shell is None:
+            shell.input_transformers_cleanup.append(self.transform)
+            self._shell = shell
+
+    def turn_off(self) -> None:
+        self.options = None
+        if self._shell is not None:
+            with contextlib.suppress(ValueError):
+                self._shell.input_transformers_cleanup.remove(self.transform)
+            self._shell = None
+
+    def transform(self, lines: list[str]) -> list[str]:
+        """A cell's lines, sent to the cluster unless the mode is off or the cell begins with
+        one of tfdist_nb's magics (or is empty)."""
+        if self.options is None:
+            return lines
+        first = next((line.strip() for line in lines if line.strip()), "")
+        if not first or first.startswith(OURS):
+            return lines
+        return [f"%%tfcluster {self.options} --from-mode\n".replace("  ", " "), *lines]
