@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import exposure, registry
+from tfdist_nb.cluster import exposure, registry, report
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
 from tfdist_nb.cluster.export import ExportError, restart_times
@@ -55,7 +55,7 @@ from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.store.logs import logs_frame, parse_levels
-from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
+from tfdist_nb.store.rundir import RunDirectory, new_cluster_id, open_private
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
 from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
@@ -137,6 +137,8 @@ class Cluster:
         self._armed_profile: Capture | None = None
         #: the notebook sends every cell here (%tfdist_mode on); shown by the dashboard
         self.persistent_mode = False
+        #: the last run that failed and its cell's code (%tfdist_report)
+        self.last_failure: tuple[RunResult, str] | None = None
 
     # what the cluster was made with (the magics compare a new line against these)
     spec = property(lambda self: self.setup.spec)
@@ -443,6 +445,8 @@ class Cluster:
             result.profile = self._profile_text(*profiling, capture)
         if origin := first_nan(result.failed):
             self._note("cluster", origin.splitlines()[0], "WARNING")
+        if not result.ok:
+            self.last_failure = (result, code)
         return result
 
     def _profile_cell(self, capture: Capture) -> tuple[TaskRuntime | None, str | None]:
@@ -574,6 +578,39 @@ class Cluster:
                 default_targets=None if targets == "all" else targets.split(","), force=force)
         except ExportError as exc:
             raise SpecError(str(exc)) from None
+
+    def report(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
+        """``%tfdist_report``: ``DIR/report.md`` (tasks and their software, TF_CONFIGs, alerts,
+        the last failing cell per task, the last lines of each task, the collective ledger;
+        secrets redacted) beside the reproducer :meth:`export` writes there. Works on a
+        stopped cluster too."""
+        out = self.export(directory, force=force)
+        failure, code = self.last_failure if self.last_failure else (None, None)
+        names = [rt.name for rt in self.tasks.values()]
+        logs = self.logs() if self.rundir is not None else pd.DataFrame()
+        last = {n: list(logs[logs["task"] == n]["text"].tail(report.LAST_LINES))
+                if len(logs) else [] for n in names}
+        ledger = []
+        for name in names:
+            for row in self.live.view(name).ledger.recent(report.LEDGER_ROWS):
+                ledger.append({"task": name, **row})
+        text = report.markdown(
+            cluster_id=self.id, spec=str(self.spec), tasks=report.task_rows(self.tasks.values()),
+            tf_configs=report.tf_config_lines(self.tasks.values()), env=self.extra_env,
+            alerts=self.alerts(), failure=failure, failed_code=code, last_lines=last,
+            ledger=ledger, secrets=report.secret_values(
+                [c.get("code", "") for c in self.rundir.cells()] if self.rundir else [],
+                self.extra_env))
+        path = out / report.REPORT
+        if not force and report.not_ours(path):
+            raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
+                            "--force, or another directory)")
+        try:
+            with open_private(path, "w") as f:
+                f.write(text)
+        except OSError as exc:
+            raise SpecError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+        return path
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""

@@ -190,6 +190,28 @@ class DiagnoseMagics(Magics):
 
 
 
+    @magic_arguments()
+    @argument("directory", help="where report.md (and the reproducer) go (created if missing)")
+    @argument("--force", action="store_true",
+              help="replace a report.md, train.py or launch.sh there that tfdist_nb did not write")
+    @line_magic
+    @user_errors("example: %tfdist_report issue/")
+    def tfdist_report(self, line: str) -> None:
+        """A report to share: ``DIR/report.md`` with the tasks and their software, every
+        task's TF_CONFIG, the alerts, the last failing cell with each task's result, the last
+        lines of each task and the collective ledger, secrets redacted; beside it the
+        reproducer ``%tfdist_export`` writes. Paste report.md into an issue.
+
+        Example::
+
+            %tfdist_report issue/
+        """
+        args = parse_line(self.tfdist_report, line)
+        path = require_any().report(args.directory, force=args.force)
+        print(f"tfdist_nb: wrote {path} (secrets redacted) with train.py and launch.sh beside "
+              "it: paste the report into an issue")
+
+
 def _check_options(args: Any) -> dict[str, Any]:
     """``%tfdist_check``'s options that were given, by the name ``Cluster.check`` takes."""
     wanted = {"sharding": ("reference", "max_elements", "max_seconds"),

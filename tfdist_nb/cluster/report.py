@@ -1,0 +1,158 @@
+"""``%tfdist_report DIR`` (docs/reference.md, Reproduce): one Markdown file to paste into an
+issue (what ``accelerate env`` gives for one machine, for a whole cluster), beside the
+reproducer ``%tfdist_export`` writes.
+
+It holds the tasks and their software (from each task's start-up self-description, so a dead
+task is still described), every task's TF_CONFIG, the alerts, the last failing cell with each
+task's result and explanation, the last lines of each task, and the collective ledger when there
+is one. What looks like a secret (``api_key = '...'``, ``WANDB_API_KEY=...``) is redacted, in
+the cells, the lines and the environment alike.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tfdist_nb.results import RunResult
+
+REPORT = "report.md"
+LAST_LINES = 15
+LEDGER_ROWS = 8
+#: a name that ends with a secret's word (``WANDB_API_KEY``, ``hf_token``, ``db_password``; not
+#: ``max_tokens``), possibly quoted or subscripted (``os.environ["API_KEY"]``)
+_KEY = (r"[\w.\-'\"\[]*?(?:api[_-]?key|token|secret|passw(?:or)?d|credentials?|private[_-]?key)"
+        r"\b['\"\]]*")
+_QUOTED = re.compile(rf"(?i)({_KEY}\s*[=:]\s*f?)(['\"])(.*?)(\2)")
+_BARE = re.compile(rf"(?i)\b({_KEY}\s*=\s*)([^\s'\"]+)")
+REDACTED = "<redacted>"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: shorter values are not hunted for elsewhere in the text (they would match everywhere)
+MIN_SECRET_LEN = 4
+
+
+def _redact(text: str, values: Iterable[str] = ()) -> str:
+    """``api_key = 'abc'`` -> ``api_key = '<redacted>'``; ``WANDB_API_KEY=abc`` likewise; and
+    every occurrence of ``values`` (secrets found where they were set), wherever they turn up
+    (an error message, a printed line). Terminal colours are dropped."""
+    text = _ANSI.sub("", text)
+    for value in sorted(values, key=len, reverse=True):
+        if len(value) >= MIN_SECRET_LEN:
+            text = text.replace(value, REDACTED)
+    text = _QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(4)}", text)
+    return _BARE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+
+
+def secret_values(codes: Iterable[str], env: Mapping[str, str]) -> set[str]:
+    """The values given to secret-looking names in the cells and the environment."""
+    found = {v for k, v in env.items() if re.search(_KEY, k, re.I) and v}
+    for code in codes:
+        found.update(m.group(3) for m in _QUOTED.finditer(code) if m.group(3))
+        found.update(m.group(2) for m in _BARE.finditer(code) if m.group(2))
+    return found
+
+
+def redact(text: str, values: Iterable[str] = ()) -> str:
+    """See ``_redact`` (the public name)."""
+    return _redact(text, values)
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if re.search(_KEY, k, re.I) else v) for k, v in env.items()}
+
+
+def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
+             tf_configs: Mapping[str, str], env: Mapping[str, str], alerts: Iterable[str],
+             failure: RunResult | None, failed_code: str | None,
+             last_lines: Mapping[str, list[str]], ledger: list[dict[str, Any]],
+             secrets: Iterable[str] = ()) -> str:
+    """The report's text. ``tasks``: one dict per task (task, host, pid, state, python,
+    tensorflow, keras); ``failure``: the last run that failed, with its cell's code;
+    ``secrets``: values to hide wherever they appear (``secret_values``)."""
+    hidden = set(secrets)
+
+    def redact(text: str) -> str:
+        return _redact(text, hidden)
+
+    out = [f"# tfdist_nb report: cluster {cluster_id} ({spec})", "",
+           f"Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Secrets in the cells, lines and "
+           f"environment are shown as `{REDACTED}`.", ""]
+    out += ["## What failed", ""]
+    if failure is None:
+        out += ["No cell failed on this cluster.", ""]
+    else:
+        out += [f"Cell {failure.cell}: {redact(failure.summary().splitlines()[0])}", "",
+                "```python", redact(failed_code or "").rstrip(), "```", "",
+                "| task | status | error |", "|---|---|---|"]
+        for name, r in failure.tasks.items():
+            error = r.error.short() if r.error else ""
+            out.append(f"| {name} | {r.status} | {_cell(redact(error))} |")
+        out.append("")
+        for name, r in failure.tasks.items():
+            if r.explanation:
+                out += [f"**{name}**: {redact(r.explanation)}", ""]
+    out += ["## Tasks", "", "| task | host | pid | state | python | TensorFlow | Keras |",
+            "|---|---|---|---|---|---|---|"]
+    for t in tasks:
+        out.append("| " + " | ".join(_cell(str(t.get(k) if t.get(k) is not None else ""))
+                                     for k in ("task", "host", "pid", "state", "python",
+                                               "tensorflow", "keras")) + " |")
+    out += ["", "## TF_CONFIG of each task", ""]
+    for name, cfg in tf_configs.items():
+        out += [f"- {name}: `{cfg}`"]
+    out += ["", "## Environment given to every task (`--env`)", ""]
+    out += [f"- `{k}={v}`" for k, v in redact_env(env).items()] or ["(none)"]
+    out += ["", "## Alerts", ""]
+    out += [f"- {redact(a)}" for a in alerts] or ["(none)"]
+    out += ["", f"## The last {LAST_LINES} lines of each task", ""]
+    for name, lines in last_lines.items():
+        out += [f"### {name}", "", "```", *(redact(line) for line in lines), "```", ""]
+    if ledger:
+        out += ["## Collective ledger (the last rows of each task)", "",
+                "| task | kind | tensor | where | state |", "|---|---|---|---|---|"]
+        for row in ledger:
+            out.append(f"| {row.get('task')} | {row.get('kind')} | "
+                       f"{row.get('dtype', '')}{list(row.get('shape') or [])} | "
+                       f"{row.get('where')} | {row.get('state')} |")
+        out.append("")
+    out += ["## Reproduce", "", "`bash launch.sh` beside this file runs the cells the cluster "
+            "ran (`train.py`) on the same tasks of one machine.", ""]
+    return "\n".join(out)
+
+
+def not_ours(path: Path) -> bool:
+    """A file at ``path`` that this module did not write (a link counts as not ours)."""
+    if path.is_symlink():
+        return True
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return not f.read(64).startswith("# tfdist_nb report")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def task_rows(runtimes: Iterable[Any]) -> list[dict[str, Any]]:
+    """What each task said of itself at start-up, and its state now."""
+    rows = []
+    for rt in runtimes:
+        info = rt.info or {}
+        rows.append({"task": rt.name, "host": rt.host, "pid": rt.pid, "state": str(rt.state),
+                     "python": info.get("python"), "tensorflow": info.get("tensorflow"),
+                     "keras": info.get("keras_flavour")})
+    return rows
+
+
+def tf_config_lines(runtimes: Iterable[Any]) -> dict[str, str]:
+    return {rt.name: json.dumps(json.loads(rt.tf_config), sort_keys=True) for rt in runtimes}
