@@ -87,3 +87,19 @@ def describe_tensor(dtype: str, shape: Any) -> str:
     if shape is None:
         return f"{dtype}[?]"
     return f"{dtype}[{','.join('?' if d is None else str(d) for d in shape)}]"
+
+
+def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
+    """Mean utilisation and summed memory of a task's GPUs, from a telemetry sample's ``gpus``
+    (None, None without a GPU; values that are not numbers are left out)."""
+    if not isinstance(gpus, list) or not gpus:
+        return None, None
+    utils = [u for g in gpus if isinstance(g, dict) and (u := _number(g.get("util_percent")))
+             is not None]
+    mems = [m for g in gpus if isinstance(g, dict) and (m := _number(g.get("mem_used_mb")))
+            is not None]
+    return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

@@ -17,6 +17,7 @@ from typing import Any
 
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
+from tfdist_nb.events import gpu_summary
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.safe_read import regular_stat
@@ -33,17 +34,6 @@ TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-(\d+)$")
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
-    """Mean utilisation and summed memory of a task's GPUs (None without a GPU)."""
-    if not isinstance(gpus, list) or not gpus:
-        return None, None
-    utils = [u for g in gpus if isinstance(g, dict) and (u := _num(g.get("util_percent")))
-             is not None]
-    mems = [m for g in gpus if isinstance(g, dict) and (m := _num(g.get("mem_used_mb")))
-            is not None]
-    return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
 
 
 def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfdist_nb.events import Event, OutputLine, TelemetrySample
+from tfdist_nb.events import Event, OutputLine, TelemetrySample, gpu_summary
 from tfdist_nb.store.collectives import LedgerView
 
 TAIL_LINES = 500
@@ -67,15 +67,6 @@ class TaskView:
         recent = [s[5] for s in list(self.steps)[-window:]
                   if len(s) > 5 and s[5] is not None and s[1] >= since]
         return statistics.median(recent) if recent else None
-
-
-def gpu_summary(gpus: list[dict[str, Any]] | None) -> tuple[float | None, float | None]:
-    """Mean utilisation and summed memory of a task's GPUs; (None, None) when it has none."""
-    if not gpus:
-        return None, None
-    utils = [g["util_percent"] for g in gpus if g.get("util_percent") is not None]
-    mems = [g["mem_used_mb"] for g in gpus if g.get("mem_used_mb") is not None]
-    return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
 
 
 class LiveStore:
