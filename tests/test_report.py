@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tfdist_nb import Cluster
+from tfdist_nb.cluster.export import SecretsWarning
 from tfdist_nb.cluster.report import redact
 from tfdist_nb.errors import SpecError
 
@@ -33,7 +34,8 @@ def test_a_report_of_a_failed_cell_has_its_evidence_and_no_secret(tmp_path: Path
                        "if tw.task[1] == 1:\n"
                        "    raise ValueError('bad batch on ' + api_key)\n")
         assert not failed.ok
-        path = c.report(tmp_path / "issue")
+        with pytest.warns(SecretsWarning, match="WANDB_API_KEY, cell 1: api_key"):
+            path = c.report(tmp_path / "issue")  # the reproducer beside it keeps them
     text = path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert text.startswith(f"# tfdist_nb report: cluster {c.id} (2 workers)")
@@ -52,4 +54,5 @@ def test_a_report_of_a_failed_cell_has_its_evidence_and_no_secret(tmp_path: Path
     (own / "report.md").write_text("my notes\n")
     with pytest.raises(SpecError, match="not written by %tfdist_report"):
         c.report(own)
+    assert [p.name for p in own.iterdir()] == ["report.md"]  # nothing written beside it
     assert (own / "report.md").read_text() == "my notes\n"

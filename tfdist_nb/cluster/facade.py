@@ -584,6 +584,10 @@ class Cluster:
         the last failing cell per task, the last lines of each task, the collective ledger;
         secrets redacted) beside the reproducer :meth:`export` writes there. Works on a
         stopped cluster too."""
+        path = Path(directory) / report.REPORT
+        if not force and report.not_ours(path):  # before anything is written there
+            raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
+                            "--force, or another directory)")
         out = self.export(directory, force=force)
         failure, code = self.last_failure if self.last_failure else (None, None)
         names = [rt.name for rt in self.tasks.values()]
@@ -602,9 +606,6 @@ class Cluster:
                 [c.get("code", "") for c in self.rundir.cells()] if self.rundir else [],
                 self.extra_env))
         path = out / report.REPORT
-        if not force and report.not_ours(path):
-            raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
-                            "--force, or another directory)")
         try:
             with open_private(path, "w") as f:
                 f.write(text)
