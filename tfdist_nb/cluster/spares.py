@@ -320,11 +320,16 @@ class SparePool:
             idle = host.idle_cores()
             room = idle >= host.room_cores
             now = time.monotonic()
-            short = len(self._spares) < self.count
-            if short and not room and not self._busy():  # said: the pool is not stuck
-                self.skipped = (f"waiting for a core to spare ({idle:.1f} of {host.cores} idle "
-                                "now)")
-            elif self.skipped and self.skipped.startswith("waiting for a core"):
+            if len(self._spares) < self.count and not self._busy():
+                # why no spare starts now, said (the pool is not stuck): memory first, as it
+                # holds whatever the CPU does, then the CPU
+                warming = sum(s.state == SpareState.WARMING for s in self._spares)
+                if not self._memory_allows(pending=warming + self._starting()):
+                    room = False
+                elif not room:
+                    self.skipped = (f"waiting for a core to spare ({idle:.1f} of {host.cores} "
+                                    "idle now)")
+            if room and self.skipped and self.skipped.startswith("waiting for a core"):
                 self.skipped = None
             if self._busy() or not room:
                 room_since = None
