@@ -188,8 +188,6 @@ class DiagnoseMagics(Magics):
         print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
               f"bash {out / 'launch.sh'}")
 
-
-
     @magic_arguments()
     @argument("directory", help="where report.md (and the reproducer) go (created if missing)")
     @argument("--force", action="store_true",
