@@ -53,7 +53,8 @@ TASK = os.environ.get("TFDIST_TASK") or "{{}}:{{}}".format(*(tw.task or ("?", "?
 
 # The first lines of what export writes: a file that begins otherwise is the user's own
 OURS = {"train.py": '#!/usr/bin/env python\n"""Reproducer exported by tfdist_nb',
-        "launch.sh": "#!/usr/bin/env bash\n# Exported by tfdist_nb"}
+        "launch.sh": "#!/usr/bin/env bash\n# Exported by tfdist_nb",
+        "report.md": "# tfdist_nb report"}  # written by cluster/report.py
 MODES = {"train.py": 0o600, "launch.sh": 0o700}  # the cells (and their secrets) stay private
 _SECRET = re.compile(r"(?i)(api[_-]?key|token|secret|passw(or)?d|credential|private[_-]?key)")
 _ASSIGNED = re.compile(r"""(?i)\b([\w.\[\]'"-]*?(?:api[_-]?key|token|secret|passw(?:or)?d|"""
@@ -86,7 +87,7 @@ def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterS
         raise ExportError(f"cannot make the directory {out}: {exc.strerror or exc}") from None
     if not force:
         for name in texts:
-            if not _ours_or_absent(out / name):
+            if not ours_or_absent(out / name):
                 raise ExportError(f"{out / name} exists and was not written by %tfdist_export: "
                                   "give another directory, or --force (force=True) to replace "
                                   "it")
@@ -100,7 +101,9 @@ def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterS
     return out
 
 
-def _ours_or_absent(path: Path) -> bool:
+def ours_or_absent(path: Path) -> bool:
+    """Whether ``path`` is free to (re)write: absent, or a regular file tfdist_nb wrote
+    (``OURS``); a link or anything else in the way is not."""
     try:
         if path.is_symlink() or not path.is_file():
             return not os.path.lexists(path)

@@ -27,7 +27,7 @@ import pandas as pd
 from tfdist_nb.cluster import exposure, registry, report
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
-from tfdist_nb.cluster.export import ExportError, restart_times
+from tfdist_nb.cluster.export import ExportError, ours_or_absent, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
@@ -585,7 +585,7 @@ class Cluster:
         secrets redacted) beside the reproducer :meth:`export` writes there. Works on a
         stopped cluster too."""
         path = Path(directory) / report.REPORT
-        if not force and report.not_ours(path):  # before anything is written there
+        if not force and not ours_or_absent(path):  # before anything is written there
             raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
                             "--force, or another directory)")
         out = self.export(directory, force=force)

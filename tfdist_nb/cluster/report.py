@@ -15,7 +15,6 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from tfdist_nb.results import RunResult
@@ -37,7 +36,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 MIN_SECRET_LEN = 4
 
 
-def _redact(text: str, values: Iterable[str] = ()) -> str:
+def redact(text: str, values: Iterable[str] = ()) -> str:
     """``api_key = 'abc'`` -> ``api_key = '<redacted>'``; ``WANDB_API_KEY=abc`` likewise; and
     every occurrence of ``values`` (secrets found where they were set), wherever they turn up
     (an error message, a printed line). Terminal colours are dropped."""
@@ -58,11 +57,6 @@ def secret_values(codes: Iterable[str], env: Mapping[str, str]) -> set[str]:
     return found
 
 
-def redact(text: str, values: Iterable[str] = ()) -> str:
-    """See ``_redact`` (the public name)."""
-    return _redact(text, values)
-
-
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if re.search(_KEY, k, re.I) else v) for k, v in env.items()}
 
@@ -77,8 +71,8 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     ``secrets``: values to hide wherever they appear (``secret_values``)."""
     hidden = set(secrets)
 
-    def redact(text: str) -> str:
-        return _redact(text, hidden)
+    def hide(text: str) -> str:
+        return redact(text, hidden)
 
     out = [f"# tfdist_nb report: cluster {cluster_id} ({spec})", "",
            f"Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Secrets in the cells, lines and "
@@ -87,16 +81,16 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     if failure is None:
         out += ["No cell failed on this cluster.", ""]
     else:
-        out += [f"Cell {failure.cell}: {redact(failure.summary().splitlines()[0])}", "",
-                "```python", redact(failed_code or "").rstrip(), "```", "",
+        out += [f"Cell {failure.cell}: {hide(failure.summary().splitlines()[0])}", "",
+                "```python", hide(failed_code or "").rstrip(), "```", "",
                 "| task | status | error |", "|---|---|---|"]
         for name, r in failure.tasks.items():
             error = r.error.short() if r.error else ""
-            out.append(f"| {name} | {r.status} | {_cell(redact(error))} |")
+            out.append(f"| {name} | {r.status} | {_cell(hide(error))} |")
         out.append("")
         for name, r in failure.tasks.items():
             if r.explanation:
-                out += [f"**{name}**: {redact(r.explanation)}", ""]
+                out += [f"**{name}**: {hide(r.explanation)}", ""]
     out += ["## Tasks", "", "| task | host | pid | state | python | TensorFlow | Keras |",
             "|---|---|---|---|---|---|---|"]
     for t in tasks:
@@ -109,10 +103,10 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     out += ["", "## Environment given to every task (`--env`)", ""]
     out += [f"- `{k}={v}`" for k, v in redact_env(env).items()] or ["(none)"]
     out += ["", "## Alerts", ""]
-    out += [f"- {redact(a)}" for a in alerts] or ["(none)"]
+    out += [f"- {hide(a)}" for a in alerts] or ["(none)"]
     out += ["", f"## The last {LAST_LINES} lines of each task", ""]
     for name, lines in last_lines.items():
-        out += [f"### {name}", "", "```", *(redact(line) for line in lines), "```", ""]
+        out += [f"### {name}", "", "```", *(hide(line) for line in lines), "```", ""]
     if ledger:
         out += ["## Collective ledger (the last rows of each task)", "",
                 "| task | kind | tensor | where | state |", "|---|---|---|---|---|"]
@@ -124,19 +118,6 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     out += ["## Reproduce", "", "`bash launch.sh` beside this file runs the cells the cluster "
             "ran (`train.py`) on the same tasks of one machine.", ""]
     return "\n".join(out)
-
-
-def not_ours(path: Path) -> bool:
-    """A file at ``path`` that this module did not write (a link counts as not ours)."""
-    if path.is_symlink():
-        return True
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return not f.read(64).startswith("# tfdist_nb report")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
 
 
 def _cell(text: str) -> str:
