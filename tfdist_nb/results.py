@@ -29,6 +29,8 @@ class RemoteError:
         first = lines[0] if lines else ""
         if first.endswith(":") and len(lines) > 1:  # "in user code:" ... the error, last
             first = lines[-1]
+        if first.startswith(f"{self.ename}: "):  # "in user code: ... ValueError: ..."
+            first = first[len(self.ename) + 2:]
         if len(first) > limit:
             first = first[: limit - 1] + "…"
         return f"{self.ename}: {first}"

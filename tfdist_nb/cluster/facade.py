@@ -31,6 +31,7 @@ from tfdist_nb.cluster.export import ExportError, ours_or_absent, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.inspector import Inspector, format_stacks
+from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, IsolateReport, Isolation
 from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
@@ -66,6 +67,7 @@ logger = logging.getLogger(__name__)
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 STOP_TIMEOUT_S = 30.0
+FAILURES_KEPT = 20  # failing cells (result and code) a cluster keeps for %tfdist_isolate
 INSPECT_CALL_S = 15.0
 CHECK_TIMEOUT_S = 300.0
 START_HINT = ("tfdist_nb: check what the tasks need before they start: tfdist_nb."
@@ -139,6 +141,10 @@ class Cluster:
         self.persistent_mode = False
         #: the last run that failed and its cell's code (%tfdist_report)
         self.last_failure: tuple[RunResult, str] | None = None
+        #: cells that ended ok on every task, and the last FAILURES_KEPT that did not (with
+        #: their code): what %tfdist_isolate re-runs
+        self.passed_cells: set[int] = set()
+        self.failed_cells: dict[int, tuple[RunResult, str]] = {}
 
     # what the cluster was made with (the magics compare a new line against these)
     spec = property(lambda self: self.setup.spec)
@@ -290,6 +296,32 @@ class Cluster:
         else:
             lifecycle.spares = self._attach_pool(SparePool(self._warm))
             loop.call_soon(lifecycle.spares.start_refill)
+
+    def lend_spares(self) -> bool:
+        """Hand this cluster's spare kernels to the session for clusters started beside it
+        (``isolate()``'s variants); False if it has none. ``reclaim_spares`` takes them back."""
+        lifecycle = self._lifecycle
+        if not self.running or lifecycle is None or lifecycle.spares is None:
+            return False
+        pool, lifecycle.spares = lifecycle.spares, None
+        self._require_loop().run(pool.detach(), STOP_TIMEOUT_S)
+        SESSION.keep_pool(pool)
+        return True
+
+    def reclaim_spares(self, lent: bool) -> None:
+        """After clusters started beside this one: take the session's kept pool back if this
+        cluster ``lent`` its spares (an empty pool of its own if none is left), else end it."""
+        lifecycle = self._lifecycle
+        if not lent or not self.running or lifecycle is None or not self._warm:
+            SESSION.drop_pool()
+            return
+        lifecycle.spares = self._attach_pool(SESSION.take_pool() or SparePool(self._warm))
+        self._require_loop().call_soon(lifecycle.spares.start_refill)
+
+    def make_current(self) -> None:
+        """The cluster the magics drive again (after clusters started beside it)."""
+        if self.running:
+            registry.set_current(self)
 
     def _attach_pool(self, pool: SparePool) -> SparePool:
         assert self.rundir is not None
@@ -445,8 +477,13 @@ class Cluster:
             result.profile = self._profile_text(*profiling, capture)
         if origin := first_nan(result.failed):
             self._note("cluster", origin.splitlines()[0], "WARNING")
-        if not result.ok:
+        if result.ok:
+            self.passed_cells.add(cell)
+        else:
             self.last_failure = (result, code)
+            self.failed_cells[cell] = (result, code)
+            for old in sorted(self.failed_cells)[:-FAILURES_KEPT]:
+                del self.failed_cells[old]
         return result
 
     def _profile_cell(self, capture: Capture) -> tuple[TaskRuntime | None, str | None]:
@@ -612,6 +649,17 @@ class Cluster:
         except OSError as exc:
             raise SpecError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
         return path
+
+    def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
+                warm: bool | None = None,
+                on_progress: Callable[[str], None] | None = None) -> IsolateReport:
+        """Re-run the last failing cell (or ``cell``), with the cells that set the tasks up, in
+        fresh kernels under smaller variants, within ``budget_s`` seconds; returns an
+        ``IsolateReport`` (``.table``, ``.smallest``, ``.verdict``, ``.export(DIR)``). This
+        cluster is left as it was. ``warm``: the variants use this cluster's spare kernels
+        (default: when it has them). ``on_progress`` gets a line as each variant starts and
+        ends. Interrupting ends the variant running and returns what is known."""
+        return Isolation(self, cell, budget_s, warm, on_progress).run()
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""

@@ -1,5 +1,6 @@
 """The magics that diagnose (docs/reference.md, Magics): ``%tfdist_check``, ``%tfdist_numerics``,
-``%tfdist_profile``, and ``%tfdist_export`` (a reproducer to take elsewhere).
+``%tfdist_profile``, ``%tfdist_isolate`` (shrink a failing cell by itself), and
+``%tfdist_export`` / ``%tfdist_report`` (a reproducer and a report to take elsewhere).
 """
 
 from __future__ import annotations
@@ -208,6 +209,46 @@ class DiagnoseMagics(Magics):
         path = require_any().report(args.directory, force=args.force)
         print(f"tfdist_nb: wrote {path} (secrets redacted) with train.py and launch.sh beside "
               "it: paste the report into an issue")
+
+
+    @magic_arguments()
+    @argument("--cell", type=POSITIVE_N, default=None, metavar="N",
+              help="the failing cell to isolate, by its number in this cluster's run "
+                   "(default: the last that failed)")
+    @argument("--budget-s", type=POSITIVE_S, default=300.0, metavar="S",
+              help="seconds for all variants together (default 300); each variant ends "
+                   "within it")
+    @argument("--export", metavar="DIR", default=None,
+              help="also write the smallest failing variant there as %%tfdist_export does")
+    @line_magic
+    @user_errors("example: %tfdist_isolate --budget-s 120")
+    def tfdist_isolate(self, line: str) -> Any:
+        """Re-run the last failing cell (with the cells before it that set the tasks up) in
+        fresh kernels under smaller variants, and name the smallest that still fails: the
+        same cluster again (flaky?), fewer workers down to one, each task's share alone,
+        MirroredStrategy on one task, functions run eagerly, another collective
+        implementation (with GPUs), fewer steps. Shows a line as each variant starts and ends;
+        interrupt to stop with what is known. Returns an IsolateReport (``.verdict``,
+        ``.table``, ``.smallest``, ``.export(DIR)``). Your cluster is left as it was.
+
+        Example::
+
+            %tfdist_isolate
+            %tfdist_isolate --cell 4 --budget-s 120 --export repro/
+        """
+        args = parse_line(self.tfdist_isolate, line)
+        cluster = require()
+        report = cluster.isolate(cell=args.cell, budget_s=args.budget_s,
+                                 on_progress=lambda text: print(f"tfdist_nb: {text}",
+                                                                flush=True))
+        print(f"tfdist_nb: {report.verdict}", flush=True)
+        if args.export and report.smallest is not None:
+            out = report.export(args.export)
+            print(f"tfdist_nb: the smallest failing variant ({report.smallest.title}) is in "
+                  f"{out}: bash {out / 'launch.sh'}", flush=True)
+        elif args.export:
+            print("tfdist_nb: no variant failed: nothing exported", flush=True)
+        return report
 
 
 def _check_options(args: Any) -> dict[str, Any]:

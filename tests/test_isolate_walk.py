@@ -1,0 +1,132 @@
+"""The isolate walk without processes: which variant comes next for each outcome, what the
+outcomes say (the verdict), and the cell edits (the loop bound, the prelude's settings). The
+same paths run on real clusters in tests/test_isolate.py and the teaching notebook."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfdist_nb.diagnostics.cell_edits import loop_bound, prelude_code, with_bound
+from tfdist_nb.diagnostics.isolate import Failure, Outcome, Row, Walk, judge, signature
+from tfdist_nb.results import RemoteError, TaskResult
+from tfdist_nb.topology import ClusterSpec
+
+F, P = Outcome.FAILS, Outcome.PASSES
+
+
+def walk(workers: int = 2, bound: int | None = None, gpus: bool = False) -> Walk:
+    return Walk(ClusterSpec(workers=workers), Failure("ValueError", "ValueError: bad", (), 2.0),
+                bound=bound, gpus=gpus)
+
+
+def play(w: Walk, answers: dict[str, object]) -> list[str]:
+    """Run the walk answering each variant from ``answers`` (a shares variant: per task);
+    returns the variant keys in the order asked."""
+    asked = []
+    while (v := w.next()) is not None:
+        asked.append(v.key)
+        got = answers[v.key]
+        if v.shares:
+            assert isinstance(got, dict)
+            w.record([Row(v, got[str(t)], 1.0, "ValueError: bad" if got[str(t)] is F else "",
+                          task=str(t), steps_done=3) for t in v.spec.tasks])
+        else:
+            assert isinstance(got, Outcome)
+            w.record([Row(v, got, 1.0, "ValueError: bad" if got is F else "", steps_done=3)])
+    return asked
+
+
+def test_a_failure_that_passes_again_is_flaky_and_nothing_more_runs() -> None:
+    w = walk()
+    assert play(w, {"same": P}) == ["same"]
+    assert w.verdict().startswith("flaky:")
+    assert w.smallest() is None
+
+
+def test_one_tasks_data_stops_at_the_shares_then_shrinks_the_steps() -> None:
+    w = walk(bound=8)
+    asked = play(w, {"same": F, "tasks=1": F,
+                     "shares": {"worker:0": P, "worker:1": F},
+                     "share:worker:1+steps=3": F})
+    assert asked == ["same", "tasks=1", "shares", "share:worker:1+steps=3"]
+    assert w.verdict().startswith("fails on worker:1's share alone: that task's data")
+    assert w.smallest().variant.key == "share:worker:1+steps=3"
+
+
+def test_every_share_failing_asks_whether_it_passes_eagerly() -> None:
+    w = walk()
+    asked = play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": F, "worker:1": F},
+                     "share:worker:0+eager": P})
+    assert asked[-1] == "share:worker:0+eager"
+    assert w.verdict().startswith("passes eagerly: a difference in the traced function")
+    w = walk()
+    play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": F, "worker:1": F},
+             "share:worker:0+eager": F})
+    assert "also eagerly: a bug in the model or the input pipeline" in w.verdict()
+
+
+def test_passing_on_one_worker_is_a_distributed_bug_with_its_smallest_count() -> None:
+    w = walk(workers=4)
+    asked = play(w, {"same": F, "tasks=1": P, "tasks=2": P, "tasks=3": F, "mirrored": P,
+                     "tasks=3+eager": F})
+    assert asked == ["same", "tasks=1", "tasks=2", "tasks=3", "mirrored", "tasks=3+eager"]
+    assert w.verdict().startswith("needs 3 or more workers: a distributed bug (with 1 worker "
+                                  "it passes; the 4 replicas in one process pass"), w.verdict()
+    assert w.smallest().variant.key == "tasks=3"
+
+
+def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
+    answers = {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P}
+    assert "same+ring" not in play(walk(), answers)
+    w = walk(gpus=True)
+    assert play(w, answers)[-1] == "same+ring"
+    assert "passes with implementation=RING: the collective implementation AUTO" in w.verdict()
+
+
+def test_the_progress_count_is_the_longest_path_left() -> None:
+    w = walk(bound=8)
+    assert w.at_most() == 6  # same, 1 worker, shares, eager, mirrored, fewer steps
+    play(w, {"same": P})
+    assert w.at_most() == 1
+
+
+def test_a_hang_ended_by_the_collective_timeout_is_the_same_hang() -> None:
+    hang = Failure("hang", "worker:0 stalled", (), 60.0)
+    timed = TaskResult("worker:0", "error",
+                       error=RemoteError("DeadlineExceededError", "Collective timed out", []))
+    assert judge(hang, [timed], timed_out=False)[0] is F
+    assert judge(hang, [TaskResult("worker:0", "timeout")], timed_out=True)[0] is F
+    other = Failure("ValueError", "", (), 1.0)
+    assert judge(other, [TaskResult("worker:0", "timeout")], timed_out=True)[0] is \
+        Outcome.TIMEOUT
+    assert signature([TaskResult("worker:0", "aborted"),
+                      TaskResult("worker:1", "error", error=RemoteError("KeyError", "k", []))]) \
+        == ("KeyError", "KeyError: k")
+
+
+@pytest.mark.parametrize(("code", "value", "edited"), [
+    ("for step in range(100):\n    train()\n", 100, "for step in range(7):\n    train()\n"),
+    ("STEPS = 50\nfor i in range(STEPS):\n    pass\n", 50,
+     "STEPS = 50\nfor i in range(7):\n    pass\n"),
+    ("%time x = 1\nfor é in range(20): pass\n", 20, "%time x = 1\nfor é in range(7): pass\n"),
+    ("model.fit(ds, epochs=5, steps_per_epoch=30)\n", 5,
+     "model.fit(ds, epochs=7, steps_per_epoch=30)\n"),
+    ("model.fit(ds, steps_per_epoch=30)\n", 30, "model.fit(ds, steps_per_epoch=7)\n"),
+])
+def test_the_loop_bound_is_found_and_rewritten(code: str, value: int, edited: str) -> None:
+    bound = loop_bound(code)
+    assert bound is not None and bound.value == value
+    assert with_bound(code, bound, 7) == edited
+
+
+def test_no_bound_when_the_count_is_not_a_number_here() -> None:
+    assert loop_bound("for x in dataset:\n    pass\n") is None
+    assert loop_bound("for i in range(n_steps()):\n    pass\n") is None
+    assert loop_bound("for i in range(STEPS):\n    pass\n", ["STEPS = 12"]).value == 12
+
+
+def test_the_prelude_takes_its_settings_as_a_python_literal() -> None:
+    template = 'x = 1\nVARIANT = {"strategy": "multi_worker",\n  "as_task": None}\nrest()\n'
+    code = prelude_code(template, {"strategy": "local", "eager": True, "as_task": None})
+    assert code == ("x = 1\nVARIANT = {'strategy': 'local', 'eager': True, 'as_task': None}\n"
+                    "rest()\n")

@@ -1,0 +1,489 @@
+"""Which variant of a failing cell to run next, and what the outcomes say (docs/reference.md,
+Isolate; docs/shrink-and-isolate.md). Pure: no process is started here.
+
+The walk answers three questions in the order that answers them fastest, and stops when the
+answer is clear:
+
+1. Does the cell fail again, unchanged, in fresh kernels? If not, it is flaky.
+2. Does it fail on one task? If not, it needs several: a distributed bug (the smallest number of
+   workers it needs, and whether it also fails with the job's replicas in one process without
+   multi-worker collectives, eagerly, or with another collective implementation).
+3. If it does: on which task's share of the data (each task alone, without multi-worker
+   collectives), and does it fail eagerly (a traced-function bug if not)?
+
+At the end the smallest failing variant is run once more with fewer steps when the cell's loop
+bound can be found (``for step in range(N)``, ``epochs=N``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tfdist_nb.results import RunResult, TaskResult, TaskStatus
+from tfdist_nb.topology import ClusterSpec, TaskId
+
+#: The prelude's defaults (its VARIANT line: tfdist_nb/worker/isolate_prelude.py)
+PLAIN = {"strategy": "multi_worker", "devices": 1, "eager": False, "implementation": None,
+         "collective_timeout_s": None, "as_task": None}
+#: What a variant's collective timeout raises (its prelude sets one)
+COLLECTIVE_TIMEOUT = "DeadlineExceededError"
+HANG = "hang"  # the signature of a run that ended stalled, timed out or released from a hang
+
+
+class Outcome(str, enum.Enum):
+    """How a variant ended, against the failure being isolated."""
+
+    FAILS = "fails"  # the same way as the cell did (same exception type, or a hang again)
+    PASSES = "passes"
+    OTHER = "fails differently"
+    SETUP = "set-up failed"  # a cell before the failing one failed: no answer
+    TIMEOUT = "out of time"  # the variant's time ran out before it ended
+    NO_START = "did not start"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def verb(self) -> str:
+        """The outcome in a sentence: "with 1 worker it <verb>"."""
+        return {Outcome.FAILS: "fails the same way", Outcome.PASSES: "passes",
+                Outcome.OTHER: "fails differently", Outcome.SETUP: "fails in a set-up cell",
+                Outcome.TIMEOUT: "runs out of time", Outcome.NO_START: "does not start",
+                Outcome.INTERRUPTED: "was interrupted"}[self]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to run the cells again. ``shares``: every task runs alone (no multi-worker
+    collectives), each judged on its own; ``as_task``: a one-task variant taking that task's
+    identity (its share) when exported."""
+
+    key: str
+    title: str
+    spec: ClusterSpec
+    prelude: dict[str, Any] = field(default_factory=lambda: dict(PLAIN))
+    steps: int | None = None  # the failing cell's loop bound, rewritten
+    shares: bool = False
+    as_task: str | None = None
+
+    @property
+    def tasks(self) -> int:
+        return len(self.spec.tasks)
+
+
+@dataclass
+class Row:
+    """One line of the report's table: a variant (or one task of ``shares``) and its outcome."""
+
+    variant: Variant
+    outcome: Outcome
+    seconds: float
+    error: str = ""  # the first error line, or why there is no answer
+    task: str | None = None  # the task a ``shares`` row is about
+    run_dir: str | None = None
+    steps_done: int | None = None  # steps the failing task completed in the failing cell
+
+    @property
+    def title(self) -> str:
+        return f"{self.task}'s share alone" if self.task else self.variant.title
+
+    @property
+    def tasks(self) -> int:
+        return 1 if self.task else self.variant.tasks
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The failure being isolated: its signature (the first failing task's exception type, or
+    ``hang``), the first error line, which tasks failed, and how long the cell ran."""
+
+    signature: str
+    first_line: str
+    tasks: tuple[str, ...]
+    seconds: float
+    steps_done: int | None = None
+
+
+def signature(tasks: Iterable[TaskResult]) -> tuple[str, str]:
+    """How a run failed, comparable across variants: the exception type of the first task that
+    raised (a named hang's culprit raised), ``crashed``, ``hang``, or ``ok``; and its first line."""
+    results = list(tasks)
+    for r in results:
+        if r.status is TaskStatus.ERROR and r.error is not None:
+            return r.error.ename, r.error.short(200)
+    for r in results:
+        if r.status is TaskStatus.CRASHED:
+            return "crashed", f"{r.task} crashed"
+    for r in results:
+        if r.status in (TaskStatus.STALLED, TaskStatus.TIMEOUT, TaskStatus.ABORTED):
+            return HANG, f"{r.task} {r.status}"
+    for r in results:
+        if r.status is TaskStatus.INTERRUPTED:
+            return "interrupted", f"{r.task} interrupted"
+    return "ok", ""
+
+
+def failure_of(result: RunResult, steps_done: int | None = None) -> Failure:
+    sig, line = signature(result.tasks.values())
+    return Failure(sig, line, tuple(r.task for r in result.failed),
+                   max((r.duration_s for r in result.tasks.values()), default=0.0), steps_done)
+
+
+def judge(failure: Failure, tasks: Iterable[TaskResult], timed_out: bool) -> tuple[Outcome, str]:
+    """A variant's outcome against ``failure``. A variant stopped by its own time limit fails
+    the same way only when the failure was a hang."""
+    sig, line = signature(tasks)
+    if sig == "ok":
+        return Outcome.PASSES, ""
+    if sig == "interrupted":
+        return Outcome.INTERRUPTED, line
+    if sig == HANG and timed_out and failure.signature != HANG:
+        return Outcome.TIMEOUT, line
+    if {sig, failure.signature} == {HANG, COLLECTIVE_TIMEOUT}:
+        return Outcome.FAILS, line  # a hang, ended by the variant's collective timeout
+    return (Outcome.FAILS if sig == failure.signature else Outcome.OTHER), line
+
+
+# ---------------------------------------------------------------------------- the variants
+def sized(spec: ClusterSpec, tasks: int) -> ClusterSpec:
+    """``spec`` with ``tasks`` tasks: the chief stays, workers go."""
+    return ClusterSpec(workers=tasks - spec.chief, chief=spec.chief)
+
+
+def count_title(spec: ClusterSpec, tasks: int) -> str:
+    if spec.chief:
+        return f"{tasks} task{'s' if tasks > 1 else ''} (chief and {tasks - 1} worker(s))"
+    return f"{tasks} worker{'s' if tasks > 1 else ''}"
+
+
+def same(spec: ClusterSpec) -> Variant:
+    return Variant("same", f"{spec} as run", spec)
+
+
+def fewer(spec: ClusterSpec, tasks: int) -> Variant:
+    return Variant(f"tasks={tasks}", count_title(spec, tasks), sized(spec, tasks))
+
+
+def shares(spec: ClusterSpec) -> Variant:
+    return Variant("shares", "each task's share alone (MirroredStrategy, no multi-worker "
+                   "collectives)", spec, {**PLAIN, "strategy": "local"}, shares=True)
+
+
+def share_alone(spec: ClusterSpec, task: str) -> Variant:
+    """One task taking ``task``'s identity and share, alone (what ``shares`` ran for it)."""
+    tid = TaskId.parse(task)
+    layout = {role: [f"localhost:{20000 + i}" for i in range(n)]
+              for role, n in (("chief", spec.chief), ("worker", spec.workers)) if n}
+    return Variant(f"share:{task}", f"{task}'s share alone", ClusterSpec(workers=1),
+                   {**PLAIN, "strategy": "local", "as_task": [tid.role, tid.index, layout]},
+                   as_task=task)
+
+
+def mirrored(spec: ClusterSpec) -> Variant:
+    n = len(spec.tasks)
+    return Variant("mirrored", f"1 task, MirroredStrategy on {n} CPU devices (the job's "
+                   f"{n} replicas in one process, all the data)", ClusterSpec(workers=1),
+                   {**PLAIN, "strategy": "mirrored", "devices": n})
+
+
+def eager(of: Variant) -> Variant:
+    return replace(of, key=f"{of.key}+eager", title=f"{of.title}, functions run eagerly",
+                   prelude={**of.prelude, "eager": True})
+
+
+def implementation(of: Variant, name: str) -> Variant:
+    return replace(of, key=f"{of.key}+{name}",
+                   title=f"{of.title}, collectives with implementation={name.upper()}",
+                   prelude={**of.prelude, "implementation": name})
+
+
+def fewer_steps(of: Variant, steps: int) -> Variant:
+    return replace(of, key=f"{of.key}+steps={steps}", title=f"{of.title}, {steps} step(s)",
+                   steps=steps)
+
+
+# ---------------------------------------------------------------------------- the walk
+@dataclass
+class Walk:
+    """The variants to run, one at a time: ``next()`` says which (None: done), ``record()`` takes
+    its rows, ``verdict`` says what they show. ``gpus``: the tasks have GPUs (NCCL is an
+    alternative implementation; on CPUs AUTO is RING and there is none)."""
+
+    spec: ClusterSpec
+    failure: Failure
+    bound: int | None = None  # the failing cell's loop bound, when found
+    bound_counts_steps: bool = True  # False: epochs, which tw.steps_done() does not count
+    gpus: bool = False
+    implementation_used: str | None = None
+    rows: list[Row] = field(default_factory=list)
+    stopped: str | None = None  # why the walk ended early (budget, interrupt)
+    _done: dict[str, list[Row]] = field(default_factory=dict)
+
+    # ---- state
+    def outcome(self, key: str) -> Outcome | None:
+        rows = self._done.get(key)
+        if not rows:
+            return None
+        return Outcome.FAILS if any(r.outcome is Outcome.FAILS for r in rows) else rows[0].outcome
+
+    def record(self, rows: list[Row]) -> None:
+        self.rows.extend(rows)
+        self._done[rows[0].variant.key] = rows
+        if any(r.outcome is Outcome.INTERRUPTED for r in rows):
+            self.stopped = "interrupted"
+
+    @property
+    def tasks(self) -> int:
+        return len(self.spec.tasks)
+
+    @property
+    def variants_run(self) -> int:
+        return len(self._done)
+
+    def needs(self) -> int | None:
+        """The fewest tasks with which it fails (counts tried from 1 up), if known."""
+        for n in range(1, self.tasks + 1):
+            got = self.outcome("same" if n == self.tasks else f"tasks={n}")
+            if got is Outcome.FAILS:
+                return n
+            if got is None:
+                return None
+        return None
+
+    def failing_shares(self) -> list[Row]:
+        return [r for r in self._done.get("shares", []) if r.outcome is Outcome.FAILS]
+
+    # ---- what to run
+    def next(self) -> Variant | None:
+        if self.stopped:
+            return None
+        for variant in self._path():
+            if variant is None:
+                return None
+            if variant.key not in self._done:
+                return variant
+        return None
+
+    def at_most(self) -> int:
+        """Variants this walk runs at most, those run included (for the progress line): the
+        longest path over every outcome the variants still to run could have."""
+        variant = self.next()
+        if variant is None:
+            return len(self._done)
+        longest = 0
+        for rows in _hypotheses(variant):
+            branch = replace(self, rows=list(self.rows), stopped=None, _done=dict(self._done))
+            branch.record(rows)
+            longest = max(longest, branch.at_most())
+        return longest
+
+    def _path(self) -> Iterable[Variant | None]:
+        """The variants in the order they answer, given what is known; None ends the walk."""
+        spec = self.spec
+        yield same(spec)
+        if self.outcome("same") is not Outcome.FAILS:
+            yield None
+            return
+        if self.tasks > 1:
+            yield fewer(spec, 1)
+            if self.outcome("tasks=1") is Outcome.FAILS:
+                yield from self._on_one_task()
+            else:
+                yield from self._distributed()
+        else:
+            yield eager(same(spec))
+        yield from self._shorter()
+
+    def _on_one_task(self) -> Iterable[Variant | None]:
+        spec = self.spec
+        yield shares(spec)
+        shared = self._done["shares"]
+        failing = self.failing_shares()
+        if failing and len(failing) < len(shared):
+            return  # one task's share: the answer
+        if failing:  # every share fails: is it the traced function?
+            yield eager(share_alone(spec, str(failing[0].task)))
+            return
+        yield eager(fewer(spec, 1))  # no share alone fails: the traced function,
+        if self.outcome(eager(fewer(spec, 1)).key) is not Outcome.PASSES:
+            yield mirrored(spec)  # the data as a whole, or the strategy
+
+    def _distributed(self) -> Iterable[Variant | None]:
+        spec = self.spec
+        for n in range(2, self.tasks):
+            yield fewer(spec, n)
+            if self.outcome(f"tasks={n}") is Outcome.FAILS:
+                break
+        needs = self.needs() or self.tasks
+        at = same(spec) if needs == self.tasks else fewer(spec, needs)
+        yield mirrored(spec)
+        if self.outcome("mirrored") is Outcome.FAILS:
+            return
+        yield eager(at)
+        if self.outcome(eager(at).key) is Outcome.PASSES:
+            return
+        other = self._other_implementation()
+        if other is not None:
+            yield implementation(at, other)
+
+    def _other_implementation(self) -> str | None:
+        if not self.gpus:
+            return None  # on CPUs AUTO is RING and NCCL needs GPUs: there is no other
+        return "ring" if (self.implementation_used or "auto") in ("auto", "nccl") else "nccl"
+
+    def _shorter(self) -> Iterable[Variant | None]:
+        smallest = self.smallest()
+        if smallest is None or self.bound is None or smallest.variant.steps is not None:
+            return
+        steps = self.shorter_bound(smallest)
+        if steps is not None:
+            yield fewer_steps(self.exportable(smallest), steps)
+
+    def shorter_bound(self, row: Row) -> int | None:
+        """The loop bound to try: the steps the failing task entered (``tw.step()`` counts the
+        step that raised), when known and fewer than the bound; half the bound otherwise."""
+        assert self.bound is not None
+        done = row.steps_done if row.steps_done is not None else self.failure.steps_done
+        if done is not None and self.bound_counts_steps and 1 <= done < self.bound:
+            return done
+        return self.bound // 2 if self.bound >= 2 else None
+
+    # ---- what it shows
+    def smallest(self) -> Row | None:
+        """The failing row with the fewest tasks, then the least data (a share), then the
+        fewest steps, then the earliest."""
+        failing = [r for r in self.rows if r.outcome is Outcome.FAILS]
+        if not failing:
+            return None
+
+        def size(r: Row) -> tuple[int, int, int]:
+            alone = r.task is not None or r.variant.as_task is not None
+            return (r.tasks, 0 if alone else 1, r.variant.steps or 1 << 30)
+        return min(failing, key=size)
+
+    def exportable(self, row: Row) -> Variant:
+        """The variant that reruns ``row`` alone: a share row becomes that task alone."""
+        if row.task is not None:
+            return share_alone(self.spec, row.task)
+        return row.variant
+
+    def verdict(self) -> str:
+        return Verdict(self).sentence()
+
+
+def _hypotheses(variant: Variant) -> list[list[Row]]:
+    """The outcomes a variant could have, for the progress line's count: fails or passes (for
+    ``shares``: every task, no task, or one task fails)."""
+    if not variant.shares:
+        return [[Row(variant, o, 0.0)] for o in (Outcome.FAILS, Outcome.PASSES)]
+    tasks = [str(t) for t in variant.spec.tasks]
+    return [[Row(variant, pick(i), 0.0, task=t) for i, t in enumerate(tasks)]
+            for pick in (lambda i: Outcome.FAILS, lambda i: Outcome.PASSES,
+                         lambda i: Outcome.FAILS if i == len(tasks) - 1 else Outcome.PASSES)]
+
+
+class Verdict:
+    """The one sentence a walk's outcomes support, with the evidence in brackets."""
+
+    def __init__(self, walk: Walk) -> None:
+        self.walk = walk
+
+    def sentence(self) -> str:
+        w = self.walk
+        said = self._headline()
+        if w.stopped and w.stopped != "done":
+            said += f" ({w.stopped} after {len(w._done)} variant(s))"
+        return said
+
+    def _headline(self) -> str:
+        w, got = self.walk, self.walk.outcome
+        first = got("same")
+        if first is None:
+            return "no answer: no variant ran"
+        if first is Outcome.PASSES:
+            return ("flaky: it failed in your run and passed when re-run unchanged in fresh "
+                    "kernels")
+        if first is not Outcome.FAILS:
+            return (f"not reproduced: re-run unchanged in fresh kernels it {first.verb} "
+                    f"({self._line('same')}); isolate needs a failure that repeats")
+        if w.tasks == 1:
+            return self._eagerly(eager(same(w.spec)).key, "1 worker")
+        if got("tasks=1") is None:
+            return f"fails again with {w.spec}; {self._unknown()}"
+        if got("tasks=1") is not Outcome.FAILS:
+            return self._distributed()
+        return self._one_task()
+
+    def _distributed(self) -> str:
+        w, got = self.walk, self.walk.outcome
+        needs = w.needs() or w.tasks
+        one = got("tasks=1") or Outcome.PASSES  # only called once it ran
+        with_one = "passes" if one is Outcome.PASSES else f"{one.verb} ({self._line('tasks=1')})"
+        head = f"needs {needs} or more workers: a distributed bug (with 1 worker it {with_one}"
+        if got("mirrored") is Outcome.FAILS:
+            return (f"needs {w.tasks} replicas, also in one process without multi-worker "
+                    f"collectives: the per-replica code (how the batch is split, code run in "
+                    f"the replica context) (with 1 worker it {with_one}; MirroredStrategy on "
+                    f"{w.tasks} CPU devices fails the same way)")
+        if got("mirrored") is Outcome.PASSES:
+            head += f"; the {w.tasks} replicas in one process pass: it is in how the tasks work "\
+                    "together"
+        at = same(w.spec) if needs == w.tasks else fewer(w.spec, needs)
+        if got(eager(at).key) is Outcome.PASSES:
+            return (f"needs {needs} or more workers and passes eagerly: the tasks trace "
+                    f"different functions or collectives (with 1 worker it {with_one})")
+        other = w._other_implementation()
+        if other and got(implementation(at, other).key) is Outcome.PASSES:
+            return (f"needs {needs} or more workers and passes with implementation="
+                    f"{other.upper()}: the collective implementation "
+                    f"{(w.implementation_used or 'auto').upper()} (with 1 worker it {with_one})")
+        return head + ")"
+
+    def _one_task(self) -> str:
+        w, got = self.walk, self.walk.outcome
+        shared = w._done.get("shares")
+        if shared is None:
+            return f"fails with 1 worker too: not a distributed bug; {self._unknown()}"
+        failing = w.failing_shares()
+        if failing and len(failing) < len(shared):
+            names = ", ".join(f"{r.task}'s" for r in failing)
+            others = "; ".join(f"{r.task}'s {r.outcome}" + (f" ({r.error})" if r.error and
+                                                              r.outcome is not Outcome.PASSES
+                                                              else "")
+                               for r in shared if r.outcome is not Outcome.FAILS)
+            return (f"fails on {names} share alone: that task's data (or its own code path); "
+                    f"alone, {others}")
+        if failing:
+            alone = eager(share_alone(w.spec, str(failing[0].task))).key
+            return self._eagerly(alone, "each task's share alone")
+        if got(eager(fewer(w.spec, 1)).key) is Outcome.PASSES:
+            return self._eagerly(eager(fewer(w.spec, 1)).key, "1 worker")
+        if got("mirrored") is Outcome.FAILS:
+            return ("fails on one task with MirroredStrategy and all the data, but on no task's "
+                    "share alone: the data as a whole (an element no single share holds in "
+                    "that order, or more steps than a share has)")
+        return ("fails with MultiWorkerMirroredStrategy even on 1 worker, not with "
+                "MirroredStrategy: the multi-worker strategy's own code path")
+
+    def _eagerly(self, key: str, where: str) -> str:
+        got = self.walk.outcome(key)
+        if got is Outcome.PASSES:
+            return (f"passes eagerly: a difference in the traced function (fails on {where} as "
+                    "a tf.function, passes with tf.config.run_functions_eagerly(True))")
+        if got is Outcome.FAILS:
+            return (f"fails on {where} without multi-worker collectives, also eagerly: a bug in "
+                    "the model or the input pipeline, not in distribution")
+        if got is None:
+            return f"fails on {where}; {self._unknown()}"
+        return f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
+
+    def _line(self, key: str) -> str:
+        rows = self.walk._done.get(key, [])
+        return next((r.error for r in rows if r.error), "no error line")
+
+    def _unknown(self) -> str:
+        return "the next variant did not run"
