@@ -1,4 +1,4 @@
-"""The ten teaching notebooks run as a workshop runs them ("Run All", nbclient without
+"""The eleven teaching notebooks run as a workshop runs them ("Run All", nbclient without
 ``allow_errors``: only cells tagged ``raises-exception`` may fail, and they must), each within the
 3 minutes a notebook may take on 2 cores, and show what their text promises."""
 
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.cluster
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NOTEBOOKS = ["01_quickstart", "02_tf_config_errors", "03_environment_mismatch",
              "04_data_sharding", "05_input_pipeline", "06_deadlock_stall", "07_straggler",
-             "08_nan_and_divergence", "09_crash_oom_recovery", "10_parameter_server"]
+             "08_nan_and_divergence", "09_crash_oom_recovery", "10_parameter_server",
+             "11_isolate"]
 LIMIT_S = 180  # a notebook's hard limit on 2 cores (issue 12); pytest-timeout enforces it
 
 
@@ -66,8 +67,8 @@ def row(cell: object, task: str) -> str:
     return rows[0]
 
 
-def test_the_ten_notebooks_are_there_and_runnable_as_shipped() -> None:
-    """Numbered 01-10, no stored outputs, a Python 3 kernel, and every failing cell tagged."""
+def test_the_eleven_notebooks_are_there_and_runnable_as_shipped() -> None:
+    """Numbered 01-11, no stored outputs, a Python 3 kernel, and every failing cell tagged."""
     assert sorted(p.stem for p in EXAMPLES.glob("*.ipynb")) == NOTEBOOKS
     for name in NOTEBOOKS:
         nb = nbformat.read(EXAMPLES / f"{name}.ipynb", as_version=4)
@@ -348,3 +349,25 @@ def test_10_parameter_server(tmp_path: Path) -> None:
     assert "[chief:0] round 10: loss" in lost  # every round completed without worker:1
     assert "restarted worker:1" in nb.text("%tfdist_restart --on worker:1")
     assert "[chief:0] round 4: loss" in nb.text("train(4)")
+
+
+@pytest.mark.timeout(LIMIT_S)
+def test_11_isolate(tmp_path: Path) -> None:
+    """The three planted bugs get their verdicts, each from the variants that support it."""
+    nb = run("11_isolate", tmp_path)
+    data, function, collective = (c for c in nb.cells if "%tfdist_isolate" in c.source)
+    said = cell_text(data)
+    assert "tfdist_nb: isolate: variant 1 of at most" in said
+    assert "tfdist_nb: fails on worker:1's share alone: that task's data" in said
+    assert "worker:0's passes" in said
+    assert "the smallest failing variant (worker:1's share alone, 4 step(s)) is in" in said
+    assert (tmp_path / "repro-data" / "launch.sh").exists()
+    assert ("tfdist_nb: passes eagerly: a difference in the traced function"
+            in cell_text(function))
+    said = cell_text(collective)
+    assert "tfdist_nb: needs 2 or more workers: a distributed bug (with 1 worker it passes; " \
+           "the 2 replicas in one process pass" in said
+    for cell in (data, function, collective):  # the report shows its table
+        assert "<table" in cell_html(cell) and "first error line" in cell_html(cell)
+    for bug in (nb.find("x == 14"), nb.find("v.numpy()"), nb.find("tf.ones([n])")):
+        assert raised(bug)

@@ -83,6 +83,19 @@ def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
     assert "passes with implementation=RING: the collective implementation AUTO" in w.verdict()
 
 
+def test_epochs_are_halved_not_set_to_the_steps_done() -> None:
+    """tw.steps_done() counts batches; an ``epochs=`` bound is halved instead."""
+    w = walk(bound=6)
+    w.bound_counts_steps = False
+    asked = play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": P, "worker:1": F},
+                     "share:worker:1+steps=3": F})
+    assert asked[-1] == "share:worker:1+steps=3"  # 6 // 2, not the 3 steps done (by chance)
+    w = walk(bound=10)
+    w.bound_counts_steps = False
+    assert play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": P, "worker:1": F},
+                    "share:worker:1+steps=5": F})[-1] == "share:worker:1+steps=5"
+
+
 def test_the_progress_count_is_the_longest_path_left() -> None:
     w = walk(bound=8)
     assert w.at_most() == 6  # same, 1 worker, shares, eager, mirrored, fewer steps

@@ -5,8 +5,8 @@ The walk answers three questions in the order that answers them fastest, and sto
 answer is clear:
 
 1. Does the cell fail again, unchanged, in fresh kernels? If not, it is flaky.
-2. Does it fail on one task? If not, it needs several: a distributed bug (the smallest number of
-   workers it needs, and whether it also fails with the job's replicas in one process without
+2. Does it fail on one task? If not, it needs several: a distributed bug (the fewest workers it
+   needs, by bisection, and whether it also fails with the job's replicas in one process without
    multi-worker collectives, eagerly, or with another collective implementation).
 3. If it does: on which task's share of the data (each task alone, without multi-worker
    collectives), and does it fail eagerly (a traced-function bug if not)?
@@ -245,14 +245,10 @@ class Walk:
         return len(self._done)
 
     def needs(self) -> int | None:
-        """The fewest tasks with which it fails (counts tried from 1 up), if known."""
-        for n in range(1, self.tasks + 1):
-            got = self.outcome("same" if n == self.tasks else f"tasks={n}")
-            if got is Outcome.FAILS:
-                return n
-            if got is None:
-                return None
-        return None
+        """The fewest tasks with which it was seen to fail, if any."""
+        failing = [n for n in range(1, self.tasks + 1)
+                   if self.outcome("same" if n == self.tasks else f"tasks={n}") is Outcome.FAILS]
+        return min(failing) if failing else None
 
     def failing_shares(self) -> list[Row]:
         return [r for r in self._done.get("shares", []) if r.outcome is Outcome.FAILS]
@@ -314,12 +310,15 @@ class Walk:
 
     def _distributed(self) -> Iterable[Variant | None]:
         spec = self.spec
-        for n in range(2, self.tasks):
-            yield fewer(spec, n)
-            if self.outcome(f"tasks={n}") is Outcome.FAILS:
-                break
-        needs = self.needs() or self.tasks
-        at = same(spec) if needs == self.tasks else fewer(spec, needs)
+        passes, fails = 1, self.tasks  # bisect: the fewest workers it fails with
+        while fails - passes > 1:
+            middle = (passes + fails) // 2
+            yield fewer(spec, middle)
+            if self.outcome(f"tasks={middle}") is Outcome.FAILS:
+                fails = middle
+            else:
+                passes = middle
+        at = same(spec) if fails == self.tasks else fewer(spec, fails)
         yield mirrored(spec)
         if self.outcome("mirrored") is Outcome.FAILS:
             return

@@ -237,7 +237,7 @@ class DiagnoseMagics(Magics):
             %tfdist_isolate --cell 4 --budget-s 120 --export repro/
         """
         args = parse_line(self.tfdist_isolate, line)
-        cluster = require()
+        cluster = require_any()  # a stopped cluster's failing cells can be isolated too
         report = cluster.isolate(cell=args.cell, budget_s=args.budget_s,
                                  on_progress=lambda text: print(f"tfdist_nb: {text}",
                                                                 flush=True))
