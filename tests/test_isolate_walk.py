@@ -77,10 +77,14 @@ def test_passing_on_one_worker_is_a_distributed_bug_with_its_smallest_count() ->
 
 def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
     answers = {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P}
-    assert "same+ring" not in play(walk(), answers)
+    w = walk()
+    assert "same+ring" not in play(w, answers)
+    assert w.not_tried() == ["another collective implementation was not tried: on CPUs AUTO "
+                             "is RING, and NCCL needs GPUs"]
     w = walk(gpus=True)
     assert play(w, answers)[-1] == "same+ring"
     assert "passes with implementation=RING: the collective implementation AUTO" in w.verdict()
+    assert w.not_tried() == []
 
 
 def test_epochs_are_halved_not_set_to_the_steps_done() -> None:

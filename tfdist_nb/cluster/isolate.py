@@ -88,6 +88,7 @@ class IsolateReport:
     seconds: float
     budget_s: float
     setup_cells: list[int]
+    notes: list[str] = field(default_factory=list)  # variants not tried, and why
     _ran: dict[str, Ran] = field(default_factory=dict, repr=False)
     _export: Callable[[Ran, str | os.PathLike[str], bool], Path] | None = field(
         default=None, repr=False)
@@ -115,6 +116,7 @@ class IsolateReport:
         for r in self.rows:
             why = f": {r.error}" if r.error else ""
             lines.append(f"  {r.title}: {r.outcome} in {r.seconds:.1f}s{why}")
+        lines.extend(f"  ({note})" for note in self.notes)
         lines.append(f"{len(self.rows)} row(s) in {self.seconds:.0f}s of a {self.budget_s:.0f}s "
                      "budget")
         return "\n".join(lines)
@@ -125,8 +127,9 @@ class IsolateReport:
     def _repr_html_(self) -> str:
         smallest = (f"<p>smallest failing: {html.escape(self.smallest.title)}</p>"
                     if self.smallest else "")
+        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
         return (f"<p><b>isolate cell {self.cell}:</b> {html.escape(self.verdict)}</p>{smallest}"
-                + self.table.drop(columns=["run_dir"]).to_html(index=False))
+                + self.table.drop(columns=["run_dir"]).to_html(index=False) + notes)
 
 
 def _export_key(row: Row) -> str:
@@ -225,7 +228,8 @@ class Isolation:
             cell=self.cell, failure=self.failure, rows=list(self.walk.rows),
             verdict=self.walk.verdict(), smallest=self.walk.smallest(),
             seconds=time.monotonic() - started, budget_s=self.budget_s,
-            setup_cells=[c["cell"] for c in self.setup], _ran=dict(self.ran),
+            setup_cells=[c["cell"] for c in self.setup], notes=self.walk.not_tried(),
+            _ran=dict(self.ran),
             _export=self._write_export)
 
     def _run_variant(self, variant: Variant, deadline: float) -> list[Row]:
@@ -354,10 +358,12 @@ class Isolation:
             code = with_bound(code, self.bound, variant.steps)
         cells: list[dict[str, Any]] = [{"cell": 0, "time": 0.0, "targets": None,
                   "code": prelude_code(self.template, prelude)}]
-        for rec in [*self.setup, {"cell": self.cell, "code": code,
-                                  "targets": self._failing_targets()}]:
+        failing = {"cell": self.cell, "code": code, "targets": self._failing_targets()}
+        for rec in [*self.setup, failing]:
             targets = self._targets_for(variant, rec.get("targets"))
-            if targets is False:
+            if targets is False and rec is failing:
+                targets = None  # its tasks are not in this variant: it runs on every task
+            elif targets is False:
                 continue
             cells.append({"cell": rec["cell"], "time": 0.0, "targets": targets,
                           "code": rec["code"]})

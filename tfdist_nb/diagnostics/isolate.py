@@ -329,6 +329,14 @@ class Walk:
         if other is not None:
             yield implementation(at, other)
 
+    def not_tried(self) -> list[str]:
+        """Variants the walk would have run here but cannot, and why (said in the report)."""
+        distributed = self.tasks > 1 and self.outcome("tasks=1") not in (None, Outcome.FAILS)
+        if distributed and not self.gpus and self.outcome("mirrored") is not Outcome.FAILS:
+            return ["another collective implementation was not tried: on CPUs AUTO is RING, "
+                    "and NCCL needs GPUs"]
+        return []
+
     def _other_implementation(self) -> str | None:
         if not self.gpus:
             return None  # on CPUs AUTO is RING and NCCL needs GPUs: there is no other
