@@ -131,6 +131,8 @@ BAD_NUMBERS = [
     ("tfdist_inject", "straggler --seconds nan", "'nan': must be a finite number above 0"),
     ("tfdist_profile", "--duration-ms 0", "'0': must be a finite number at least 1"),
     ("tfdist_collectives", "--last many", "'many' is not a number"),
+    ("tfdist_isolate", "--budget-s inf", "'inf': must be a finite number above 0"),
+    ("tfdist_isolate", "--cell 0", "'0': must be a finite number at least 1"),
 ]
 
 

@@ -5,12 +5,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from tfdist_nb.errors import SpecError
 from tfdist_nb.magics.common import (
     NOT_NEGATIVE,
     NOT_NEGATIVE_N,
@@ -210,7 +212,6 @@ class DiagnoseMagics(Magics):
         print(f"tfdist_nb: wrote {path} (secrets redacted) with train.py and launch.sh beside "
               "it: paste the report into an issue")
 
-
     @magic_arguments()
     @argument("--cell", type=POSITIVE_N, default=None, metavar="N",
               help="the failing cell to isolate, by its number in this cluster's run "
@@ -243,7 +244,12 @@ class DiagnoseMagics(Magics):
                                                                 flush=True))
         print(f"tfdist_nb: {report.verdict}", flush=True)
         if args.export and report.smallest is not None:
-            out = report.export(args.export)
+            try:  # the walk's report is kept whatever the directory says
+                out = report.export(args.export)
+            except SpecError as exc:
+                print(f"tfdist_nb: not exported: {exc}; report.export(DIR) writes it "
+                      "elsewhere", file=sys.stderr, flush=True)
+                return report
             print(f"tfdist_nb: the smallest failing variant ({report.smallest.title}) is in "
                   f"{out}: bash {out / 'launch.sh'}", flush=True)
         elif args.export:
