@@ -149,8 +149,8 @@ def _stats_html(view: TaskView) -> str:
         return "-" if value is None else f"{value:.{digits}f}{unit}"
 
     # the host's interfaces unless the task has a network namespace of its own
-    net = {"task-netns": "net", "cluster-netns": "cluster net"}.get(latest.get("net_scope"),
-                                                                   "host net")
+    net = {"task-netns": "net", "cluster-netns": "cluster net"}.get(
+        latest.get("net_scope") or "", "host net")
     gpu = ("no GPU" if not latest.get("gpus") else
            f"GPU {fmt(latest.get('gpu_util_percent'), '%')} "
            f"{fmt(latest.get('gpu_mem_mb'), ' MB')}")

@@ -165,7 +165,7 @@ class ClusterIndex:
                     self.log.exception("tfdist: polling cluster %s failed", cid)
         return out
 
-    def _delivered(self, done: Future) -> None:
+    def _delivered(self, done: Future[Any] | asyncio.Future[Any]) -> None:
         self._ticking = False
         try:
             found = done.result()
@@ -204,12 +204,12 @@ class ClusterHandler(APIHandler):
         self.finish(json.dumps(detail, default=str))
 
 
-class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):  # type: ignore[misc]
+class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     auth_resource = AUTH_RESOURCE
     watch: ClusterWatch | None = None
 
     @ws_authenticated
-    async def get(self, cluster_id: str) -> None:  # type: ignore[override]
+    async def get(self, cluster_id: str) -> None:
         user = self.current_user
         allowed = await ensure_async(self.authorizer.is_authorized(self, user, "read",
                                                                    AUTH_RESOURCE))
@@ -221,7 +221,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):  # type: 
             raise web.HTTPError(404, f"no cluster {cluster_id!r} in the run directories")
         await super().get(cluster_id)
 
-    async def open(self, cluster_id: str) -> None:  # type: ignore[override]
+    async def open(self, cluster_id: str) -> None:
         super().open()
         index, watch = _index(self), self.watch
         assert watch is not None

@@ -119,7 +119,8 @@ class ClusterWatch:
             events.append(ev)
             if ev["stream"] != "note":
                 self._task(ev["task"]).last_output = ev["time"]
-        samples, lateness = [], []
+        samples: list[dict[str, Any]] = []
+        lateness: list[Any] = []
         for rec in self.telemetry.read_new():
             sample = self._fold_sample(rec, lateness)
             if sample is not None:

@@ -91,7 +91,7 @@ NOT_NEGATIVE_N = number(int, 0, inclusive=True)
 
 
 def on_option(fn: F) -> F:
-    return argument("--on", metavar="TASKS", default=None,  # type: ignore[no-any-return]
+    return argument("--on", metavar="TASKS", default=None,
                     help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
 
 

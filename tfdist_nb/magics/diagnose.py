@@ -105,9 +105,10 @@ class DiagnoseMagics(Magics):
                             f"{'dist_dataset' if args.kind == 'sharding' else 'model'}")
         elif expr is not None and args.kind != "tfconfig":
             raise usage(f"the {args.kind} check takes no argument", example)
+        names: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
         if (expr is not None and args.kind == "tfconfig" and expr.isidentifier()
-                and expr in self.shell.user_ns):
-            expr = self.shell.user_ns[expr]
+                and expr in names):
+            expr = names[expr]
         cluster = current()
         if cluster is None:
             if args.kind == "tfconfig" and expr is not None:

@@ -12,6 +12,7 @@ import enum
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
@@ -136,48 +137,105 @@ class PlanAction(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Running:
+    """What the plan needs to know of the cluster the magics drive now."""
+
+    spec: ClusterSpec
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    launcher: str = "local"
+    hosts: list[str] | None = None
+    launcher_options: dict[str, Any] = field(default_factory=dict)
+    sbatch: list[str] | None = None
+    restartable: bool = True
+    warm: int = 0  # its spare kernels
+
+
+@dataclass(frozen=True)
+class NewCluster:
+    """The ``Cluster(...)`` a START or REPLACE makes: the line's settings, and on a resize what
+    the line does not change carried over from the running cluster."""
+
+    spec: ClusterSpec
+    launcher: str = "local"
+    hosts: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+    stall_timeout: float = 60.0
+    launcher_options: dict[str, Any] | None = None
+    warm: bool | None = None  # None: the default (spares for the local launcher)
+
+
+@dataclass(frozen=True)
 class Plan:
     action: PlanAction
     spec: ClusterSpec
     message: str | None = None
+    new: NewCluster | None = None  # START and REPLACE: the cluster to make
+    set_warm: bool | None = None  # REUSE and RESTART: --warm / --no-warm for the running one
 
 
-def plan(request: ClusterRequest, current_spec: ClusterSpec | None,
-         current_env: dict[str, str] | None = None, current_python: str | None = None,
-         current_place: tuple[str, list[str] | None] | None = None,
-         current_sbatch: list[str] | None = None) -> Plan:
-    """What the line asks of the cluster that exists now (``current_spec`` None: there is none).
+def plan(request: ClusterRequest, running: Running | None) -> Plan:
+    """What the line asks of the cluster that runs now (``running`` None: there is none).
 
-    A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env`` or
-    ``--python`` needs fresh kernels too (the environment is fixed at launch).
+    A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env``,
+    ``--python``, launcher, ``--hosts`` or ``--sbatch`` needs fresh kernels too (fixed at
+    launch); ``--restart`` restarts the tasks in place, or replaces the cluster when its
+    launcher cannot restart them (attach, slurm). A replacement keeps what the line does not
+    change, and its spares when the running cluster has them (docs/reference.md, Magics).
     """
-    if current_spec is None:
+    if running is None:
         if request.spec is None:
             raise SpecError(f"no cluster is running and no SPEC was given; example: "
                             f"{SPEC_EXAMPLE}")
         _check_targets(request, request.spec)
-        return Plan(PlanAction.START, request.spec)
-    spec = request.spec or current_spec
+        return Plan(PlanAction.START, request.spec, new=_new(request, request.spec, None))
+    spec = request.spec or running.spec
     _check_targets(request, spec)
-    if spec != current_spec:
-        return Plan(PlanAction.REPLACE, spec, f"resized: {current_spec} -> {spec}")
-    if request.env and request.env != (current_env or {}):
-        return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --env changed")
-    if request.python and request.python != current_python:
-        return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --python changed")
-    if current_place is not None:
-        launcher, hosts = current_place
-        if request.launcher and request.launcher != launcher:
-            return Plan(PlanAction.REPLACE, spec, f"restarting the cluster: launcher {launcher} -> "
-                                         f"{request.launcher}")
-        if request.hosts and request.hosts != hosts:
-            return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --hosts changed")
-        if request.sbatch is not None and request.sbatch != (current_sbatch or []):
-            return Plan(PlanAction.REPLACE, spec, "restarting the cluster: --sbatch changed (a new "
-                                         "SLURM job)")
+    why = _why_replace(request, spec, running)
+    if why is None and request.restart and not running.restartable:
+        why = f"restarting all tasks of {spec}"  # its launcher starts them anew
+    if why is not None:
+        return Plan(PlanAction.REPLACE, spec, why, new=_new(request, spec, running))
     if request.restart:
-        return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}")
-    return Plan(PlanAction.REUSE, spec)
+        return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}",
+                    set_warm=request.warm)
+    return Plan(PlanAction.REUSE, spec, set_warm=request.warm)
+
+
+def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -> str | None:
+    if spec != running.spec:
+        return f"resized: {running.spec} -> {spec}"
+    if request.env and request.env != running.env:
+        return "restarting the cluster: --env changed"
+    if request.python and request.python != running.python:
+        return "restarting the cluster: --python changed"
+    if request.launcher and request.launcher != running.launcher:
+        return f"restarting the cluster: launcher {running.launcher} -> {request.launcher}"
+    if request.hosts and request.hosts != running.hosts:
+        return "restarting the cluster: --hosts changed"
+    if request.sbatch is not None and request.sbatch != (running.sbatch or []):
+        return "restarting the cluster: --sbatch changed (a new SLURM job)"
+    return None
+
+
+def _new(request: ClusterRequest, spec: ClusterSpec, running: Running | None) -> NewCluster:
+    options: dict[str, Any] | None = (
+        {"connection_dir": request.connection_dir} if request.connection_dir else
+        {"sbatch_args": request.sbatch} if request.sbatch is not None else None)
+    launcher, hosts = request.launcher, request.hosts
+    env, python = request.env, request.python
+    warm = request.warm
+    if running is not None:  # a resize keeps what the line does not change
+        env, python = env or running.env, python or running.python
+        if launcher is None:
+            launcher, hosts = running.launcher, hosts or running.hosts
+            options = options or running.launcher_options
+        if warm is None and not running.warm:
+            warm = False  # spares were turned off: the replacement has none either
+    return NewCluster(spec=spec, launcher=launcher or "local", hosts=hosts, env=dict(env),
+                      python=python, stall_timeout=request.stall_timeout or 60.0,
+                      launcher_options=options, warm=warm)
 
 
 def _check_targets(request: ClusterRequest, spec: ClusterSpec) -> None:

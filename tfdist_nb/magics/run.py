@@ -16,7 +16,14 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.errors import TaskError
 from tfdist_nb.magics.common import current, on_option, parse_line, require, usage, user_errors
 from tfdist_nb.magics.mode import PersistentMode
-from tfdist_nb.magics.request import ClusterRequest, PlanAction, build_request, glue_sbatch, plan
+from tfdist_nb.magics.request import (
+    ClusterRequest,
+    PlanAction,
+    Running,
+    build_request,
+    glue_sbatch,
+    plan,
+)
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
@@ -112,50 +119,39 @@ class RunMagics(Magics):
         return self._run(cluster, code, request)
 
     def _ensure(self, request: ClusterRequest) -> Any:
+        """Do what ``plan()`` decided for this line: reuse, restart, or start a cluster (a
+        replacement takes over the running cluster's spares)."""
         from tfdist_nb.cluster.facade import Cluster
 
         active = current()
-        decided = plan(request, active.spec if active else None,
-                       active.extra_env if active else None, active.python if active else None,
-                       (active.launcher.name, active.hosts) if active else None,
-                       getattr(active.launcher, "sbatch_args", None) if active else None)
+        decided = plan(request, running_of(active))
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
-        if decided.action in (PlanAction.REUSE, PlanAction.RESTART) and request.warm is not None:
-            active.set_warm(request.warm)
+        if decided.set_warm is not None:
+            active.set_warm(decided.set_warm)
         if decided.action is PlanAction.REUSE:
             return active
-        if decided.action is PlanAction.RESTART and active.launcher.restartable:
+        if decided.action is PlanAction.RESTART:
             active.restart()  # from spare kernels where they fit (docs/design.md)
             if active.warm_note:
                 print(f"tfdist_nb: {active.warm_note}")
             return active
-        launcher, hosts = request.launcher, request.hosts
-        options = ({"connection_dir": request.connection_dir} if request.connection_dir else
-                   {"sbatch_args": request.sbatch} if request.sbatch is not None else None)
-        env, python = request.env, request.python
-        if active is not None:  # a resize keeps what the line does not change
-            env, python = env or active.extra_env, python or active.python
-            if launcher is None:
-                launcher, hosts = active.launcher.name, hosts or active.hosts
-                options = options or active.launcher_options
-        spec = decided.spec
+        new = decided.new
+        assert new is not None
         # made (and so checked) before the running cluster is stopped for it
-        cluster = Cluster(workers=spec.workers, ps=spec.ps, chief=bool(spec.chief),
-                          evaluator=bool(spec.evaluator), launcher=launcher or "local",
-                          hosts=hosts, env=env, python=python,
-                          stall_timeout=request.stall_timeout or 60.0,
-                          launcher_options=options,
-                          warm=request.warm if request.warm is not None else
-                          None if active is None or active.warm else False)
+        cluster = Cluster(workers=new.spec.workers, ps=new.spec.ps, chief=bool(new.spec.chief),
+                          evaluator=bool(new.spec.evaluator), launcher=new.launcher,
+                          hosts=new.hosts, env=new.env, python=new.python,
+                          stall_timeout=new.stall_timeout, launcher_options=new.launcher_options,
+                          warm=new.warm)
         if active is not None:  # the new cluster takes over its spare kernels
             active.stop(keep_spares=cluster.warm > 0)
-        where = f"on {', '.join(hosts)}" if hosts else cluster.launcher.name
-        print(f"tfdist_nb: starting {spec} ({where}) ...", flush=True)
+        where = f"on {', '.join(new.hosts)}" if new.hosts else cluster.launcher.name
+        print(f"tfdist_nb: starting {new.spec} ({where}) ...", flush=True)
         cluster.start()
         if cluster.warm_note:
             print(f"tfdist_nb: {cluster.warm_note}")
-        print(f"tfdist_nb: {spec} ready ({cluster.keras_summary()}); run directory "
+        print(f"tfdist_nb: {new.spec} ready ({cluster.keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)
         print(f"tfdist_nb: {cluster.network()}", flush=True)
         return cluster
@@ -315,3 +311,14 @@ class RunMagics(Magics):
         if not self.mode.on:
             return "off"
         return f"on (%%tfcluster {self.mode.options})" if self.mode.options else "on"
+
+
+def running_of(cluster: Any) -> Running | None:
+    """What ``plan()`` needs of the running cluster (None: there is none)."""
+    if cluster is None:
+        return None
+    return Running(spec=cluster.spec, env=dict(cluster.extra_env), python=cluster.python,
+                   launcher=cluster.launcher.name, hosts=cluster.hosts,
+                   launcher_options=dict(cluster.launcher_options),
+                   sbatch=getattr(cluster.launcher, "sbatch_args", None),
+                   restartable=cluster.launcher.restartable, warm=cluster.warm)

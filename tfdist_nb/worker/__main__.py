@@ -139,7 +139,7 @@ def _kernel_app_class() -> Any:
     writer removes and reopens the path, following whatever is there then)."""
     from ipykernel.kernelapp import IPKernelApp
 
-    class AttachedKernelApp(IPKernelApp):  # type: ignore[misc]
+    class AttachedKernelApp(IPKernelApp):
         def write_connection_file(self, **kwargs: Any) -> None:
             info: dict[str, Any] = {
                 "ip": self.ip, "transport": self.transport, "key": self.session.key.decode(),
@@ -149,7 +149,7 @@ def _kernel_app_class() -> Any:
                 "hb_port": self.hb_port}
             if self.curve_publickey is not None:
                 info["curve_publickey"] = self.curve_publickey.decode("ascii")
-                info["curve_secretkey"] = self.curve_secretkey.decode("ascii")
+                info["curve_secretkey"] = (self.curve_secretkey or b"").decode("ascii")
             write_private(Path(self.abs_connection_file), info)
 
     return AttachedKernelApp

@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 from tfdist_nb.worker import cellmap
@@ -203,7 +203,7 @@ def _calling_function(depth: int = 16) -> Any:
 
     from tensorflow.python.eager.polymorphic_function import polymorphic_function
 
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
             return None

@@ -59,7 +59,7 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
             # scheduling wait for the workers), its begin-to-end only the scheduling.
             self._coordinated = bool(getattr(tf.distribute.get_strategy(),
                                              "_should_use_with_coordinator", False))
-            self._last_end = None
+            self._last_end: float | None = None
 
         def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
             from tfdist_nb.worker import inject

@@ -220,7 +220,8 @@ def stacks() -> dict[str, Any]:
             continue
         out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
     in_tf = [names.get(i, str(i)) for i, f in frames.items() if i != me and _inside_tf(f)]
-    return {"threads": out, "main": _where(frames.get(main_id)), "in_tf": in_tf}
+    main = frames.get(main_id) if main_id is not None else None
+    return {"threads": out, "main": _where(main), "in_tf": in_tf}
 
 
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")

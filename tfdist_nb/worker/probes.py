@@ -264,7 +264,10 @@ def env_report() -> dict[str, Any]:
             props[f"${key}"] = os.environ[key]
     packages = {}
     for dist in importlib.metadata.distributions():
-        name = dist.metadata.get("Name")
+        try:
+            name = dist.name
+        except KeyError:  # a distribution without a Name in its metadata
+            continue
         if name:
             packages[name.lower()] = dist.version
     return {"props": props, "packages": packages}

@@ -82,7 +82,7 @@ def summary(logdir: str, top: int = 5) -> dict[str, Any]:
         space = xplane_pb2.XSpace()
         with open(path, "rb") as f:
             space.ParseFromString(f.read())
-        events, busy = 0, collections.Counter()
+        events, busy = 0, collections.Counter[str]()
         for plane in space.planes:
             names = {k: v.name for k, v in plane.event_metadata.items()}
             for line in plane.lines:

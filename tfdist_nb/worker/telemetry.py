@@ -54,7 +54,8 @@ class Telemetry:
         self._send = send
         self.interval_s = interval_s
         self._gpu = gpu
-        self._steps: collections.deque[list[float | None]] = collections.deque()
+        # [step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms, sync_entries]
+        self._steps: collections.deque[list[Any]] = collections.deque()
         self._notes: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
