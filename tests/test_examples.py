@@ -1,6 +1,7 @@
 """The eleven teaching notebooks run as a workshop runs them ("Run All", nbclient without
 ``allow_errors``: only cells tagged ``raises-exception`` may fail, and they must), each within the
-3 minutes a notebook may take on 2 cores, and show what their text promises."""
+3 minutes a notebook may take on 2 cores, and show what their text promises. 01 (the quickstart)
+runs as the README's first command runs it, with its assertions, in tests/test_notebook.py."""
 
 from __future__ import annotations
 
@@ -83,22 +84,6 @@ def test_the_eleven_notebooks_are_there_and_runnable_as_shipped() -> None:
         for cell in code:
             tags = cell.metadata.get("tags", [])
             assert set(tags) <= {RAISES}, (name, tags)
-
-
-@pytest.mark.timeout(LIMIT_S)
-def test_01_quickstart(tmp_path: Path) -> None:
-    nb = run("01_quickstart", tmp_path)
-    loop = nb.text("strategy = tf.distribute.MultiWorkerMirroredStrategy()\nprint(\"replicas")
-    assert "[worker:0] replicas in sync: 2" in loop
-    for task in ("worker:0", "worker:1"):
-        assert f"[{task}] {task} final loss" in loop
-    fit = nb.text("--env TF_USE_LEGACY_KERAS=1")
-    assert "restarting the cluster: --env changed" in fit
-    assert "[worker:0] keras tf_keras" in fit and "[worker:1] keras tf_keras" in fit
-    only = nb.text("--on 1")
-    assert "[worker:1] only ('worker', 1)" in only and "[worker:0]" not in only
-    assert "final loss" in nb.text("%tfdist_logs")
-    assert "stopped 2 task(s)" in nb.text("%tfdist_stop")
 
 
 @pytest.mark.timeout(LIMIT_S)

@@ -38,6 +38,7 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
         assert f"[{task}] {task} final loss" in out  # the MWMS custom loop, attributed
         assert f"[{task}] keras tf_keras" in out  # tf_keras model.fit after the restart
     assert "restarting the cluster: --env changed" in out
+    assert "[worker:0] replicas in sync: 2" in out
     assert "[worker:1] only ('worker', 1)" in out
     assert "[worker:0] only" not in out
     summary = out[out.index(">>> %tfdist_status --table"):]
@@ -49,6 +50,9 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
     assert "without encryption" not in out + proc.stderr
     nb = nbformat.read(saved, as_version=4)
     assert not [e for c in nb.cells if c.cell_type == "code" for e in errors_of(c)]
+    logs = next(c for c in nb.cells if c.source.startswith("%tfdist_logs"))
+    assert "final loss" in "".join(str(o.get("text", "")) + str(o.get("data", ""))
+                                   for o in logs.outputs)
     # in the notebook's own outputs, in order: each task's tf.print lines (its stderr) before
     # the print that followed them (stdout), and the cell's closing lines after every task line
     first = next(c for c in nb.cells if c.cell_type == "code" and "%%tfcluster" in c.source)

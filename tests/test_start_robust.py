@@ -82,9 +82,9 @@ def test_start_timeout_bounds_the_whole_start(tmp_path: Path) -> None:
     assert took < 6 + 8, f"the start took {took:.0f}s for a 6 s start_timeout"
 
 
-def test_32_tasks_start_three_times_in_a_row(tmp_path: Path) -> None:
+def test_32_tasks_start_twice_in_a_row(tmp_path: Path) -> None:
     before = worker_kernels()
-    for attempt in range(3):
+    for attempt in range(2):
         with Cluster(workers=32, preload=(), start_timeout=90, run_dir=tmp_path) as c:
             result = c.run("import os; print(os.environ['TFDIST_TASK'])", timeout=60)
             assert result.ok, f"attempt {attempt}: {result.summary()}"
