@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["CheckReport", "Cluster", "RunResult", "TaskResult", "check_tf_config", "current",
-           "load_ipython_extension", "unload_ipython_extension"]
+__all__ = ["CheckReport", "Cluster", "IsolateReport", "RunResult", "TaskResult",
+           "check_tf_config", "current", "load_ipython_extension", "unload_ipython_extension"]
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.checks import check_tf_config
     from tfdist_nb.cluster.facade import Cluster, current
+    from tfdist_nb.cluster.isolate import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
     from tfdist_nb.results import RunResult, TaskResult
 
@@ -28,6 +29,10 @@ def __getattr__(name: str) -> Any:
         from tfdist_nb.cluster.checks import check_tf_config
 
         return check_tf_config
+    if name == "IsolateReport":
+        from tfdist_nb.cluster.isolate import IsolateReport
+
+        return IsolateReport
     if name == "CheckReport":
         from tfdist_nb.diagnostics.report import CheckReport
 

@@ -159,6 +159,8 @@ class Isolation:
         self.warm = cluster.warm > 0 if warm is None else bool(warm)
         self.progress = on_progress or (lambda text: None)
         self.cell, result, self.code = self._failing(cell)
+        assert cluster.rundir is not None  # it ran the failing cell
+        self.history = cluster.rundir.cells()
         self.setup = self._setup_cells()
         self.failure = failure_of(result)
         self.bound: LoopBound | None = loop_bound(self.code, [c["code"] for c in self.setup])
@@ -186,13 +188,11 @@ class Isolation:
     def _setup_cells(self) -> list[dict[str, Any]]:
         """The cells that set the tasks up: those that passed before the failing cell, since
         every task was last restarted (fresh kernels forgot the cells before)."""
-        rundir = self.cluster.rundir
-        assert rundir is not None
-        cells = rundir.cells()
-        at = next((c["time"] for c in cells if c["cell"] == self.cell), time.time())
-        restarts = [t for t in restart_times(rundir.iter_events()) if t < at]
+        assert self.cluster.rundir is not None
+        at = next((c["time"] for c in self.history if c["cell"] == self.cell), time.time())
+        restarts = [t for t in restart_times(self.cluster.rundir.iter_events()) if t < at]
         since = restarts[-1] if restarts else 0.0
-        return [c for c in cells if since < c["time"] < at and c["cell"] < self.cell
+        return [c for c in self.history if since < c["time"] < at and c["cell"] < self.cell
                 and c["cell"] in self.cluster.passed_cells]
 
     # ------------------------------------------------------------------ the walk
@@ -370,7 +370,7 @@ class Isolation:
         return cells
 
     def _failing_targets(self) -> list[str] | None:
-        for rec in self.cluster.rundir.cells() if self.cluster.rundir else []:
+        for rec in self.history:
             if rec["cell"] == self.cell:
                 return list(rec.get("targets") or []) or None
         return None
