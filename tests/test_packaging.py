@@ -24,10 +24,11 @@ def test_public_names_of_the_spec() -> None:
     from tfdist_nb import Cluster
 
     for name in ("Cluster", "current", "load_ipython_extension", "unload_ipython_extension",
-                 "CheckReport", "check_tf_config", "RunResult", "TaskResult"):
+                 "CheckReport", "check_tf_config", "RunResult", "TaskResult", "IsolateReport"):
         assert hasattr(tfdist_nb, name)
     for method in ("start", "run", "status", "logs", "stacks", "env", "check", "interrupt",
-                   "restart", "stop", "dashboard", "__enter__", "__exit__"):
+                   "restart", "stop", "dashboard", "isolate", "report", "export", "__enter__",
+                   "__exit__"):
         assert callable(getattr(Cluster, method)), method
 
 
