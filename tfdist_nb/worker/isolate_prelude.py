@@ -70,15 +70,17 @@ def _tfdist_isolate(variant):
             super().__init__(cluster_resolver=cluster_resolver,
                              communication_options=options_for(communication_options))
 
-    def local_devices():
-        gpus = tf.config.list_physical_devices("GPU")
-        wanted = max(1, int(variant["devices"]))
-        if gpus or wanted == 1:
-            return None  # MirroredStrategy's own choice: the GPUs here, or the CPU
+    wanted = max(1, int(variant["devices"]))
+    split_cpu = wanted > 1 and not tf.config.list_physical_devices("GPU")
+    if split_cpu:  # now, before a cell starts TensorFlow's runtime (then it could not be done)
         cpu = tf.config.list_physical_devices("CPU")[0]
-        with contextlib.suppress(RuntimeError):  # TensorFlow started: the devices it has
+        with contextlib.suppress(RuntimeError):  # already started: the devices it has
             tf.config.set_logical_device_configuration(
                 cpu, [tf.config.LogicalDeviceConfiguration()] * wanted)
+
+    def local_devices():
+        if not split_cpu:
+            return None  # MirroredStrategy's own choice: the GPUs here, or the CPU
         return [d.name for d in tf.config.list_logical_devices("CPU")][:wanted]
 
     def _batch(dataset):
