@@ -104,7 +104,7 @@ class IsolateReport:
         prelude, the set-up cells and the failing cell) and ``launch.sh``."""
         if self.smallest is None:
             raise SpecError(f"no variant failed ({self.verdict}): there is nothing to export")
-        key = _export_key(self.smallest)
+        key = self.smallest.runs_as
         if key not in self._ran or self._export is None:
             raise SpecError(f"the variant {self.smallest.title!r} cannot be exported")
         return self._export(self._ran[key], directory, force)
@@ -130,10 +130,6 @@ class IsolateReport:
         notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
         return (f"<p><b>isolate cell {self.cell}:</b> {html.escape(self.verdict)}</p>{smallest}"
                 + self.table.drop(columns=["run_dir"]).to_html(index=False) + notes)
-
-
-def _export_key(row: Row) -> str:
-    return f"share:{row.task}" if row.task else row.variant.key
 
 
 class Isolation:
@@ -284,10 +280,7 @@ class Isolation:
 
         *before, failing = cells
         for rec in before:
-            on = self._on(side, rec)
-            if on is None:
-                continue
-            result = side.run(rec["code"], on=on, timeout=self._cell_cap(deadline))
+            result = side.run(rec["code"], on=_on(rec), timeout=self._cell_cap(deadline))
             if not result.ok:
                 outcome, line = judge(self.failure, result.tasks.values(), _timed_out(result))
                 if outcome in (Outcome.INTERRUPTED, Outcome.TIMEOUT):
@@ -295,7 +288,7 @@ class Isolation:
                 what = "the prelude" if rec["cell"] == 0 else f"cell {rec['cell']}"
                 return [row(Outcome.SETUP, f"{what}: {result.summary()}")]
         steps_before = self._steps(side) if self.bound else {}
-        result = side.run(failing["code"], on=self._on(side, failing),
+        result = side.run(failing["code"], on=_on(failing),
                           timeout=self._cell_cap(deadline))
         timed_out = _timed_out(result)
         if variant.shares:
@@ -334,17 +327,6 @@ class Isolation:
                 if line.startswith("tfdist_isolate_steps "):
                     found[name] = int(line.split()[1]) - (before or {}).get(name, 0)
         return found
-
-    def _on(self, side: Cluster, rec: dict[str, Any]) -> str | None:
-        """Where a cell runs in a variant: the tasks it ran on that the variant has (all of
-        them for a variant of one task that takes a task's identity when that task was one);
-        None: nowhere."""
-        have = [str(t) for t in side.spec.tasks]
-        wanted = rec.get("targets")
-        if not wanted:
-            return ",".join(have)
-        found = [t for t in wanted if t in have]
-        return ",".join(found) if found else None
 
     # ------------------------------------------------------------------ cells of a variant
     def _cells_for(self, variant: Variant) -> list[dict[str, Any]]:
@@ -398,6 +380,12 @@ class Isolation:
                 python=self.cluster.python, force=force)
         except ExportError as exc:
             raise SpecError(str(exc)) from None
+
+
+def _on(rec: dict[str, Any]) -> str:
+    """Where a variant's cell runs: its targets, already those of the variant's tasks
+    (``_cells_for``), or every task."""
+    return ",".join(rec["targets"]) if rec["targets"] else "all"
 
 
 def _timed_out(result: RunResult) -> bool:

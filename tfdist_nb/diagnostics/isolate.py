@@ -95,6 +95,11 @@ class Row:
     def tasks(self) -> int:
         return 1 if self.task else self.variant.tasks
 
+    @property
+    def runs_as(self) -> str:
+        """The key of the variant that reruns this row alone (``Walk.exportable``)."""
+        return share_alone_key(self.task) if self.task else self.variant.key
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -173,12 +178,16 @@ def shares(spec: ClusterSpec) -> Variant:
                    "collectives)", spec, {**PLAIN, "strategy": "local"}, shares=True)
 
 
+def share_alone_key(task: str) -> str:
+    return f"share:{task}"
+
+
 def share_alone(spec: ClusterSpec, task: str) -> Variant:
     """One task taking ``task``'s identity and share, alone (what ``shares`` ran for it)."""
     tid = TaskId.parse(task)
     layout = {role: [f"localhost:{20000 + i}" for i in range(n)]
               for role, n in (("chief", spec.chief), ("worker", spec.workers)) if n}
-    return Variant(f"share:{task}", f"{task}'s share alone", ClusterSpec(workers=1),
+    return Variant(share_alone_key(task), f"{task}'s share alone", ClusterSpec(workers=1),
                    {**PLAIN, "strategy": "local", "as_task": [tid.role, tid.index, layout]},
                    as_task=task)
 
