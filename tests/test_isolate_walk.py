@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tfdist_nb.diagnostics.cell_edits import loop_bound, prelude_code, with_bound
+from tfdist_nb.diagnostics.cell_edits import (
+    implementation_named,
+    loop_bound,
+    prelude_code,
+    with_bound,
+)
 from tfdist_nb.diagnostics.isolate import Failure, Outcome, Row, Walk, judge, signature
 from tfdist_nb.results import RemoteError, TaskResult
 from tfdist_nb.topology import ClusterSpec
@@ -147,3 +152,15 @@ def test_the_prelude_takes_its_settings_as_a_python_literal() -> None:
     code = prelude_code(template, {"strategy": "local", "eager": True, "as_task": None})
     assert code == ("x = 1\nVARIANT = {'strategy': 'local', 'eager': True, 'as_task': None}\n"
                     "rest()\n")
+
+
+def test_the_implementation_the_cells_chose_is_read_from_their_code() -> None:
+    chose = ("opts = tf.distribute.experimental.CommunicationOptions(\n"
+             "    implementation=tf.distribute.experimental.CommunicationImplementation.NCCL)")
+    assert implementation_named(["x = 1", chose]) == "nccl"
+    assert implementation_named(["strategy = tf.distribute.MultiWorkerMirroredStrategy()"]) \
+        is None
+    w = walk(gpus=True)
+    w.implementation_used = "nccl"
+    play(w, {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P})
+    assert "passes with implementation=RING: the collective implementation NCCL" in w.verdict()

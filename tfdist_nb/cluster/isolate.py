@@ -29,7 +29,13 @@ import pandas as pd
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.diagnostics.cell_edits import LoopBound, loop_bound, prelude_code, with_bound
+from tfdist_nb.diagnostics.cell_edits import (
+    LoopBound,
+    implementation_named,
+    loop_bound,
+    prelude_code,
+    with_bound,
+)
 from tfdist_nb.diagnostics.isolate import (
     Failure,
     Outcome,
@@ -163,7 +169,9 @@ class Isolation:
         self.walk = Walk(spec, self.failure, bound=self.bound.value if self.bound else None,
                          bound_counts_steps=self.bound is None or self.bound.counts_steps,
                          gpus=any(cluster.live.view(rt.name).latest.get("gpus")
-                                  for rt in cluster.tasks.values()))
+                                  for rt in cluster.tasks.values()),
+                         implementation_used=implementation_named(
+                             [c["code"] for c in self.setup] + [self.code]))
         self.ran: dict[str, Ran] = {}
         self.template = prelude_template()
 

@@ -109,6 +109,13 @@ def _bound(node: ast.expr, value: int, what: str) -> LoopBound:
     return LoopBound(node.lineno, node.col_offset, node.end_col_offset, value, what)
 
 
+def implementation_named(cells: Iterable[str]) -> str | None:
+    """The collective implementation the cells ask MultiWorkerMirroredStrategy for
+    (``CommunicationImplementation.RING`` / ``NCCL`` / ``AUTO`` in their code), if any."""
+    found = re.findall(r"CommunicationImplementation\.(RING|NCCL|AUTO)", "\n".join(cells))
+    return found[-1].lower() if found else None
+
+
 def prelude_code(template: str, variant: dict[str, Any]) -> str:
     """The prelude (tfdist_nb/worker/isolate_prelude.py) with its VARIANT line set to
     ``variant`` (a Python literal: strings, numbers, booleans, None, lists and dicts)."""
