@@ -123,7 +123,9 @@ class Tfdist:
 
     def start(self, n: int, tf: bool = True) -> Started:
         from tfdist_nb import Cluster
+        from tfdist_nb.launchers import forkserver
 
+        forkserver.close_all()  # a first start: its fork server imports TensorFlow, timed
         phases = _Phases()
         with _probed(phases):
             # no spare kernels: their warm-up, right after the start, would share the cores
@@ -300,8 +302,29 @@ class JupyterClient:
             os.rmdir(h.workdir)
 
 
+class TfdistNext(Tfdist):
+    """The next cluster of the same notebook (a ``%%tfcluster`` resize, isolate's variants): its
+    fork server is up, made (untimed) by a cluster started and stopped before."""
+
+    name = "tfdist_nb_next"
+
+    def start(self, n: int, tf: bool = True) -> Started:
+        from tfdist_nb import Cluster
+        from tfdist_nb.launchers import forkserver
+
+        if not any(s.alive() for s in forkserver.live_servers()):
+            Cluster(workers=1, preload=("tensorflow",) if tf else (), warm=False).start().stop()
+        phases = _Phases()
+        with _probed(phases):
+            cluster = Cluster(workers=n, preload=("tensorflow",) if tf else (),
+                              warm=False).start()
+        took = time.perf_counter() - phases.t0
+        done, each = phases.summary()
+        return Started(took, cluster, done, each)
+
+
 TOOLS: dict[str, Any] = {"tfdist_nb": Tfdist(), "ipyparallel": Ipyparallel(),
-                         "jupyter_client": JupyterClient()}
+                         "jupyter_client": JupyterClient(), "tfdist_nb_next": TfdistNext()}
 
 
 def start(name: str, n: int, tf: bool, failures: list[str]) -> Started:

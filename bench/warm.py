@@ -6,10 +6,13 @@ Every measure ends with a new MultiWorkerMirroredStrategy made on every task (``
 that is what a restart is for (a second strategy needs fresh processes, and so does one after a
 failed collective).
 
-- *cold start*: ``Cluster(workers=2).start()`` + the strategy: the cluster's own cold start.
+- *cold start*: ``Cluster(workers=2).start()`` + the strategy, with no fork server up (each is
+  closed first): the cluster's own first start, its server importing TensorFlow.
 - *warm restart*: that cluster, after it made its strategy and its spares are ready:
   ``restart()`` + a new strategy. Goal: <= 0.15x of the cold start, <= 0.1x of ipyparallel.
-- *cold restart*: the same with ``warm=False`` (what a restart cost before spares).
+- *restart, no spares*: the same with ``warm=False``: the new tasks are forked from the fork
+  server (docs/design.md, "Fork server"); *spawned*: also ``fork=False``, each new task imports
+  TensorFlow itself (what a restart cost before spares and the fork server).
 - *ipyparallel*: a running 2-engine cluster with TensorFlow imported: ``restart_engines`` (stop
   + start engines, the controller stays up) + ``import tensorflow`` on the new engines, as the
   issue measured it (no strategy: its engines have no TF_CONFIG).
@@ -81,11 +84,17 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def cold_start(n: int, warm: bool) -> tuple[float, Any]:
+def cold_start(n: int, warm: bool, fork: bool = True) -> tuple[float, Any]:
+    """A first start: no fork server is up, so its own (or, ``fork=False``, every task) imports
+    TensorFlow inside the time."""
     from tfdist_nb import Cluster
+    from tfdist_nb.launchers import forkserver
+
+    forkserver.close_all()
 
     def go() -> Any:
-        cluster = Cluster(workers=n, warm=None if warm else False).start()
+        cluster = Cluster(workers=n, warm=None if warm else False,
+                          launcher_options={"fork": fork}).start()
         _strategy(cluster)
         return cluster
 
@@ -190,7 +199,7 @@ def measure(repeat: int, steps: int, cold_restarts: bool,
     runs: dict[str, list[Any]] = {k: [] for k in (
         "cold_start_2_s", "warm_restart", "cold_restart", "ipyparallel", "warm_resize",
         "cold_resize", "cold_start_1_s", "step_warm_ms", "step_cold_ms", "step_load1",
-        "spares_ready_s", "usual_restart", "after_hang_restart")}
+        "spares_ready_s", "usual_restart", "after_hang_restart", "spawned_restart")}
     for _ in range(repeat):
         # a 2-worker cluster: its cold start, a warm restart, a warm resize to 1 worker
         took, cluster = cold_start(2, warm=True)
@@ -208,12 +217,17 @@ def measure(repeat: int, steps: int, cold_restarts: bool,
         took, one = cold_start(1, warm=False)
         runs["cold_start_1_s"].append(took)
         one.stop()
-        if cold_restarts:  # the same operations without spares
+        if cold_restarts:  # the same operations without spares (forked), and spawned
             _, cluster = cold_start(2, warm=False)
             try:
                 runs["cold_restart"].append(cold_restart(cluster))
                 res, cluster = resize(cluster, 1, warm=False)
                 runs["cold_resize"].append(res)
+            finally:
+                cluster.stop()
+            _, cluster = cold_start(2, warm=False, fork=False)
+            try:
+                runs["spawned_restart"].append(cold_restart(cluster))
             finally:
                 cluster.stop()
         runs["ipyparallel"].append(ipyparallel_restart(2))
@@ -240,6 +254,7 @@ def summarise(runs: dict[str, list[Any]]) -> dict[str, Any]:
            "warm_restart_only_s": _med(runs["warm_restart"], "restart_s"),
            "warm_strategy_s": _med(runs["warm_restart"], "strategy_s"),
            "cold_restart_s": _med(runs["cold_restart"], "total_s"),
+           "spawned_restart_s": _med(runs["spawned_restart"], "total_s"),
            "ipyparallel_s": ipp, "warm_resize_s": resize_s,
            "warm_resize_start_s": _med(runs["warm_resize"], "start_s"),
            "warm_resize_stop_s": _med(runs["warm_resize"], "stop_s"),
@@ -278,7 +293,8 @@ def report(res: dict[str, Any]) -> str:
         f"  cold start                                {s(m['cold_start_2_s'])}",
         f"  warm restart (restart + strategy)         {s(m['warm_restart_s'])}   "
         f"(restart {s(m['warm_restart_only_s'])}, strategy {s(m['warm_strategy_s'])})",
-        f"  cold restart (warm=False)                 {s(m['cold_restart_s'])}",
+        f"  restart, no spares (warm=False, forked)   {s(m['cold_restart_s'])}",
+        f"  restart, spawned (warm=False, fork=False) {s(m['spawned_restart_s'])}",
         f"  ipyparallel restart engines + import TF   {s(m['ipyparallel_s'])}",
         f"  ratio warm restart / cold start           {r['restart_vs_cold_start']:.3f}x "
         f"(goal <= {RESTART_GOAL}x)",
@@ -293,7 +309,7 @@ def report(res: dict[str, Any]) -> str:
         "resize 2 -> 1 worker, to a new strategy (s)",
         f"  warm resize                               {s(m['warm_resize_s'])}   "
         f"(stop {s(m['warm_resize_stop_s'])}, start {s(m['warm_resize_start_s'])})",
-        f"  cold resize (warm=False)                  {s(m['cold_resize_s'])}",
+        f"  resize, no spares (warm=False, forked)    {s(m['cold_resize_s'])}",
         f"  cold start of 1 worker                    {s(m['cold_start_1_s'])}",
         f"  ratio warm resize / cold start            {r['resize_vs_cold_start']:.3f}x "
         f"(goal <= {RESIZE_GOAL}x)",

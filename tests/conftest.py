@@ -43,7 +43,9 @@ def worker_kernels() -> set[int]:
     found = set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
-        if not any(marker in cmd for marker in WORKER_MARKERS):
+        # a forked kernel's title is its command in one string (tfdist_nb.launchers.zygote)
+        words = " ".join(cmd).split()
+        if not any(marker in words for marker in WORKER_MARKERS):
             continue
         if any(root in part for part in cmd) or (
                 hosts and _netns_id(proc.info["pid"]) in hosts):

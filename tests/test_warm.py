@@ -23,15 +23,15 @@ import pytest
 
 from tests.conftest import cell, wait_for
 from tfdist_nb import Cluster
-from tfdist_nb.cluster.spares import (
-    Spare,
-    env_delta,
-    import_time,
-    mismatch,
-)
+from tfdist_nb.cluster.spares import Spare, env_delta, mismatch
 from tfdist_nb.errors import SpecError
+from tfdist_nb.launchers.import_env import import_time
 
 pytestmark = pytest.mark.cluster
+
+#: A spare forked from the fork server (docs/design.md, "Fork server") has its preload from the
+#: server: a spare that is slow or fails to warm, or is killed mid-import, is a spawned one.
+SPAWNED = {"fork": False}
 
 IDENTITY = textwrap.dedent("""
     import json, logging, os, sys
@@ -399,7 +399,7 @@ def test_a_spare_that_cannot_be_warmed_is_said_and_ended(tmp_path: Path) -> None
     (tmp_path / "spare_breaks.py").write_text(
         "import os\nif os.environ.get('TFDIST_SPARE') == '1':\n"
         "    raise ImportError('not in a spare')\n")
-    with Cluster(workers=1, preload=("spare_breaks",), warm=1,
+    with Cluster(workers=1, preload=("spare_breaks",), warm=1, launcher_options=SPAWNED,
                  env={"PYTHONPATH": str(tmp_path)}) as c:
         wait_for(lambda: any("could not be warmed" in a for a in c.alerts()), 60,
                  "the failed warm-up to be said")
@@ -421,7 +421,7 @@ def _slow_in_spares(directory: Path, seconds: float) -> dict[str, str]:
 
 
 def test_a_restart_waits_for_a_spare_still_warming(tmp_path: Path) -> None:
-    with Cluster(workers=1, preload=("slow_spare",), warm=1,
+    with Cluster(workers=1, preload=("slow_spare",), warm=1, launcher_options=SPAWNED,
                  env=_slow_in_spares(tmp_path, 1.0)) as c:
         wait_for(lambda: c.spares()["warming"] == 1 and c.spares()["pids"], 20,
                  "the spare to be warming")
@@ -436,7 +436,7 @@ def test_a_restart_waits_for_a_spare_still_warming(tmp_path: Path) -> None:
 
 
 def test_a_spare_warming_much_longer_than_a_cold_start_gives_way_to_one(tmp_path: Path) -> None:
-    with Cluster(workers=1, preload=("slow_spare",), warm=1,
+    with Cluster(workers=1, preload=("slow_spare",), warm=1, launcher_options=SPAWNED,
                  env=_slow_in_spares(tmp_path, 120)) as c:
         wait_for(lambda: c.spares()["warming"] == 1 and c.spares()["pids"], 20,
                  "the spare to be warming")
@@ -456,7 +456,8 @@ SLOW_IMPORT = "import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n    t
 CONTROLLER = textwrap.dedent("""
     import json, os, sys, time
     from tfdist_nb import Cluster
-    c = Cluster(workers=1, preload=("slow_spare",), warm=2).start()
+    c = Cluster(workers=1, preload=("slow_spare",), warm=2,
+                launcher_options={"fork": False}).start()
     deadline = time.time() + 60
     while c.spares()["ready"] + c.spares()["warming"] < 1 or not c.spares()["pids"]:
         assert time.time() < deadline, "no spare"

@@ -370,7 +370,8 @@ class Lifecycle:
         try:
             rt.handle = await asyncio.wait_for(launcher.start(TaskLaunch(
                 task=rt.task, env=rt.env, python=self.setup.python, log_path=rt.log_path,
-                connection_file=tdir / "kernel-connection.json")),
+                connection_file=tdir / "kernel-connection.json",
+                preload=tuple(self.setup.preload))),
                 max(deadline - time.monotonic(), 0.1))
         except asyncio.TimeoutError:
             raise StartFailed(self._late(), retry=False) from None

@@ -40,6 +40,7 @@ from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle, TaskLaunch
+from tfdist_nb.launchers.import_env import import_time_env
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.adopt import WARM_NICE
@@ -66,31 +67,6 @@ BACKLOG_LINES = 500
 #: After a spare failed to warm, wait this long before the next one; give up after MAX_FAILURES.
 RETRY_AFTER_S = 30.0
 MAX_FAILURES = 3
-
-#: Read when a strategy or a cluster resolver is made (TF_CONFIG), or set by the adoption
-#: itself: a spare takes the task's values.
-LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV})
-#: Variables read while the process starts or TensorFlow (and what it loads: CUDA, oneDNN,
-#: OpenMP, gRPC, absl, Keras) is imported, or by the worker agent at kernel start: a spare
-#: started with other values than the task asks for is not used. Anything else (a user's own
-#: ``--env MY_FLAG=1``, PATH) is read later and is set at adoption.
-IMPORT_TIME_PREFIXES = (
-    "TF_", "TFDIST_", "TENSORFLOW_", "XLA_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "NV_",
-    "HIP_", "ROCR_", "ROCM_", "GPU_", "TPU_", "KERAS_", "OMP_", "KMP_", "MKL_", "DNNL_",
-    "ONEDNN_", "OPENBLAS_", "GOTO_", "BLIS_", "NUMEXPR_", "LD_", "DYLD_", "PYTHON", "PYDEVD",
-    "MALLOC_", "GLIBC_", "GRPC_", "ABSL_", "GLOG_", "PROTOCOL_BUFFERS_", "HDF5_", "JPY_",
-    "IPY", "JUPYTER", "MPL", "LC_", "LANG", "TZ", "TMP", "TEMP", "HOME", "XDG_",
-)
-
-
-def import_time(key: str) -> bool:
-    """Whether a variable is read at start-up or import (see IMPORT_TIME_PREFIXES)."""
-    return key not in LATE and key.startswith(IMPORT_TIME_PREFIXES)
-
-
-def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if import_time(k)}
-
 
 def env_delta(spare_env: Mapping[str, str],
               task_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
@@ -462,7 +438,7 @@ class SparePool:
         launch = TaskLaunch(task=TaskId("spare", spare.number), env=spare.env,
                             python=spare.python, log_path=spare.log_path,
                             connection_file=spare.directory / "kernel-connection.json",
-                            cwd=spare.cwd)
+                            cwd=spare.cwd, preload=spare.preload)
         # shielded: a close() while the process is being spawned still finds (and ends) it
         spare.starting = asyncio.ensure_future(self._setup.launcher.start(launch))
         spare.handle = handle = await asyncio.shield(spare.starting)

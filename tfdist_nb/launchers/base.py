@@ -32,6 +32,8 @@ class TaskLaunch:
     log_path: Path
     connection_file: Path
     cwd: str | None = None
+    #: modules the task imports at start (TensorFlow): a launcher may import them ahead of time
+    preload: tuple[str, ...] = ()
 
 
 class StopPath(str, enum.Enum):

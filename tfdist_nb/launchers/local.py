@@ -31,7 +31,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers import ports, private_net
+from tfdist_nb.launchers import forkserver, ports, private_net
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.topology import TaskId
 
@@ -145,7 +145,7 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def __init__(self, host: str = "localhost", transport: str = "ipc",
-                 net: str | None = None) -> None:
+                 net: str | None = None, fork: bool | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not "
                              f"{transport!r}")
@@ -159,9 +159,14 @@ class LocalLauncher(Launcher):
                    if host not in ("localhost", "127.0.0.1") else None)
         if net == "private" and why_not:
             raise ValueError(f"net='private' cannot be used with {why_not}")
+        if fork is not None and not isinstance(fork, bool):
+            raise ValueError(f"fork must be True or False, not {fork!r} (e.g. "
+                             "launcher_options={'fork': False})")
         self.host = host
         self.transport = transport
         self.net_mode = net
+        #: kernels forked from a fork server (docs/design.md, "Fork server"); env TFDIST_FORK
+        self.fork = forkserver.enabled_by_default() if fork is None else fork
         self._ports: list[int] = []
         self._net: private_net.PrivateNetwork | None = None
         #: why the tasks are on the host's network although they could be confined, if so
@@ -229,9 +234,14 @@ class LocalLauncher(Launcher):
 
     def kernel_manager(self, launch: TaskLaunch) -> tuple[AsyncKernelManager, Path | None]:
         """The task's kernel manager, its endpoints chosen, and the scratch directory it owns
-        (None unless the run directory's path is too long for a socket)."""
+        (None unless the run directory's path is too long for a socket). Its kernel is forked
+        from a fork server where one can serve it, else spawned (in the private network)."""
         spec = task_kernel_spec(launch.python)
-        if self._net is not None:
+        server = self.fork_server(spec, launch, self.task_env(launch))
+        if server is not None:
+            spec.metadata = {**(spec.metadata or {}), "kernel_provisioner": {
+                "provisioner_name": forkserver.PROVISIONER, "config": {"server_key": server}}}
+        elif self._net is not None:
             spec.argv = self._net.enter(list(spec.argv))
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
@@ -245,11 +255,28 @@ class LocalLauncher(Launcher):
             km.ip, scratch = _socket_prefix(launch.connection_file.parent)
         return km, scratch
 
+    def task_env(self, launch: TaskLaunch) -> dict[str, str]:
+        """The environment the task's kernel gets (in the private network, it says so)."""
+        return ({**launch.env, "TFDIST_NETNS": "cluster"} if self._net is not None
+                else dict(launch.env))
+
+    def fork_server(self, spec: KernelSpec, launch: TaskLaunch,
+                    env: Mapping[str, str]) -> str | None:
+        """The fork server a task's kernel comes from (started at the first use), or None: off,
+        nothing to preload, or a kernel spec of the user's with its own command or env."""
+        if (not self.fork or not launch.preload or spec.env
+                or forkserver.kernel_args(spec.argv, launch.python) is None):
+            return None
+        net = self._net
+        key = forkserver.ServerKey.of(launch.python, launch.preload, launch.cwd or os.getcwd(),
+                                      env, net.pid if net is not None else None)
+        return forkserver.server_for(key, env, net.enter if net is not None else None)
+
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         if not self._net_decided or self._net is not None:
             await asyncio.to_thread(self.private_network)
         km, scratch = self.kernel_manager(launch)
-        env = {**launch.env, "TFDIST_NETNS": "cluster"} if self._net is not None else launch.env
+        env = self.task_env(launch)
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             await km.start_kernel(env=env, stdout=fd, stderr=fd,

@@ -1,0 +1,133 @@
+"""Local task kernels forked from a fork server (docs/design.md, "Fork server"): a forked kernel
+has everything a spawned one has, the preload is imported once, a restart forks again from the
+same server, and what the server cannot serve is spawned as before."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.conftest import wait_for
+from tfdist_nb import Cluster
+from tfdist_nb.cluster.state import TaskState
+from tfdist_nb.errors import ClusterStartError
+from tfdist_nb.launchers import forkserver
+
+pytestmark = pytest.mark.cluster
+
+PROBE = ("import json, os, numpy\n"
+         "print(json.dumps({'pid': os.getpid(), 'ppid': os.getppid(), 'sid': os.getsid(0),\n"
+         "    'task': os.environ['TFDIST_TASK'], 'flag': os.environ.get('MY_FLAG'),\n"
+         "    'index': json.loads(os.environ['TF_CONFIG'])['task']['index'],\n"
+         "    'rand': numpy.random.rand(), 'cwd': os.getcwd(),\n"
+         "    'loud': getattr(sys.modules.get('loud'), 'IMPORTED_BY', None)}))")
+LOUD = ("import os, sys\nIMPORTED_BY = os.getpid()\n"
+        "print(f'loud was imported by {IMPORTED_BY}', file=sys.stderr, flush=True)\n")
+
+
+def probe(cluster: Any) -> dict[str, dict[str, Any]]:
+    result = cluster.run("import sys\n" + PROBE)
+    assert result.ok, result.summary()
+    return {name: json.loads(r.stdout) for name, r in result.tasks.items()}
+
+
+def server_of(pid: int) -> forkserver.ForkServer:
+    [server] = [s for s in forkserver.live_servers() if pid in s.children]
+    return server
+
+
+@pytest.fixture
+def loud(tmp_path: Path) -> dict[str, str]:
+    """A preload module that says who imported it (on PYTHONPATH: a server of its own)."""
+    (tmp_path / "loud.py").write_text(LOUD)
+    return {"PYTHONPATH": str(tmp_path), "MY_FLAG": "set late"}
+
+
+def test_tasks_are_forked_kernels_with_their_own_identity(loud: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    with Cluster(workers=2, env=loud, preload=("tensorflow", "loud"),
+                 run_dir=tmp_path / "runs") as c:
+        seen = probe(c)
+        server = server_of(seen["worker:0"]["pid"])
+        tasks = {rt.name: rt for rt in c.tasks.values()}
+        for name, info in seen.items():
+            assert info["ppid"] == server.pid, "not forked from the cluster's server"
+            assert info["sid"] == info["pid"], "it must lead its own session (a stop ends it all)"
+            assert info["task"] == name and info["index"] == int(name[-1])
+            assert info["flag"] == "set late" and info["cwd"] == os.getcwd()
+            assert info["loud"] == server.pid, "the preload was imported again in the task"
+            words = " ".join(psutil.Process(info["pid"]).cmdline()).split()
+            assert words[1:3] == ["-m", "tfdist_nb.worker.kernel"], words  # what ps shows
+            assert str(tasks[name].log_path.parent / "kernel-connection.json") in words
+            # what the import said is in each task's process log, as a spawned kernel's is
+            log = tasks[name].log_path.read_text()
+            assert log.count(f"loud was imported by {server.pid}") == 1, log[:500]
+        assert seen["worker:0"]["rand"] != seen["worker:1"]["rand"], "NumPy seeds are shared"
+
+        first = {name: info["pid"] for name, info in seen.items()}
+        c.restart()
+        again = probe(c)
+        for name, info in again.items():
+            assert info["pid"] != first[name] and info["ppid"] == server.pid
+        assert server.alive()
+
+
+def test_fork_false_spawns_each_kernel(tmp_path: Path) -> None:
+    with Cluster(workers=1, launcher_options={"fork": False}, run_dir=tmp_path) as c:
+        info = probe(c)["worker:0"]
+        assert info["ppid"] == os.getpid()
+        assert not any(info["pid"] in s.children for s in forkserver.live_servers())
+
+
+def test_a_server_that_cannot_import_the_preload_leaves_kernels_to_be_spawned(
+        tmp_path: Path) -> None:
+    """Its failure is not the user's error: the task is spawned and fails as a spawned one
+    does, naming the module."""
+    with pytest.raises(ClusterStartError, match="no_such_module_tfdist"):
+        Cluster(workers=1, preload=("no_such_module_tfdist",), run_dir=tmp_path,
+                start_timeout=60).start()
+    key_preloads = [s.key.preload for s in forkserver.live_servers()]
+    assert ("no_such_module_tfdist",) not in key_preloads
+
+
+def test_a_killed_server_ends_its_kernels_and_the_next_start_makes_a_new_one(
+        loud: dict[str, str], tmp_path: Path) -> None:
+    with Cluster(workers=2, env=loud, preload=("tensorflow", "loud"),
+                 run_dir=tmp_path / "runs") as c:
+        seen = probe(c)
+        server = server_of(seen["worker:0"]["pid"])
+        kernels = [psutil.Process(info["pid"]) for info in seen.values()]
+        os.kill(server.pid, signal.SIGKILL)
+        _, alive = psutil.wait_procs(kernels, timeout=10)
+        assert not alive, "kernels outlived their fork server"
+        wait_for(lambda: all(rt.state == TaskState.DEAD for rt in c.tasks.values()), 20,
+                 "the cluster to see its tasks end")
+        c.restart()
+        again = probe(c)
+        assert {info["ppid"] for info in again.values()} != {server.pid}
+        assert server_of(again["worker:0"]["pid"]).alive()
+
+
+def test_what_decides_the_server() -> None:
+    py = sys.executable
+    base = {"TF_CPP_MIN_LOG_LEVEL": "1", "PATH": "/bin"}
+    key = forkserver.ServerKey.of(py, ("tensorflow",), "/w", base, None)
+    late = {**base, "TF_CONFIG": "{}", "TFDIST_TASK": "worker:1", "PATH": "/usr/bin"}
+    assert forkserver.ServerKey.of(py, ("tensorflow",), "/w", late, None) == key
+    for other in (forkserver.ServerKey.of(py, ("tensorflow",), "/w",
+                                          {**base, "TF_CPP_MIN_LOG_LEVEL": "3"}, None),
+                  forkserver.ServerKey.of(py, ("tensorflow",), "/elsewhere", base, None),
+                  forkserver.ServerKey.of(py, ("tensorflow",), "/w", base, 1234),
+                  forkserver.ServerKey.of(py, (), "/w", base, None)):
+        assert other != key
+    assert forkserver.kernel_args([py, "-m", "tfdist_nb.worker.kernel", "-f", "c.json"],
+                                  py) == ["-f", "c.json"]
+    assert forkserver.kernel_args(["/other/python", "-m", "tfdist_nb.worker.kernel"], py) is None
+    assert forkserver.kernel_args([py, "-m", "ipykernel_launcher", "-f", "c.json"], py) is None

@@ -1,0 +1,210 @@
+"""The fork server's own process: TensorFlow imported once, every local kernel forked from it.
+
+Started by :mod:`.forkserver` as ``python -m tfdist_nb.launchers.zygote FD LOG PRELOAD...`` with
+the tasks' environment less their identity (docs/design.md, "Fork server"). It imports
+``PRELOAD`` (TensorFlow) and ipykernel, says ``ready`` on the Unix socket ``FD``
+(``SOCK_SEQPACKET``: one JSON message per packet, a task's stdout/stderr descriptors passed
+with it), then forks one worker kernel per request. A child leads a session of its own (so a
+stop can end its process group), takes the task's environment, working directory and process
+log, gets a fresh NumPy seed and the command line a cold kernel has as its process title, and
+runs ``tfdist_nb.worker.kernel`` exactly as ``python -m`` would. Import-time output (TensorFlow's
+start-up lines, written to ``LOG``) is copied to each child's log first, as a cold task's log
+would have it. The server reaps its children and reports each exit code; it ends when the
+controller's end of the socket closes, and its children then end with it (their parent watch,
+:mod:`tfdist_nb.worker.lifeline`).
+
+Nothing of tfdist_nb's worker side is imported before a fork: ``tfdist_nb.worker`` reads the
+task's identity when it is imported, in the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+#: imported after ``PRELOAD`` so a kernel's own start costs a fraction of a second
+KERNEL_MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "zmq", "psutil",
+                  "jupyter_client.session")
+KERNEL_MODULE = "tfdist_nb.worker.kernel"
+MAX_MESSAGE = 1 << 20
+#: seconds between two looks at whether the controller is still there
+LOOK_S = 1.0
+
+
+def send(sock: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        sock.send(json.dumps(message).encode())
+
+
+def main(argv: list[str]) -> int:
+    fd, log_path, preload = int(argv[0]), argv[1], argv[2:]
+    sock = socket.socket(fileno=fd)
+    began = time.monotonic()
+    try:
+        for name in (*preload, *KERNEL_MODULES):
+            importlib.import_module(name)
+    except BaseException:
+        send(sock, {"failed": traceback.format_exc(limit=8)})
+        return 1
+    with contextlib.suppress(Exception):  # its set-up needs the environment as started
+        import setproctitle
+
+        setproctitle.getproctitle()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        with open(log_path, "rb") as f:
+            said = f.read()
+    except OSError:
+        said = b""
+    send(sock, {"ready": os.getpid(), "seconds": round(time.monotonic() - began, 3)})
+    serve(sock, said)
+    return 0
+
+
+def serve(sock: socket.socket, said: bytes) -> None:
+    """Fork a kernel per request, report exits, until the controller is gone."""
+    wake_r, wake_w = os.pipe()
+    for end in (wake_r, wake_w):
+        os.set_blocking(end, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        readable, _, _ = select.select([sock, wake_r], [], [], LOOK_S)
+        if wake_r in readable:
+            with contextlib.suppress(OSError):
+                os.read(wake_r, 4096)
+        reap(sock)
+        if sock not in readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, 4)
+        except OSError:
+            return
+        if not data:
+            return  # the controller closed its end (or ended)
+        fork_one(sock, json.loads(data), fds, said, closing=(wake_r, wake_w))
+
+
+def reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said: bytes,
+             closing: tuple[int, ...]) -> None:
+    """Fork the kernel ``request`` asks for; answer with its pid once it leads its session."""
+    sync_r, sync_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(sync_r)
+            os.setsid()
+            os.close(sync_w)  # the server may answer now: killpg(pid) reaches this session
+            for end in closing:
+                os.close(end)
+            sock.close()
+            code = become_kernel(request, fds, said)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(sync_w)
+    for end in fds:
+        os.close(end)
+    with contextlib.suppress(OSError):
+        os.read(sync_r, 1)  # end of file once the child called setsid (or died)
+    os.close(sync_r)
+    send(sock, {"forked": request["id"], "pid": pid})
+
+
+def become_kernel(request: dict[str, Any], fds: list[int], said: bytes) -> int:
+    """In the child: the task's stdio, directory, environment and title; then the kernel."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    out, err = (fds + fds)[:2] if fds else (os.open(os.devnull, os.O_WRONLY),) * 2
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for end in set(fds):
+        if end > 2:
+            os.close(end)
+    if said:
+        os.write(2, said)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    fresh_seeds()
+    set_title(request["title"])
+    args = list(request["args"])
+    if "JPY_PARENT_PID" in os.environ:
+        # ipykernel read JPY_PARENT_PID when this server imported it (a class default): the
+        # parent watch needs the value given again
+        args.append(f"--IPKernelApp.parent_handle={int(os.environ['JPY_PARENT_PID'])}")
+    sys.argv = [KERNEL_MODULE, *args]
+    import atexit
+    import runpy
+
+    code = 0
+    try:
+        runpy.run_module(KERNEL_MODULE, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        with contextlib.suppress(Exception):
+            atexit._run_exitfuncs()
+    return code
+
+
+def fresh_seeds() -> None:
+    """A forked child has its parent's random state: NumPy's global generator (seeded once, in
+    the server) would give every task the same numbers. ``random`` reseeds itself at fork."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
+
+
+def set_title(title: str) -> None:
+    """``ps`` and process tools see the command a cold kernel has (where setproctitle is)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:
+        return
+    with contextlib.suppress(Exception):
+        setproctitle(title)
+
+
+if __name__ == "__main__":
+    # no interpreter shutdown: TensorFlow's import left threads and exit handlers that can hold
+    # it up, and the controller is gone (or done with this server) when main returns
+    code = main(sys.argv[1:])
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
