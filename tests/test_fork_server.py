@@ -131,3 +131,33 @@ def test_what_decides_the_server() -> None:
                                   py) == ["-f", "c.json"]
     assert forkserver.kernel_args(["/other/python", "-m", "tfdist_nb.worker.kernel"], py) is None
     assert forkserver.kernel_args([py, "-m", "ipykernel_launcher", "-f", "c.json"], py) is None
+
+
+def test_a_start_that_times_out_while_the_server_imports_leaves_nothing_and_the_next_forks(
+        tmp_path: Path) -> None:
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(6)\n")
+    env = {"PYTHONPATH": str(tmp_path)}  # a server of its own, 6 s to import its preload
+    with pytest.raises(ClusterStartError, match="start_timeout=2s"):
+        Cluster(workers=1, env=env, preload=("slow_import",), run_dir=tmp_path / "a",
+                start_timeout=2).start()
+    [server] = [s for s in forkserver.live_servers() if s.key.preload == ("slow_import",)]
+    assert not server.children, "a kernel was forked for a start given up"
+    server.ready.result(timeout=30)
+    with Cluster(workers=1, env=env, preload=("slow_import",), run_dir=tmp_path / "b",
+                 start_timeout=30) as c:
+        assert probe(c)["worker:0"]["ppid"] == server.pid
+
+
+def test_a_fork_given_up_in_flight_is_killed_when_it_comes(tmp_path: Path) -> None:
+    key = forkserver.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
+    server = forkserver.ForkServer(key, dict(os.environ))
+    try:
+        server.ready.result(timeout=60)
+        request = server._fork(["-f", str(tmp_path / "kernel.json")], dict(os.environ),
+                               str(tmp_path), "python -m tfdist_nb.worker.kernel", [])
+        assert request.cancel(), "answered before it could be given up"
+        wait_for(lambda: server._exits, 30, "the given-up kernel's exit to be reported")
+        assert list(server._exits.values()) == [-signal.SIGKILL] and not server.children
+    finally:
+        server.close()
+    assert not server.alive()

@@ -155,7 +155,8 @@ def become_kernel(request: dict[str, Any], fds: list[int], said: bytes) -> int:
         if end > 2:
             os.close(end)
     if said:
-        os.write(2, said)
+        with contextlib.suppress(OSError):  # a full disk must not keep the kernel from starting
+            os.write(2, said)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
