@@ -10,22 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.topology import TaskId
 
-logger = logging.getLogger(__name__)
-
 WATCH_S = 1.0
 
 
 class ExitWatch:
-    """Polls every idle task's process (cheap for each launcher: a ``waitpid``, the SSH
-    process's return code, the SLURM job state already known, an attached kernel's
-    heartbeat)."""
+    """Says an idle task's exit: it waits on the exit futures of the idle tasks' processes
+    (each process has one watcher, :meth:`TaskHandle.exit_future`), looking again every
+    ``WATCH_S`` for tasks that became idle."""
 
     def __init__(self, tasks: dict[TaskId, TaskRuntime],
                  note: Callable[[str, str, str], None]) -> None:
@@ -46,7 +43,12 @@ class ExitWatch:
 
     async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(WATCH_S)
+            exits = [rt.handle.exit_future() for rt in list(self._tasks.values())
+                     if rt.state is TaskState.IDLE and rt.handle is not None]
+            if exits:
+                await asyncio.wait(exits, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(WATCH_S)
             for rt in list(self._tasks.values()):
                 await self.check(rt)
 
@@ -55,13 +57,9 @@ class ExitWatch:
         handle = rt.handle
         if rt.state is not TaskState.IDLE or handle is None:
             return False
-        try:
-            code = await handle.poll()
-        except Exception:  # a launcher that cannot tell now; the next poll asks again
-            logger.debug("%s: poll failed", rt.name, exc_info=True)
+        code = handle.exited()
+        if code is None:
             return False
-        if code is None or rt.state is not TaskState.IDLE or rt.handle is not handle:
-            return False  # alive, or a cell / restart / stop took the task meanwhile
         rt.transition(TaskEvent.EXITED)
         what = await asyncio.to_thread(handle.describe_exit, code)
         self._note(rt.name, f"{rt.name} {what} while no cell was running on it; bring it back "

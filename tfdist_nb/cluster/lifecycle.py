@@ -461,16 +461,18 @@ class Lifecycle:
         says a channel could not bind, and at the deadline."""
         assert rt.handle is not None
         work = asyncio.ensure_future(step)
+        exited = rt.handle.exit_future()
         started = time.monotonic()
         log_size = _log_size(rt)
         try:
             while not work.done():
-                await asyncio.wait([work], timeout=POLL_S)
+                await asyncio.wait([work, exited], timeout=POLL_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
                 if work.done():
                     break
-                if (code := await rt.handle.poll()) is not None:
-                    raise StartFailed(f"the process {rt.handle.describe_exit(code)} while "
-                                      "starting")
+                if exited.done():
+                    raise StartFailed(f"the process {rt.handle.describe_exit(exited.result())} "
+                                      "while starting")
                 if (size := _log_size(rt)) != log_size:
                     log_size = size
                     if fatal := _fatal_log_line(rt, rt.log_offset):

@@ -104,12 +104,13 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
     watch = StallWatch(stall_timeout) if stall_timeout and inspector else None
     while len(results) < len(tasks) and control.reason is None:
         pending = [n for n in by_name if n not in results]
-        await _wait_any([execs[n].reply for n in pending] + [control.wake], POLL_S)
+        await _wait_any([execs[n].reply for n in pending] + [control.wake]
+                        + [by_name[n].live_handle.exit_future() for n in pending], POLL_S)
         for name in pending:
             rt, ex = by_name[name], execs[name]
             if ex.reply.done():
                 results[name] = await _finished(rt, ex)
-            elif (exit_code := await rt.live_handle.poll()) is not None:
+            elif (exit_code := rt.live_handle.exited()) is not None:
                 results[name] = _crashed(rt, ex, exit_code, inspector)
                 control.stop(RunEnd.CRASH)
         if inspector is not None:
@@ -319,7 +320,7 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reas
                         grace_s: float, inspector: Inspector | None) -> TaskResult:
     if ex.reply.done():
         return await _finished(rt, ex, status)
-    if (code := await rt.live_handle.poll()) is not None:
+    if (code := rt.live_handle.exited()) is not None:
         return _crashed(rt, ex, code, inspector)
     rt.live_channel.abandon(ex)
     res = _result(rt, ex, status, None)

@@ -81,7 +81,6 @@ class SpareState(enum.Enum):
 
     WARMING = "warming"  # started, importing ``preload``
     READY = "ready"  # warmed, waiting to be taken
-    TAKING = "taking"  # being checked by ``take`` (the background check leaves it alone)
     TAKEN = "taken"  # handed to a start or restart (maybe still warming: ``warm_s`` is None)
     STOPPED = "stopped"
 
@@ -232,16 +231,14 @@ class SparePool:
         cwd = cwd or os.getcwd()
         reasons: list[str] = []
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
-            spare.state = SpareState.TAKING  # the background check leaves it alone meanwhile
-            code = await spare.handle.poll() if spare.handle is not None else None
-            if spare.state != SpareState.TAKING or spare not in self._spares:
-                continue  # stopped while we looked
+            if spare not in self._spares or spare.state != SpareState.READY:
+                continue  # lost or stopped while an earlier one was dropped
+            code = spare.handle.exited() if spare.handle is not None else None
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
                 continue
             why = mismatch(spare, env, python, preload, cwd)
             if why:
-                spare.state = SpareState.READY
                 reasons.append(why)
                 continue
             self._spares.remove(spare)
@@ -345,9 +342,9 @@ class SparePool:
             return
         wanted = self.spare_env()
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
-            code = await spare.handle.poll() if spare.handle else None
-            if spare.state != SpareState.READY or spare not in self._spares:
-                continue  # being taken (or stopped) meanwhile
+            if spare not in self._spares or spare.state != SpareState.READY:
+                continue  # taken or stopped by an earlier step of this check
+            code = spare.handle.exited() if spare.handle else None
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
             elif why := mismatch(spare, wanted, setup.python, setup.preload, os.getcwd()):
@@ -479,11 +476,11 @@ async def _unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Futu
     """Await a warm-up step, failing within POLL_S when the spare's process exits."""
     assert spare.handle is not None
     work = asyncio.ensure_future(step)
+    exited = spare.handle.exit_future()
     try:
-        while not work.done():
-            await asyncio.wait([work], timeout=POLL_S)
-            if not work.done() and (code := await spare.handle.poll()) is not None:
-                raise RuntimeError(f"the process {spare.handle.describe_exit(code)}")
+        await asyncio.wait([work, exited], return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise RuntimeError(f"the process {spare.handle.describe_exit(exited.result())}")
         return work.result()
     finally:
         if not work.done():

@@ -8,6 +8,7 @@ on the cluster's event loop thread.
 from __future__ import annotations
 
 import abc
+import asyncio
 import enum
 import logging
 import time
@@ -20,6 +21,9 @@ from tfdist_nb.debuglog import swallowed
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
+
+#: how often the one watcher of a task's process asks ``poll`` (every launcher's is cheap)
+EXIT_POLL_S = 0.2
 
 
 @dataclass
@@ -65,10 +69,43 @@ class TaskHandle(abc.ABC):
     host: str
     pid: int | None
     client: Any = field(repr=False)
+    _exit: asyncio.Future[int] | None = field(default=None, init=False, repr=False,
+                                              compare=False)
+    _exit_watch: asyncio.Future[None] | None = field(default=None, init=False, repr=False,
+                                                     compare=False)
 
     @abc.abstractmethod
     async def poll(self) -> int | None:
         """The exit code (negative: killed by that signal) once the process is gone, else None."""
+
+    def exit_future(self) -> asyncio.Future[int]:
+        """The process's exit code once it is gone: the one watcher of this process, started at
+        the first ask and shared by whoever waits on it (the start, a cell, the idle watch, the
+        spare pool). Call it on the loop thread; a stop ends the watch."""
+        if self._exit is None:
+            self._exit = asyncio.get_running_loop().create_future()
+            self._exit_watch = asyncio.ensure_future(self._watch_exit(self._exit))
+        return self._exit
+
+    def exited(self) -> int | None:
+        """The exit code if the watcher has seen the process end, else None (never waits)."""
+        future = self.exit_future()
+        return future.result() if future.done() else None
+
+    async def _watch_exit(self, exit_code: asyncio.Future[int]) -> None:
+        while not exit_code.done():
+            try:
+                code = await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a launcher that cannot tell now; the next look asks again
+                logger.debug("%s: poll failed", self.task, exc_info=True)
+                code = None
+            if code is not None:
+                if not exit_code.done():
+                    exit_code.set_result(code)
+                return
+            await asyncio.sleep(EXIT_POLL_S)
 
     @abc.abstractmethod
     async def interrupt(self) -> None:
@@ -80,7 +117,10 @@ class TaskHandle(abc.ABC):
 
     def close_channels(self) -> float:
         """The first step of every stop: the controller's channels to the task close (a stop
-        report's duration counts from here). Returns the time it happened."""
+        report's duration counts from here), and the exit watch ends (the stop itself waits
+        for the process). Returns the time it happened."""
+        if self._exit_watch is not None and not self._exit_watch.done():
+            self._exit_watch.cancel()
         with swallowed(logger):
             self.client.stop_channels()
         return time.monotonic()
