@@ -466,8 +466,8 @@ class Lifecycle:
         log_size = _log_size(rt)
         try:
             while not work.done():
-                await asyncio.wait([work, exited], timeout=POLL_S,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                waiting: list[asyncio.Future[Any]] = [work, exited]
+                await asyncio.wait(waiting, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
                 if work.done():
                     break
                 if exited.done():

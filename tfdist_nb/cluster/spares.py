@@ -478,7 +478,8 @@ async def _unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Futu
     work = asyncio.ensure_future(step)
     exited = spare.handle.exit_future()
     try:
-        await asyncio.wait([work, exited], return_when=asyncio.FIRST_COMPLETED)
+        waiting: list[asyncio.Future[Any]] = [work, exited]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
             raise RuntimeError(f"the process {spare.handle.describe_exit(exited.result())}")
         return work.result()
