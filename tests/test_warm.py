@@ -23,7 +23,7 @@ import pytest
 
 from tests.conftest import cell, wait_for
 from tfdist_nb import Cluster
-from tfdist_nb.cluster.spares import Spare, env_delta, mismatch
+from tfdist_nb.cluster.spare import Spare, env_delta, mismatch
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.import_env import import_time
 
@@ -80,7 +80,7 @@ def losses(result: Any) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- pure parts
 def test_a_warm_outcome_says_how_spares_were_used_in_one_line() -> None:
-    from tfdist_nb.cluster.spares import WarmOutcome
+    from tfdist_nb.cluster.spare import WarmOutcome
 
     assert str(WarmOutcome(2, 2, fresh_ports=True)) == (
         "2 task(s) from spare kernels on fresh TF ports")

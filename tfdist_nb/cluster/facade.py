@@ -38,7 +38,8 @@ from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.session import SESSION
-from tfdist_nb.cluster.spares import SparePool, WarmOutcome
+from tfdist_nb.cluster.spare import WarmOutcome
+from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame

@@ -33,7 +33,8 @@ from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.spares import Spare, SparePool, WarmOutcome, env_delta, stop_spare
+from tfdist_nb.cluster.spare import Spare, WarmOutcome, env_delta, stop_spare
+from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config

@@ -1,0 +1,183 @@
+"""One spare kernel (docs/design.md, "Spare kernels"): its state, the line said about how a start
+used spares, whether it fits a task, and how it ends. The pool that starts and hands them out is
+:mod:`.spares`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tfdist_nb.debuglog import swallowed
+from tfdist_nb.events import Event, OutputLine
+from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.launchers.import_env import import_time_env
+from tfdist_nb.transport.channel import KernelChannel
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+BACKLOG_LINES = 500
+
+
+def env_delta(spare_env: Mapping[str, str],
+              task_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """What to set and unset in a spare's environment so it equals ``task_env``."""
+    set_env = {k: v for k, v in task_env.items() if spare_env.get(k) != v}
+    unset = sorted(k for k in spare_env if k not in task_env)
+    return set_env, unset
+
+
+class SpareState(enum.Enum):
+    """Where a spare is in its life; only the pool's loop thread changes it."""
+
+    WARMING = "warming"  # started, importing ``preload``
+    READY = "ready"  # warmed, waiting to be taken
+    TAKEN = "taken"  # handed to a start or restart (maybe still warming: ``warm_s`` is None)
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class WarmOutcome:
+    """How one start or restart used spare kernels; ``str()`` is the line said about it."""
+
+    tasks: int  # tasks started or restarted
+    adopted: int  # of them, taken from spares
+    still_warming: int = 0  # of the adopted, spares still warming when taken
+    cold: tuple[str, ...] = ()  # tasks started cold, by name
+    why_cold: str | None = None  # why (the first task's reason)
+    fresh_ports: bool = False  # every task moved to fresh TF ports
+
+    def __str__(self) -> str:
+        if self.cold:
+            who = ("every task" if not self.adopted else
+                   f"{', '.join(self.cold)} ({self.adopted} of {self.tasks} from spares)")
+            text = f"cold start for {who}: {self.why_cold or 'no spare'}"
+        else:
+            text = f"{self.adopted} task(s) from spare kernels"
+        if self.still_warming:
+            text += f" ({self.still_warming} still warming when taken)"
+        return text + (" on fresh TF ports" if self.fresh_ports else "")
+
+
+@dataclass
+class Spare:
+    """One spare kernel: started with ``env`` (no task identity), warmed, then taken."""
+
+    number: int
+    env: dict[str, str] = field(repr=False)
+    python: str
+    preload: tuple[str, ...]
+    cwd: str
+    directory: Path
+    handle: TaskHandle | None = None
+    channel: KernelChannel | None = None
+    subshell: str | None = None
+    state: SpareState = SpareState.WARMING
+    began: float = field(default_factory=time.monotonic)
+    warm_s: float | None = None
+    starting: asyncio.Future[Any] | None = field(default=None, repr=False)
+    warming: asyncio.Future[Any] | None = field(default=None, repr=False)
+    backlog: deque[Event] = field(default_factory=lambda: deque(maxlen=BACKLOG_LINES),
+                                  repr=False)
+    route: Callable[[list[Event]], None] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"spare-{self.number}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.handle.pid if self.handle else None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "kernel.log"
+
+    def sink(self, events: list[Event]) -> None:
+        """The channel's sink: kept aside until the spare is a task, then the cluster's."""
+        if self.route is not None:
+            self.route(events)
+        else:
+            self.backlog.extend(e for e in events if isinstance(e, OutputLine))
+
+    def hand_over(self, sink: Callable[[list[Event]], None], task: str) -> None:
+        """From now on its events are ``task``'s; what it said while it was a spare (TensorFlow's
+        import-time lines) is replayed under that name, as a cold task would have said it."""
+        assert self.channel is not None
+        self.channel.task = task
+        backlog: list[Event] = [OutputLine(e.time, task, e.stream, e.text, None)
+                                for e in self.backlog if isinstance(e, OutputLine)]
+        self.backlog.clear()
+        if backlog:
+            sink(backlog)
+        self.route = sink
+        self.state = SpareState.TAKEN
+
+
+def mismatch(spare: Spare, env: Mapping[str, str], python: str, preload: tuple[str, ...],
+             cwd: str) -> str | None:
+    """Why ``spare`` cannot become a task started with ``env``, in a few words; None: it can."""
+    if spare.python != python:
+        return f"the spares run {spare.python}, the tasks {python}"
+    if tuple(spare.preload) != tuple(preload):
+        return f"the spares preloaded {list(spare.preload)}, the tasks want {list(preload)}"
+    if spare.cwd != cwd:
+        return f"the working directory changed ({spare.cwd} -> {cwd})"
+    have, want = import_time_env(spare.env), import_time_env(env)
+    keys = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
+    if keys:
+        named = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+        return (f"{named} {'differs' if len(keys) == 1 else 'differ'} from the spares' (read "
+                "when TensorFlow is imported)")
+    return None
+
+
+async def unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+    """Await a warm-up step, failing within POLL_S when the spare's process exits."""
+    assert spare.handle is not None
+    work = asyncio.ensure_future(step)
+    exited = spare.handle.exit_future()
+    try:
+        waiting: list[asyncio.Future[Any]] = [work, exited]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise RuntimeError(f"the process {spare.handle.describe_exit(exited.result())}")
+        return work.result()
+    finally:
+        if not work.done():
+            work.cancel()
+
+
+async def stop_spare(spare: Spare) -> None:
+    """End a spare now, also one still being spawned or warmed."""
+    spare.state = SpareState.STOPPED
+    if spare.warming is not None and not spare.warming.done():
+        spare.warming.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await spare.warming
+    if spare.handle is None and spare.starting is not None:
+        with swallowed(logger):
+            spare.handle = await asyncio.wait_for(asyncio.shield(spare.starting), 30)
+    if spare.channel is not None:
+        with swallowed(logger):
+            await spare.channel.close()
+    if spare.handle is not None:
+        with swallowed(logger):
+            await spare.handle.stop(0.0)
+
+
+def log_tail(path: Path, n: int = 3) -> str:
+    with contextlib.suppress(OSError):
+        lines = path.read_text(errors="replace").strip().splitlines()
+        return " | ".join(line.strip() for line in lines[-n:])
+    return ""
