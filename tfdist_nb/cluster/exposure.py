@@ -11,7 +11,12 @@ parameter-server cluster's servers), naming each task's host and port (``describ
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.task import TaskRuntime
 
 LISTEN = "0A"
 _WILDCARD = {"00000000", "0" * 32}
@@ -68,3 +73,40 @@ def _line(named: dict[str, str], host: str, user: str, whose: str) -> str:
             f"ops in the task as {user} (read and write {whose} files). Keep the hosts on a "
             "private network or firewall those ports to the cluster's own hosts; "
             "docs/security.md, 'What TensorFlow itself opens'")
+
+
+def open_ports(tasks: Iterable[TaskRuntime]) -> dict[str, int]:
+    """Of local ``tasks`` with a process, those whose TF port listens on every interface of
+    this host now (task -> port)."""
+    ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in tasks
+             if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
+    return exposed(ports, read_tables()) if ports else {}
+
+
+def remote_servers(tasks: Iterable[TaskRuntime], has_ps: bool, live: Any) -> dict[str, str]:
+    """Remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
+    completed in their ledger (``live``: the cluster's live store), or a parameter-server
+    cluster's ps and workers, which serve from their start."""
+    serving = {}
+    for rt in list(tasks):
+        if rt.handle is None or live is None:
+            continue
+        rows = live.view(rt.name).ledger.recent()
+        if (has_ps and rt.task.role in ("ps", "worker")) or any(
+                r.get("kind") == "startup" and r.get("state") == "done" for r in rows):
+            serving[rt.name] = rt.address
+    return serving
+
+
+class SaidOnce:
+    """A set of exposed ports is said once (a restart onto fresh ports is said again)."""
+
+    def __init__(self) -> None:
+        self._said: frozenset[tuple[str, int | str]] = frozenset()
+
+    def first_time(self, found: Mapping[str, int | str]) -> bool:
+        key = frozenset(found.items())
+        if not found or key <= self._said:
+            return False
+        self._said |= key
+        return True

@@ -39,7 +39,7 @@ from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome
-from tfdist_nb.cluster.spares import SparePool
+from tfdist_nb.cluster.spares import SparePool, spare_count
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
@@ -120,10 +120,10 @@ class Cluster:
                            preload=tuple(preload), extra_env=dict(env or {}),
                            start_timeout=float(start_timeout))
         # spare kernels (docs/reference.md, warm=): how many, 0 for none
-        self._warm = _spare_count(warm, chosen, self.setup)
+        self._warm = spare_count(warm, chosen, self.setup)
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
-        self._exposure_said: frozenset[tuple[str, int | str]] = frozenset()
+        self._exposure_said = exposure.SaidOnce()
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
@@ -286,7 +286,7 @@ class Cluster:
 
     def set_warm(self, warm: bool | int | None) -> None:
         """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
-        self._warm = _spare_count(warm, self.launcher, self.setup)
+        self._warm = spare_count(warm, self.launcher, self.setup)
         if not self.running or self._lifecycle is None:
             return
         lifecycle, loop = self._lifecycle, self._require_loop()
@@ -736,44 +736,24 @@ class Cluster:
         in docs/security.md."""
         if self.launcher.remote or self.launcher.confined:
             return {}  # remote: exposure_note; confined: the ports are in the tasks' netns
-        ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in self.tasks.values()
-                 if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
-        return exposure.exposed(ports, exposure.read_tables()) if ports else {}
+        return exposure.open_ports(self.tasks.values())
 
     def exposure_note(self) -> str | None:
         """The line naming the exposed TF ports, the first time this set of them listens
         (a restart onto fresh ports is said again); kept in the run directory's log."""
+        line = None
         if self.launcher.remote:
-            serving = self._remote_servers()
-            key: frozenset[tuple[str, int | str]] = frozenset(serving.items())
-            if not serving or key <= self._exposure_said:
-                return None
-            self._exposure_said |= key
-            line = exposure.describe_remote(serving)
-        else:
-            open_ports = self.tf_exposure()
-            key = frozenset(open_ports.items())
-            if not open_ports or key <= self._exposure_said:
-                return None
-            self._exposure_said |= key
+            serving = exposure.remote_servers(self.tasks.values(), bool(self.spec.ps),
+                                              self.hub.live if self.hub else None)
+            if self._exposure_said.first_time(serving):
+                line = exposure.describe_remote(serving)
+        elif self._exposure_said.first_time(open_ports := self.tf_exposure()):
             line = exposure.describe(open_ports)
             if why := self.launcher.why_not_confined:
                 line += f". They are not confined to a private network: {why}"
-        self._note("cluster", line, "INFO")
+        if line is not None:
+            self._note("cluster", line, "INFO")
         return line
-
-    def _remote_servers(self) -> dict[str, str]:
-        """Remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
-        completed in their ledger, or the parameter-server cluster serves from its start."""
-        serving = {}
-        for rt in list(self.tasks.values()):
-            if rt.handle is None or self.hub is None:
-                continue
-            rows = self.hub.live.view(rt.name).ledger.recent()
-            if (self.spec.ps and rt.task.role in ("ps", "worker")) or any(
-                    r.get("kind") == "startup" and r.get("state") == "done" for r in rows):
-                serving[rt.name] = rt.address
-        return serving
 
     def network(self) -> str:
         """Who can reach this cluster's TensorFlow ports, one line (the launcher says)."""
@@ -819,37 +799,6 @@ class Cluster:
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
         if self.hub is not None:
             self.hub.note(task, text, level)
-
-
-def _spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
-    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
-    launcher when there is something to preload, none otherwise."""
-    tasks = len(setup.spec.tasks)
-    if warm is None:
-        default = _default_spares(tasks)
-        return default if launcher.spares and setup.preload else 0
-    if warm is False or (not isinstance(warm, bool) and warm == 0):
-        return 0
-    if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
-        if not launcher.spares:
-            raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
-                            "(leave warm unset or False)")
-        return tasks if warm is True else int(warm)
-    raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
-
-
-def _default_spares(tasks: int) -> int:
-    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
-    ``warm`` unset; unset or ``auto``: one per task."""
-    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return tasks
-    if raw in ("off", "false", "no"):
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
-                    "TFDIST_WARM=0)")
 
 
 async def _gather(*coros: Any) -> list[Any]:
