@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tasks", type=int, nargs="+", default=[2, 8, 16])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rtt", type=int, default=50, help="round trips per cluster")
-    parser.add_argument("--tools", nargs="+", choices=list(TOOLS), default=list(TOOLS))
+    # tfdist_nb_next is a start measure: without TensorFlow (preload=()) nothing is forked
+    parser.add_argument("--tools", nargs="+", choices=list(TOOLS),
+                        default=[t for t in TOOLS if t != "tfdist_nb_next"])
     parser.add_argument("--quick", action="store_true", help="1 repeat, 10 round trips (smoke)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
