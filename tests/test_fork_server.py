@@ -70,6 +70,12 @@ def test_tasks_are_forked_kernels_with_their_own_identity(loud: dict[str, str],
             log = tasks[name].log_path.read_text()
             assert log.count(f"loud was imported by {server.pid}") == 1, log[:500]
         assert seen["worker:0"]["rand"] != seen["worker:1"]["rand"], "NumPy seeds are shared"
+        # TensorFlow's own log lines name the thread that logged: the task's, not the server's
+        made = c.run("import tensorflow as tf\ns = tf.distribute.MultiWorkerMirroredStrategy()")
+        assert made.ok, made.summary()
+        started = c.logs(grep="grpc_server_lib.cc.*Started server")
+        tids = {row.task: int(row.text.split()[2]) for row in started.itertuples()}
+        assert tids == {name: info["pid"] for name, info in seen.items()}, started.text.tolist()
 
         first = {name: info["pid"] for name, info in seen.items()}
         c.restart()

@@ -29,7 +29,9 @@ from tfdist_nb.worker.telemetry import read_oom_kills
 
 POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
-IDLE_AFTER_REPLY_S = 2.0
+#: how long the end of a cell waits for a task's idle status after its reply (its last output
+#: comes before it); a loaded host can delay it past 2 s (a line then reached only the run log)
+IDLE_AFTER_REPLY_S = 5.0
 STALL_SLACK_S = 2.0
 CRASH_LEDGER_WAIT_S = 1.0
 

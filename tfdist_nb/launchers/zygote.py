@@ -27,6 +27,7 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -49,11 +50,8 @@ def main(argv: list[str]) -> int:
     fd, log_path, preload = int(argv[0]), argv[1], argv[2:]
     sock = socket.socket(fileno=fd)
     began = time.monotonic()
-    try:
-        for name in (*preload, *KERNEL_MODULES):
-            importlib.import_module(name)
-    except BaseException:
-        send(sock, {"failed": traceback.format_exc(limit=8)})
+    if failed := import_aside((*preload, *KERNEL_MODULES)):
+        send(sock, {"failed": failed})
         return 1
     with contextlib.suppress(Exception):  # its set-up needs the environment as started
         import setproctitle
@@ -69,6 +67,28 @@ def main(argv: list[str]) -> int:
     send(sock, {"ready": os.getpid(), "seconds": round(time.monotonic() - began, 3)})
     serve(sock, said)
     return 0
+
+
+def import_aside(names: tuple[str, ...]) -> str | None:
+    """Import ``names`` on a thread of its own; the traceback if one failed.
+
+    Not on the thread that forks: TensorFlow's logger keeps the thread id of each thread that
+    logged (absl's cached ``gettid``), and a child would print the server's id on every line its
+    main thread logs. A child's main thread is this process's main thread, which never logged.
+    """
+    failed: list[str] = []
+
+    def run() -> None:
+        try:
+            for name in names:
+                importlib.import_module(name)
+        except BaseException:
+            failed.append(traceback.format_exc(limit=8))
+
+    thread = threading.Thread(target=run, name="tfdist-fork-import")
+    thread.start()
+    thread.join()
+    return failed[0] if failed else None
 
 
 def serve(sock: socket.socket, said: bytes) -> None:
