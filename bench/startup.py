@@ -82,7 +82,10 @@ def report(res: dict[str, Any]) -> str:
     if ALT in s and "tfdist_nb" in s:
         lines.append(f"  ratio tfdist_nb / {ALT}: {s['tfdist_nb'] / s[ALT]:.2f}x"
                      + "".join(f"; / {k}: {s['tfdist_nb'] / s[k]:.2f}x" for k in names
-                               if k not in ("tfdist_nb", ALT)))
+                               if k not in ("tfdist_nb", "tfdist_nb_next", ALT)))
+    if ALT in s and "tfdist_nb_next" in s:
+        lines.append(f"  ratio tfdist_nb_next (its fork server up) / {ALT}: "
+                     f"{s['tfdist_nb_next'] / s[ALT]:.2f}x")
     for name, ph in res["phases_s"].items():
         steps = ", ".join(f"{p} at {t:.2f}s" for p, t in ph.items())
         lines.append(f"  {name}: {steps}")

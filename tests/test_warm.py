@@ -89,6 +89,9 @@ def test_a_warm_outcome_says_how_spares_were_used_in_one_line() -> None:
         "(1 still warming when taken)")
     assert str(WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold="spares are off")) == (
         "cold start for every task: spares are off")
+    forked = WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold="spares are off",
+                         forked=True)
+    assert str(forked).endswith("(forked from the fork server: TensorFlow is imported already)")
 
 
 def test_import_time_variables_are_told_apart_from_late_ones() -> None:
@@ -214,6 +217,7 @@ def test_a_restart_with_no_spare_starts_every_task_cold_and_says_why(
         c.restart()
         assert c.warm_note is not None and c.warm_note.startswith(
             "cold start for every task: no spare started: 900 MB available"), c.warm_note
+        assert "forked from the fork server" in c.warm_note  # no import to wait for
         assert not old & {rt.pid for rt in c.tasks.values()}
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         assert set(c.status()["state"]) == {"idle"}

@@ -212,7 +212,8 @@ class Lifecycle:
                 cold[rt.name] = why or "no spare"
         self.warm = WarmOutcome(tasks=len(runtimes), adopted=len(taken),
                                 still_warming=sum(s.warm_s is None for s in taken.values()),
-                                cold=tuple(cold), why_cold=next(iter(cold.values()), None))
+                                cold=tuple(cold), why_cold=next(iter(cold.values()), None),
+                                forked=self.setup.launcher.forks(self.setup.preload))
         if cold:
             self.hub.note("spares", str(self.warm))
         return taken

@@ -56,12 +56,15 @@ class WarmOutcome:
     cold: tuple[str, ...] = ()  # tasks started cold, by name
     why_cold: str | None = None  # why (the first task's reason)
     fresh_ports: bool = False  # every task moved to fresh TF ports
+    forked: bool = False  # the cold tasks are forked from the launcher's fork server
 
     def __str__(self) -> str:
         if self.cold:
             who = ("every task" if not self.adopted else
                    f"{', '.join(self.cold)} ({self.adopted} of {self.tasks} from spares)")
             text = f"cold start for {who}: {self.why_cold or 'no spare'}"
+            if self.forked:
+                text += " (forked from the fork server: TensorFlow is imported already)"
         else:
             text = f"{self.adopted} task(s) from spare kernels"
         if self.still_warming:

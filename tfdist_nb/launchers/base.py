@@ -153,6 +153,11 @@ class Launcher(abc.ABC):
         kernels"): a kernel started on this host, its environment set at launch."""
         return False
 
+    def forks(self, preload: tuple[str, ...]) -> bool:
+        """Whether its tasks are forked from a process that imported ``preload`` already
+        (docs/design.md, "Fork server"), so a task started without a spare is quick too."""
+        return False
+
     @property
     def confined(self) -> bool:
         """Whether its tasks' TF ports are reachable by the tasks alone (a private network)."""

@@ -177,6 +177,9 @@ class LocalLauncher(Launcher):
     def spares(self) -> bool:
         return self.env_at_launch and self.restartable
 
+    def forks(self, preload: tuple[str, ...]) -> bool:
+        return self.fork and bool(preload)
+
     @property
     def confined(self) -> bool:
         """Whether the tasks run in the private network (their TF ports reachable by them
