@@ -122,10 +122,15 @@ class Tfdist:
     name = "tfdist_nb"
 
     def start(self, n: int, tf: bool = True) -> Started:
-        from tfdist_nb import Cluster
         from tfdist_nb.launchers import forkserver
 
         forkserver.close_all()  # a first start: its fork server imports TensorFlow, timed
+        return self.timed_start(n, tf)
+
+    @staticmethod
+    def timed_start(n: int, tf: bool) -> Started:
+        from tfdist_nb import Cluster
+
         phases = _Phases()
         with _probed(phases):
             # no spare kernels: their warm-up, right after the start, would share the cores
@@ -314,13 +319,7 @@ class TfdistNext(Tfdist):
 
         if not any(s.alive() for s in forkserver.live_servers()):
             Cluster(workers=1, preload=("tensorflow",) if tf else (), warm=False).start().stop()
-        phases = _Phases()
-        with _probed(phases):
-            cluster = Cluster(workers=n, preload=("tensorflow",) if tf else (),
-                              warm=False).start()
-        took = time.perf_counter() - phases.t0
-        done, each = phases.summary()
-        return Started(took, cluster, done, each)
+        return self.timed_start(n, tf)
 
 
 TOOLS: dict[str, Any] = {"tfdist_nb": Tfdist(), "ipyparallel": Ipyparallel(),
