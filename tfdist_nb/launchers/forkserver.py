@@ -270,7 +270,7 @@ class ForkedProcess:
 
 class ForkProvisioner(LocalProvisioner):
     """jupyter_client's local provisioner, the kernel forked from the server ``server_key``
-    names (:func:`register`); spawned as usual where that server cannot serve it."""
+    names (:func:`server_for`); spawned as usual where that server cannot serve it."""
 
     server_key = Unicode("", config=True, help="The fork server's name (tfdist_nb).")
 
