@@ -3,11 +3,12 @@ task, and their sum."""
 
 from __future__ import annotations
 
-import enum
 import html
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from tfdist_nb.strenum import StrEnum
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RemoteError:
         return f"{self.ename}: {first}"
 
 
-class TaskStatus(str, enum.Enum):
+class TaskStatus(StrEnum):
     """How a task's run of a cell ended (a ``str``: ``result.status == "error"`` holds;
     docs/reference.md, Results)."""
 
@@ -48,8 +49,6 @@ class TaskStatus(str, enum.Enum):
     STALLED = "stalled"  # the stall detector ended it
     INTERRUPTED = "interrupted"  # the user's interrupt (or the cluster stopped)
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

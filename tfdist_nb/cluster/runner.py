@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import socket
 import time
 from collections.abc import Mapping
@@ -24,6 +23,7 @@ from tfdist_nb.diagnostics.hangs import Ended, Hang, judge, ledger_overview
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.results import RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.store.collectives import LedgerView
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution
 from tfdist_nb.worker.telemetry import read_oom_kills
 
@@ -59,7 +59,7 @@ class Inspector(Protocol):
     def stopped(self, rt: TaskRuntime) -> str | None: ...
 
 
-class RunEnd(str, enum.Enum):
+class RunEnd(StrEnum):
     """Why a run ended before every task answered."""
 
     TIMEOUT = "timeout"  # the cell's --timeout
@@ -69,8 +69,6 @@ class RunEnd(str, enum.Enum):
     INTERRUPT = "interrupt"  # the user's interrupt
     STOPPED = "stopped"  # the cluster is being stopped
 
-    def __str__(self) -> str:
-        return self.value
 
 
 S = TaskStatus

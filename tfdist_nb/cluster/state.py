@@ -7,12 +7,11 @@ that cannot run it is refused with advice (``CannotRun``), never an internal err
 
 from __future__ import annotations
 
-import enum
-
 from tfdist_nb.errors import TfdistError
+from tfdist_nb.strenum import StrEnum
 
 
-class TaskState(str, enum.Enum):
+class TaskState(StrEnum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
@@ -21,11 +20,9 @@ class TaskState(str, enum.Enum):
     RESTARTING = "restarting"
     STOPPED = "stopped"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class TaskEvent(str, enum.Enum):
+class TaskEvent(StrEnum):
     READY = "ready"            # kernel answered and the worker agent is loaded
     RUN = "run"                # a cell was sent
     DONE = "done"              # the cell's execute_reply arrived

@@ -17,12 +17,12 @@ bound can be found (``for step in range(N)``, ``epochs=N``).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tfdist_nb.results import RunResult, TaskResult, TaskStatus
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import ClusterSpec, TaskId
 
 #: The prelude's defaults (its VARIANT line: tfdist_nb/worker/isolate_prelude.py)
@@ -33,7 +33,7 @@ COLLECTIVE_TIMEOUT = "DeadlineExceededError"
 HANG = "hang"  # the signature of a run that ended stalled, timed out or released from a hang
 
 
-class Outcome(str, enum.Enum):
+class Outcome(StrEnum):
     """How a variant ended, against the failure being isolated."""
 
     FAILS = "fails"  # the same way as the cell did (same exception type, or a hang again)
@@ -44,8 +44,6 @@ class Outcome(str, enum.Enum):
     NO_START = "did not start"
     INTERRUPTED = "interrupted"
 
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def verb(self) -> str:

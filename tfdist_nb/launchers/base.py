@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import enum
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -40,15 +40,13 @@ class TaskLaunch:
     preload: tuple[str, ...] = ()
 
 
-class StopPath(str, enum.Enum):
+class StopPath(StrEnum):
     """The shutdown step that ended a task (a ``str``: ``report.path == "kill"`` holds)."""
 
     REQUEST = "request"  # it exited when asked
     KILL = "kill"  # SIGKILL after the grace
     ALREADY_DEAD = "already-dead"  # it was gone before the stop
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

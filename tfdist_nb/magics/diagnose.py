@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -26,6 +27,19 @@ from tfdist_nb.magics.common import (
     usage,
     user_errors,
 )
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def writes_files(what: str, replaced: str, example: str) -> Callable[[F], F]:
+    """The line magic of a command that writes ``what`` into a directory (``DIR [--force]``)."""
+    def wrap(fn: F) -> F:
+        fn = user_errors(example)(fn)
+        fn = line_magic(fn)
+        fn = argument("--force", action="store_true", help=f"replace {replaced}")(fn)
+        fn = argument("directory", help=f"where {what} go (created if missing)")(fn)
+        return magic_arguments()(fn)
+    return wrap
 
 
 @magics_class
@@ -171,12 +185,9 @@ class DiagnoseMagics(Magics):
                                   delay_ms=args.delay_ms)
         print(f"tfdist_nb: {said}")
 
-    @magic_arguments()
-    @argument("directory", help="where train.py and launch.sh go (created if missing)")
-    @argument("--force", action="store_true",
-              help="replace a train.py / launch.sh there that %%tfdist_export did not write")
-    @line_magic
-    @user_errors("example: %tfdist_export repro/")
+    @writes_files("train.py and launch.sh",
+                  "a train.py / launch.sh there that %%tfdist_export did not write",
+                  "example: %tfdist_export repro/")
     def tfdist_export(self, line: str) -> None:
         """Write a standalone reproducer of what the cluster ran: ``DIR/train.py`` (the cells,
         in order, without notebook machinery) and ``DIR/launch.sh`` (the same tasks on this
@@ -192,12 +203,9 @@ class DiagnoseMagics(Magics):
         print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
               f"bash {out / 'launch.sh'}")
 
-    @magic_arguments()
-    @argument("directory", help="where report.md (and the reproducer) go (created if missing)")
-    @argument("--force", action="store_true",
-              help="replace a report.md, train.py or launch.sh there that tfdist_nb did not write")
-    @line_magic
-    @user_errors("example: %tfdist_report issue/")
+    @writes_files("report.md (and the reproducer)",
+                  "a report.md, train.py or launch.sh there that tfdist_nb did not write",
+                  "example: %tfdist_report issue/")
     def tfdist_report(self, line: str) -> None:
         """A report to share: ``DIR/report.md`` with the tasks and their software, every
         task's TF_CONFIG, the alerts, the last failing cell with each task's result, the last

@@ -8,7 +8,6 @@ here, with a message and an example, before a process exists.
 from __future__ import annotations
 
 import argparse
-import enum
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.registry import available, launcher_class
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
 
 EXAMPLE = (
@@ -124,7 +124,7 @@ def _sbatch_words(line: str) -> list[str]:
     return list(options["sbatch_args"])
 
 
-class PlanAction(str, enum.Enum):
+class PlanAction(StrEnum):
     """What a ``%%tfcluster`` line does to the cluster that exists."""
 
     START = "start"  # there is none: start one
@@ -132,8 +132,6 @@ class PlanAction(str, enum.Enum):
     REPLACE = "replace"  # stop it, start another (a resize or a changed environment)
     RESTART = "restart"  # --restart: fresh processes, the same cluster
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

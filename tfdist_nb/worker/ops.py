@@ -5,10 +5,10 @@ answers them). Imports nothing, so the controller can read it without loading th
 
 from __future__ import annotations
 
-import enum
+from tfdist_nb.strenum import StrEnum
 
 
-class Op(str, enum.Enum):
+class Op(StrEnum):
     DESCRIBE = "describe"  # the start-up handshake: who and where the task is
     STACKS = "stacks"
     SET_ENVIRONMENT = "set_environment"  # attached workers: TF_CONFIG and env= before any cell
@@ -33,5 +33,3 @@ class Op(str, enum.Enum):
     PROFILE_STATE = "profile_state"
     PROFILE_SUMMARY = "profile_summary"
 
-    def __str__(self) -> str:
-        return self.value
