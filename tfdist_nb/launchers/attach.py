@@ -33,6 +33,7 @@ from typing import Any
 import psutil
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from tfdist_nb.accounts import user_name
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
@@ -56,15 +57,6 @@ def _boot_id() -> str | None:
         return None
 
 
-def _owner(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def check_connection_dir(path: Path) -> None:
     """ValueError unless ``path`` (once it exists) is a directory of this user that nobody
     else can write: anyone who can write there could plant a connection file that sends this
@@ -76,8 +68,8 @@ def check_connection_dir(path: Path) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise ValueError(f"connection_dir {path} is not a directory")
     if st.st_uid != os.geteuid():
-        raise ValueError(f"connection_dir {path} belongs to {_owner(st.st_uid)}, not to you "
-                         f"({_owner(os.geteuid())}); attach only to a directory of your own")
+        raise ValueError(f"connection_dir {path} belongs to {user_name(st.st_uid)}, not to you "
+                         f"({user_name(os.geteuid())}); attach only to a directory of your own")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ValueError(f"connection_dir {path} is writable by group or others (mode "
                          f"{stat.S_IMODE(st.st_mode):04o}), so its files cannot be trusted; "
@@ -94,7 +86,7 @@ def _private_file(path: Path) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return f"{path.name} is not a regular file"
     if st.st_uid != os.geteuid():
-        return f"{path.name} belongs to {_owner(st.st_uid)}"
+        return f"{path.name} belongs to {user_name(st.st_uid)}"
     if st.st_mode & 0o077:
         return f"{path.name} is open to group or others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import argument
+from IPython.core.magic import line_magic
+from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
@@ -93,6 +94,14 @@ NOT_NEGATIVE_N = number(int, 0, inclusive=True)
 def on_option(fn: F) -> F:
     return argument("--on", metavar="TASKS", default=None,
                     help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
+
+
+def tasks_magic(example: str) -> Callable[[F], F]:
+    """A line magic whose one option is ``--on TASKS``; a bad line is a UsageError with
+    ``example``."""
+    def wrap(fn: F) -> F:
+        return magic_arguments()(on_option(line_magic(user_errors(example)(fn))))
+    return wrap
 
 
 def save_private(path: str, text: str, example: str) -> None:

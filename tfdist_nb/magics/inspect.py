@@ -16,6 +16,7 @@ from tfdist_nb.magics.common import (
     parse_line,
     require,
     save_private,
+    tasks_magic,
     usage,
     user_errors,
 )
@@ -84,10 +85,7 @@ class InspectMagics(Magics):
                          "example: %tfdist_logs --save ./tfdist_logs.jsonl")
         return df
 
-    @magic_arguments()
-    @on_option
-    @line_magic
-    @user_errors("example: %tfdist_stacks --on 1")
+    @tasks_magic("example: %tfdist_stacks --on 1")
     def tfdist_stacks(self, line: str) -> None:
         """Python stacks of every thread of each task, and where each main thread stands.
 

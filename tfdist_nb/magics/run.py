@@ -14,7 +14,15 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import TaskError
-from tfdist_nb.magics.common import current, on_option, parse_line, require, usage, user_errors
+from tfdist_nb.magics.common import (
+    current,
+    on_option,
+    parse_line,
+    require,
+    tasks_magic,
+    usage,
+    user_errors,
+)
 from tfdist_nb.magics.mode import PersistentMode
 from tfdist_nb.magics.request import (
     ClusterRequest,
@@ -199,10 +207,7 @@ class RunMagics(Magics):
         display(dashboard)
         return dashboard
 
-    @magic_arguments()
-    @on_option
-    @line_magic
-    @user_errors("example: %tfdist_interrupt --on 1")
+    @tasks_magic("example: %tfdist_interrupt --on 1")
     def tfdist_interrupt(self, line: str) -> None:
         """Interrupt the targeted tasks: SIGINT, then, for a task still stuck inside a TensorFlow
         op (a collective) two seconds later, abort its collectives (restart before the next)."""
@@ -212,10 +217,7 @@ class RunMagics(Magics):
             print(f"tfdist_nb: {', '.join(aborted)} did not answer SIGINT inside a TensorFlow "
                   "op; their collectives were aborted: %tfdist_restart before training again")
 
-    @magic_arguments()
-    @on_option
-    @line_magic
-    @user_errors("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
+    @tasks_magic("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
     def tfdist_restart(self, line: str) -> None:
         """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
         args = parse_line(self.tfdist_restart, line)

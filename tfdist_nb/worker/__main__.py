@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.accounts import user_name
+
 TASK = re.compile(r"(chief|worker|ps|evaluator):(\d+)")
 SIDECAR_SUFFIX = ".tfdist.json"
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -88,8 +90,8 @@ def private_dir(path: Path) -> Path:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            raise Refused(f"--connection-dir {path} belongs to {_user(st.st_uid)}, not to you "
-                          f"({_user(os.geteuid())}): its owner could read the kernel's key or "
+            raise Refused(f"--connection-dir {path} belongs to {user_name(st.st_uid)}, not to you "
+                          f"({user_name(os.geteuid())}): its owner could read the kernel's key or "
                           "plant files there; use a directory of your own")
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
             raise Refused(f"--connection-dir {path} is writable by group or others (mode "
@@ -101,15 +103,6 @@ def private_dir(path: Path) -> Path:
     finally:
         os.close(fd)
     return path
-
-
-def _user(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 def write_private(path: Path, data: dict[str, Any]) -> None:

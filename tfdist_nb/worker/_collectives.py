@@ -30,7 +30,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from tfdist_nb.worker import cellmap
-from tfdist_nb.worker.hooks import after_import, original_method, put_in_place
+from tfdist_nb.worker.hooks import after_import, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
 
 COLLECTIVE_OPS = "tensorflow.python.ops.collective_ops"
@@ -216,33 +216,30 @@ def _calling_function(depth: int = 16) -> Any:
 
 def patch_concrete_function(module: ModuleType) -> bool:
     """Count the runs of every concrete function with collectives; False if already done."""
-    found_method = original_method(module, "ConcreteFunction", "_call_flat")
-    if found_method is None:
-        return False
-    cls, method = found_method
-    from tensorflow.python.eager import context
-    from tensorflow.python.framework import ops
+    def wrap(method: Any) -> Any:
+        from tensorflow.python.eager import context
+        from tensorflow.python.framework import ops
 
-    from tfdist_nb.worker import agreement
+        from tfdist_nb.worker import agreement
 
-    @functools.wraps(method)
-    def call_flat(self: Any, *args: Any, **kwargs: Any) -> Any:
-        graph = getattr(self, "_func_graph", None)
-        found = _manifests.get(graph) if _manifests and graph is not None else None
-        if not found:
-            return method(self, *args, **kwargs)
-        if not context.executing_eagerly():  # called while another function is traced
-            _add_to_graph(ops.get_default_graph(), found)
-            return method(self, *args, **kwargs)
-        with _calls_lock:
-            call = _calls[graph] = _calls.get(graph, 0) + 1
-        name = str(getattr(graph, "name", "?"))
-        if call == 1:
-            agreement.check(graph, name, found, owner=_calling_function())
-        rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
-        return LEDGER.run(rows, method, self, *args, **kwargs)
+        def call_flat(self: Any, *args: Any, **kwargs: Any) -> Any:
+            graph = getattr(self, "_func_graph", None)
+            found = _manifests.get(graph) if _manifests and graph is not None else None
+            if not found:
+                return method(self, *args, **kwargs)
+            if not context.executing_eagerly():  # called while another function is traced
+                _add_to_graph(ops.get_default_graph(), found)
+                return method(self, *args, **kwargs)
+            with _calls_lock:
+                call = _calls[graph] = _calls.get(graph, 0) + 1
+            name = str(getattr(graph, "name", "?"))
+            if call == 1:
+                agreement.check(graph, name, found, owner=_calling_function())
+            rows = LEDGER.enter(found, name, call=call, called_at=cellmap.main_thread_site())
+            return LEDGER.run(rows, method, self, *args, **kwargs)
+        return call_flat
 
-    return put_in_place(cls, "_call_flat", call_flat)
+    return replace_method(module, "ConcreteFunction", "_call_flat", wrap)
 
 
 def install() -> None:

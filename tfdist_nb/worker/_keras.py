@@ -13,7 +13,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from tfdist_nb.worker.hooks import after_import, original_method, put_in_place
+from tfdist_nb.worker.hooks import after_import, replace_method
 
 KERAS_PACKAGES = ("keras", "tf_keras")
 
@@ -93,21 +93,17 @@ STOPS = "step counting, step times and progress of model.fit (and straggler dete
 def patch_fit(keras: ModuleType) -> bool:
     """Make ``keras.Model.fit`` add a StepTimer unless the caller passed one; False if it
     already does. Raises AttributeError if this Keras has no ``Model.fit`` to patch."""
-    found = original_method(keras, "Model", "fit")
-    if found is None:
-        return False
-    model, fit = found
+    def wrap(fit: Any) -> Any:
+        def fit_with_step_timer(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if len(args) <= 5:  # callbacks is fit's 6th positional parameter in both Kerases
+                callbacks = list(kwargs.get("callbacks") or [])
+                if not any(getattr(cb, "_tfdist_step_timer", False) for cb in callbacks):
+                    callbacks.append(make_step_timer(keras))
+                kwargs["callbacks"] = callbacks
+            return fit(self, *args, **kwargs)
+        return fit_with_step_timer
 
-    @functools.wraps(fit)
-    def fit_with_step_timer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if len(args) <= 5:  # callbacks is fit's 6th positional parameter in both Kerases
-            callbacks = list(kwargs.get("callbacks") or [])
-            if not any(getattr(cb, "_tfdist_step_timer", False) for cb in callbacks):
-                callbacks.append(make_step_timer(keras))
-            kwargs["callbacks"] = callbacks
-        return fit(self, *args, **kwargs)
-
-    return put_in_place(model, "fit", fit_with_step_timer)
+    return replace_method(keras, "Model", "fit", wrap)
 
 
 def install() -> None:

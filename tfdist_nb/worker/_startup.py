@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from tfdist_nb.worker import agreement, cellmap
-from tfdist_nb.worker.hooks import after_import, original_method, put_in_place
+from tfdist_nb.worker.hooks import after_import, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
 
 STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
@@ -33,19 +33,16 @@ _made = [0]  # strategies this process started making (the same count on every t
 def patch_strategy(module: ModuleType) -> bool:
     """Wrap the multi-worker start-up; False if already done. Raises AttributeError when
     TensorFlow renamed it."""
-    found = original_method(module, "CollectiveAllReduceExtended", "_initialize_multi_worker")
-    if found is None:
-        return False
-    cls, method = found
+    def wrap(method: Any) -> Any:
+        def initialize_multi_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+            rows = _enter()
+            if rows is None:
+                return method(self, *args, **kwargs)
+            return LEDGER.run(rows, method, self, *args, **kwargs)
+        return initialize_multi_worker
 
-    @functools.wraps(method)
-    def initialize_multi_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
-        rows = _enter()
-        if rows is None:
-            return method(self, *args, **kwargs)
-        return LEDGER.run(rows, method, self, *args, **kwargs)
-
-    return put_in_place(cls, "_initialize_multi_worker", initialize_multi_worker)
+    return replace_method(module, "CollectiveAllReduceExtended", "_initialize_multi_worker",
+                          wrap)
 
 
 def _enter() -> list[dict[str, Any]] | None:

@@ -8,6 +8,7 @@ to ``on_error``, which tells the user once (docs/design.md, "Findings from insid
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import logging
@@ -41,6 +42,18 @@ def put_in_place(cls: Any, name: str, replacement: Any) -> bool:
     setattr(replacement, PATCHED, True)
     setattr(cls, name, replacement)
     return True
+
+
+def replace_method(module: ModuleType, cls_name: str, name: str,
+                   wrap: Callable[[Any], Callable[..., Any]]) -> bool:
+    """Put ``wrap(method)`` (it keeps the method's name and docstring) in place of
+    ``module.cls_name.name``: True; False when tfdist_nb replaced it already. Raises
+    AttributeError, naming what is missing, when this release has no such method."""
+    found = original_method(module, cls_name, name)
+    if found is None:
+        return False
+    cls, method = found
+    return put_in_place(cls, name, functools.wraps(method)(wrap(method)))
 
 
 def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnError | None) -> None:
