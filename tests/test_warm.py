@@ -197,7 +197,7 @@ def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold(
         c.restart()
         w = c.warm_outcome
         assert w is not None and (w.tasks, w.adopted, len(w.cold)) == (2, 1, 1), w
-        assert "(1 of 2 from spares)" in c.warm_note
+        assert c.warm_note == str(w)  # the line said is the outcome's own words
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         assert set(c.status()["state"]) == {"idle"}
 
@@ -215,9 +215,10 @@ def test_a_restart_with_no_spare_starts_every_task_cold_and_says_why(
         assert c.spares()["pids"] == [] and "no spare started" in c.spares()["note"]
         old = {rt.pid for rt in c.tasks.values()}
         c.restart()
-        assert c.warm_note is not None and c.warm_note.startswith(
-            "cold start for every task: no spare started: 900 MB available"), c.warm_note
-        assert "forked from the fork server" in c.warm_note  # no import to wait for
+        w = c.warm_outcome
+        assert w is not None and (w.adopted, len(w.cold)) == (0, 2), w
+        assert w.why_cold and w.why_cold.startswith("no spare started: 900 MB available"), w
+        assert w.forked, w  # forked from the fork server: no import to wait for
         assert not old & {rt.pid for rt in c.tasks.values()}
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         assert set(c.status()["state"]) == {"idle"}
@@ -332,8 +333,8 @@ def test_a_spare_that_died_while_idle_is_replaced_not_handed_out() -> None:
         assert rt.pid != dead and c.run("x = 1").ok
         # the restart found it dead and started cold, or the pool's own check had already
         # replaced it and a fresh spare was adopted: either way never the dead one
-        assert c.warm_note and (c.warm_note.startswith("cold start")
-                                or "from spare kernels" in c.warm_note), c.warm_note
+        w = c.warm_outcome
+        assert w is not None and (w.cold == ("worker:0",) or w.adopted == 1), w
         # said either way: found dead while idle, or found dead as it was adopted
         assert any(("while idle" in a and "not handed out" in a)
                    or ("could not take spare" in a and "killed by SIGKILL" in a
@@ -413,8 +414,8 @@ def test_a_spare_that_cannot_be_warmed_is_said_and_ended(tmp_path: Path) -> None
         c.restart()
         # the restart found it dead and started cold, or the pool's own check had already
         # replaced it and a fresh spare was adopted: either way never the dead one
-        assert c.warm_note and (c.warm_note.startswith("cold start")
-                                or "from spare kernels" in c.warm_note), c.warm_note
+        w = c.warm_outcome
+        assert w is not None and (w.cold == ("worker:0",) or w.adopted == 1), w
 
 
 def _slow_in_spares(directory: Path, seconds: float) -> dict[str, str]:
