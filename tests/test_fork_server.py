@@ -167,3 +167,25 @@ def test_a_fork_given_up_in_flight_is_killed_when_it_comes(tmp_path: Path) -> No
     finally:
         server.close()
     assert not server.alive()
+
+
+def test_a_preloaded_module_edited_on_disk_is_imported_afresh_at_the_next_restart(
+        loud: dict[str, str], tmp_path: Path) -> None:
+    """As a spawned kernel would: the server that imported the old code is retired."""
+    with Cluster(workers=1, env=loud, preload=("tensorflow", "loud"),
+                 run_dir=tmp_path / "runs") as c:
+        before = probe(c)["worker:0"]
+        old = server_of(before["pid"])
+        module = Path(loud["PYTHONPATH"]) / "loud.py"
+        module.write_text(LOUD + "EDITED = True\n")
+        os.utime(module, ns=(module.stat().st_atime_ns, module.stat().st_mtime_ns + 10**9))
+        c.restart()
+        after = probe(c)["worker:0"]
+        assert after["ppid"] != old.pid and after["loud"] == after["ppid"]
+        edited = c.run("import loud; print(getattr(loud, 'EDITED', False))")
+        assert edited.tasks["worker:0"].stdout.strip() == "True"
+        wait_for(lambda: not old.alive() or not old.children, 10,
+                 "the retired server's kernel to end")
+        Cluster(workers=1, env=loud, preload=("tensorflow", "loud"),
+                run_dir=tmp_path / "again").start().stop()  # the next start sweeps it
+        assert not old.alive(), "a retired server with no kernel left was kept"

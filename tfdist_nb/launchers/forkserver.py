@@ -15,7 +15,10 @@ always does. The process it hands back answers ``poll``, ``wait`` and signals as
 its exit code comes from the server, which is its parent.
 
 A server lives until this process exits (its end of the socket closes, and the server with it);
-at most ``MAX_SERVERS`` are kept, the oldest with no live kernel closed first.
+at most ``MAX_SERVERS`` are kept, the oldest with no live kernel closed first. One whose imported
+code outside the Python installation changed on disk (a module of the user's in ``preload``, an
+editable install) is retired: the next kernel comes from a new server, as a spawned one would
+import the new code, and the old server ends once its kernels have.
 """
 
 from __future__ import annotations
@@ -130,6 +133,20 @@ class ForkServer:
 
     def exit_code(self, pid: int) -> int | None:
         return self._exits.get(pid)
+
+    def stale(self) -> bool:
+        """Whether a file of the code it imported (outside the Python installation: the user's
+        own modules in ``preload``, an editable install) changed since: its forks would run
+        the old code."""
+        if not self.ready.done() or self.ready.exception() is not None:
+            return False
+        for path, mtime in self.ready.result().get("files", {}).items():
+            try:
+                if os.stat(path).st_mtime_ns != mtime:
+                    return True
+            except OSError:
+                return True
+        return False
 
     # ------------------------------------------------------------------ asking
     async def spawn(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
@@ -314,14 +331,15 @@ def server_for(key: ServerKey, env: Mapping[str, str],
     key failed before (kernels are then spawned)."""
     name = _name(key)
     with _registry_lock:
+        _close_retired()
         server = _servers.get(name)
-        if server is not None and server.alive():
+        if server is not None and server.alive() and not server.stale():
             return name
         if name in _failed:
             return None
-        if server is not None:
+        if server is not None:  # dead, or its code changed: a new one for the next kernels
             _servers.pop(name)
-            server.close()
+            _retire(server)
         _make_room()
         try:
             server = ForkServer(key, env, wrap)
@@ -335,6 +353,21 @@ def server_for(key: ServerKey, env: Mapping[str, str],
 
 
 _failed: set[str] = set()
+#: servers no longer forked from, kept until the kernels forked from them have ended
+_retired: list[ForkServer] = []
+
+
+def _retire(server: ForkServer) -> None:
+    if server.children and server.alive():
+        _retired.append(server)
+    else:
+        server.close()
+
+
+def _close_retired() -> None:
+    for server in [s for s in _retired if not s.children or not s.alive()]:
+        _retired.remove(server)
+        server.close()
 
 
 def _note_failure(name: str, ready: concurrent.futures.Future[Any]) -> None:
@@ -377,8 +410,9 @@ def live_servers() -> list[ForkServer]:
 def close_all() -> None:
     """End every server (each one's kernels end with it)."""
     with _registry_lock:
-        servers = list(_servers.values())
+        servers = [*_servers.values(), *_retired]
         _servers.clear()
+        _retired.clear()
     for server in servers:
         with swallowed(logger):
             server.close()

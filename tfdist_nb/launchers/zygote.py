@@ -64,9 +64,32 @@ def main(argv: list[str]) -> int:
             said = f.read()
     except OSError:
         said = b""
-    send(sock, {"ready": os.getpid(), "seconds": round(time.monotonic() - began, 3)})
+    send(sock, {"ready": os.getpid(), "seconds": round(time.monotonic() - began, 3),
+                "files": own_files()})
     serve(sock, said)
     return 0
+
+
+def own_files() -> dict[str, int]:
+    """The files of the imported modules that are not installed with Python (the user's own
+    code, an editable install), with their mtimes: a kernel forked after one of them changed
+    would run the old code, so the controller retires the server then."""
+    import site
+
+    installed = tuple(os.path.join(os.path.realpath(p), "") for p in {
+        sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(),
+        site.getusersitepackages()} if p)
+    found = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        if real.startswith(installed):
+            continue
+        with contextlib.suppress(OSError):
+            found[real] = os.stat(real).st_mtime_ns
+    return found
 
 
 def import_aside(names: tuple[str, ...]) -> str | None:
