@@ -110,7 +110,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             rt, ex = by_name[name], execs[name]
             if ex.reply.done():
                 results[name] = await _finished(rt, ex)
-            elif (exit_code := rt.live_handle.exited()) is not None:
+            elif (exit_code := await rt.live_handle.check_exit()) is not None:
                 results[name] = _crashed(rt, ex, exit_code, inspector)
                 control.stop(RunEnd.CRASH)
         if inspector is not None:
@@ -242,9 +242,12 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     stood), then collectives aborted (stall, crash), then SIGINT, then ``grace_s`` to answer."""
     reason = control.reason or RunEnd.INTERRUPT
     rest = [by_name[n] for n in by_name if n not in done]
-    # tasks the hang rules know hold the GIL (a strategy's start-up): nothing they would answer
+    # tasks the hang rules know hold the GIL (a strategy's start-up), and tasks whose process
+    # has ended too (a job cancelled ends them all at once): nothing they would answer
     frozen = control.hang.frozen if control.hang is not None else set()
-    reachable = [rt for rt in rest if rt.name not in frozen]
+    ended = await asyncio.gather(*(rt.live_handle.check_exit() for rt in rest))
+    reachable = [rt for rt, code in zip(rest, ended, strict=True)
+                 if rt.name not in frozen and code is None]
     stacks: dict[str, dict[str, Any] | None] = {}
     if inspector is not None and (reason is RunEnd.TIMEOUT or reason in _DETECTED):
         found = await asyncio.gather(*(inspector.stacks(rt) for rt in reachable))
@@ -320,7 +323,7 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reas
                         grace_s: float, inspector: Inspector | None) -> TaskResult:
     if ex.reply.done():
         return await _finished(rt, ex, status)
-    if (code := rt.live_handle.exited()) is not None:
+    if (code := await rt.live_handle.check_exit()) is not None:
         return _crashed(rt, ex, code, inspector)
     rt.live_channel.abandon(ex)
     res = _result(rt, ex, status, None)

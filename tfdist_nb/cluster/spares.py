@@ -228,11 +228,8 @@ class SparePool:
     def _warmed(self, warming: asyncio.Future[Any]) -> None:
         if warming.cancelled() or warming.exception() is not None:
             return
-        if warming.result():
+        if warming.result():  # a failure was counted where it happened (_warm_or_drop)
             self._failures = 0
-        else:
-            self._failures += 1
-            self._retry_at = time.monotonic() + RETRY_AFTER_S
 
     async def _check_spares(self) -> None:
         """Drop ready spares that died while idle, spares a task could no longer take (the
@@ -317,14 +314,17 @@ class SparePool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            tail = log_tail(spare.log_path)
-            last = self._failures + 1 >= MAX_FAILURES
-            self._say(f"{spare.name} could not be warmed ({type(exc).__name__}: {exc})"
-                      + (f"; its process log ends: {tail}" if tail else "")
-                      + ("; no more spares for this cluster" if last
-                         else f"; trying again in {RETRY_AFTER_S:.0f}s"), "WARNING")
+            # out of the pool and counted before anything awaits: the refill loop must not
+            # start the next spare before the retry delay (nor count this one as live)
             with contextlib.suppress(ValueError):
                 self._spares.remove(spare)
+            self._failures += 1
+            self._retry_at = time.monotonic() + RETRY_AFTER_S
+            tail = log_tail(spare.log_path)
+            self._say(f"{spare.name} could not be warmed ({type(exc).__name__}: {exc})"
+                      + (f"; its process log ends: {tail}" if tail else "")
+                      + ("; no more spares for this cluster" if self._failures >= MAX_FAILURES
+                         else f"; trying again in {RETRY_AFTER_S:.0f}s"), "WARNING")
             spare.warming = None  # this task: not cancelled by the stop below
             await stop_spare(spare)
             return False

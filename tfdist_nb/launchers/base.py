@@ -90,6 +90,22 @@ class TaskHandle(abc.ABC):
         future = self.exit_future()
         return future.result() if future.done() else None
 
+    async def check_exit(self) -> int | None:
+        """The exit code as of now: asks the launcher at once, for a decision that cannot wait
+        for the watcher's next look (a cell ending on one task's crash: are the others alive?);
+        the shared future learns the answer too."""
+        future = self.exit_future()
+        if future.done():
+            return future.result()
+        try:
+            code = await self.poll()
+        except Exception:  # as the watcher: a launcher that cannot tell now
+            logger.debug("%s: poll failed", self.task, exc_info=True)
+            return None
+        if code is not None and not future.done():
+            future.set_result(code)
+        return code
+
     async def _watch_exit(self, exit_code: asyncio.Future[int]) -> None:
         while not exit_code.done():
             try:
