@@ -95,31 +95,24 @@ class TaskHandle(abc.ABC):
         for the watcher's next look (a cell ending on one task's crash: are the others alive?);
         the shared future learns the answer too."""
         future = self.exit_future()
-        if future.done():
-            return future.result()
-        try:
-            code = await self.poll()
-        except Exception:  # as the watcher: a launcher that cannot tell now
-            logger.debug("%s: poll failed", self.task, exc_info=True)
-            return None
-        if code is not None and not future.done():
-            future.set_result(code)
-        return code
+        return future.result() if future.done() else await self._look(future)
 
     async def _watch_exit(self, exit_code: asyncio.Future[int]) -> None:
-        while not exit_code.done():
-            try:
-                code = await self.poll()
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a launcher that cannot tell now; the next look asks again
-                logger.debug("%s: poll failed", self.task, exc_info=True)
-                code = None
-            if code is not None:
-                if not exit_code.done():
-                    exit_code.set_result(code)
-                return
+        while not exit_code.done() and await self._look(exit_code) is None:
             await asyncio.sleep(EXIT_POLL_S)
+
+    async def _look(self, exit_code: asyncio.Future[int]) -> int | None:
+        """One ``poll``; an exit it finds resolves ``exit_code``."""
+        try:
+            code = await self.poll()
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a launcher that cannot tell now; the next look asks again
+            logger.debug("%s: poll failed", self.task, exc_info=True)
+            return None
+        if code is not None and not exit_code.done():
+            exit_code.set_result(code)
+        return code
 
     @abc.abstractmethod
     async def interrupt(self) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
@@ -261,7 +262,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             code = self.server.exit_code(self.pid)
-            if code is None and self.server.gone and not _exists(self.pid):
+            if code is None and self.server.gone and not psutil.pid_exists(self.pid):
                 code = 1  # its server is gone, so no one reports how it ended
             self.returncode = code
         return self.returncode
@@ -338,8 +339,7 @@ def server_for(key: ServerKey, env: Mapping[str, str],
         if name in _failed:
             return None
         if server is not None:  # dead, or its code changed: a new one for the next kernels
-            _servers.pop(name)
-            _retire(server)
+            _drop(server)
         _make_room()
         try:
             server = ForkServer(key, env, wrap)
@@ -378,22 +378,23 @@ def _note_failure(name: str, ready: concurrent.futures.Future[Any]) -> None:
 
 def _forget(server: ForkServer) -> None:
     with _registry_lock:
-        for name, known in list(_servers.items()):
-            if known is server:
-                _servers.pop(name)
-    if not server.children:
-        server.close()
+        _drop(server)
+
+
+def _drop(server: ForkServer) -> None:
+    """No new kernel from ``server``: out of the registry, and retired (ended now, or once its
+    kernels have, and by ``close_all`` in any case). Hold the registry lock."""
+    for name, known in list(_servers.items()):
+        if known is server:
+            _servers.pop(name)
+    _retire(server)
 
 
 def _make_room() -> None:
     """Close the least recently used servers with no live kernel beyond MAX_SERVERS - 1."""
     idle = sorted((s for s in _servers.values() if not s.children), key=lambda s: s.used)
     while len(_servers) >= MAX_SERVERS and idle:
-        server = idle.pop(0)
-        for name, known in list(_servers.items()):
-            if known is server:
-                _servers.pop(name)
-        server.close()
+        _drop(idle.pop(0))
 
 
 def _name(key: ServerKey) -> str:
@@ -416,16 +417,6 @@ def close_all() -> None:
     for server in servers:
         with swallowed(logger):
             server.close()
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_group(pid: int) -> None:

@@ -267,7 +267,7 @@ class LocalLauncher(Launcher):
                     env: Mapping[str, str]) -> str | None:
         """The fork server a task's kernel comes from (started at the first use), or None: off,
         nothing to preload, or a kernel spec of the user's with its own command or env."""
-        if (not self.fork or not launch.preload or spec.env
+        if (not self.forks(launch.preload) or spec.env
                 or forkserver.kernel_args(spec.argv, launch.python) is None):
             return None
         net = self._net
