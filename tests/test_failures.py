@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import wait_for
 from tfdist_nb import Cluster
+from tfdist_nb.results import HangRule, LikelyCause
 
 pytestmark = pytest.mark.cluster
 
@@ -112,10 +113,16 @@ def test_a_task_killed_mid_training_is_reported_and_the_others_released() -> Non
         survivor = result.tasks["worker:0"]
         # it waited in the all-reduce worker:1 never entered: released, naming the dead task
         assert survivor.status == "aborted"
+        hang = result.hang
+        assert hang is not None
+        assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FAILED, "worker:1",
+                                                           ["worker:0"])
+        assert hang.culprit_error == "killed by SIGKILL"
+        assert (hang.waited_in["worker:0"].kind, hang.waited_in["worker:0"].tensor) == (
+            "all_reduce", "float32[]")
         assert result.summary().startswith("worker:1 crashed (killed by SIGKILL) while worker:0 "
                                            "waited in a collective that worker:1 never entered")
-        assert "while worker:0 waited in a collective that worker:1 never entered: " \
-            "all_reduce float32[]" in survivor.explanation
+        assert survivor.explanation.startswith(hang.cause)
         assert survivor.duration_s - dead.duration_s < 10  # released within seconds, not ~hang
         status = c.status().set_index("task")["state"]
         assert (status["worker:0"], status["worker:1"]) == ("idle", "dead")
@@ -162,11 +169,15 @@ def test_strategy_start_up_waiting_for_a_task_not_running_the_cell_is_named() ->
         assert time.monotonic() - started < 15  # not the cell's timeout
         waiting = result.tasks["worker:0"]
         assert waiting.status == "aborted"
+        hang = result.hang
+        assert hang is not None
+        assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.ABSENT, "worker:1",
+                                                           ["worker:0"])
+        assert hang.waited_in["worker:0"].kind == "startup"
+        assert hang.frozen == {"worker:0"} and hang.likely is LikelyCause.CELL_ON_SOME_TASKS
         assert result.cause is not None and result.cause.startswith(
             "worker:0 waits in the start-up of MultiWorkerMirroredStrategy"), result.cause
-        assert "for worker:1, which is not running this cell" in result.cause
         assert "worker:0 is still blocked in the start-up" in waiting.explanation
-        assert "drop --on" in waiting.explanation
 
 
 def test_a_frozen_interpreter_is_said_from_the_gap_in_its_heartbeats() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import CELLS
 from tfdist_nb import Cluster
-from tfdist_nb.results import RunResult
+from tfdist_nb.results import Collective, HangRule, LikelyCause, RunResult
 
 pytestmark = pytest.mark.cluster
 
@@ -54,14 +54,24 @@ def test_a_task_that_raises_releases_the_others_and_is_the_root_cause(cluster: C
     failed, released = result.tasks["worker:1"], result.tasks["worker:0"]
     assert failed.status == "error" and failed.error.ename == "ValueError"
     assert released.status == "aborted"
+    hang = result.hang
+    assert hang is not None
+    assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FAILED, "worker:1", ["worker:0"])
+    assert hang.culprit_error == "ValueError: bad batch on this task"
+    assert hang.culprit_at == "cell 2 line 3"
+    # worker:1 never entered the second reduce: its own row there is absent
+    assert hang.waited_in["worker:0"] == Collective("all_reduce", "float32[]", 2, "eager",
+                                                    "cell 2 line 4")
+    assert hang.culprit_in is None and hang.likely is LikelyCause.CULPRIT_ERROR
+    # the words, once: the summary's first line is the cause, and the released task's
+    # explanation starts with it and says what it was released from
     cause = result.summary().splitlines()[0]
+    assert cause == hang.cause
     assert cause.startswith("worker:1 failed (ValueError: bad batch on this task) at cell 2 "
                             "line 3 while worker:0 waited in a collective that worker:1 never "
-                            "entered: all_reduce float32[]")
-    assert "eagerly at cell 2 line 4" in cause
+                            "entered: all_reduce float32[] #2 eagerly at cell 2 line 4")
     assert released.explanation.startswith(cause)
     assert "worker:0 was released from all_reduce float32[]" in released.explanation
-    assert "fix worker:1's error" in released.explanation.lower()
     # the ledger says the same: worker:0's last collective was aborted, at line 4
     led = cluster.collectives(on="worker:0", last=1).iloc[0]
     assert (led["kind"], led["where"], led["state"]) == ("all_reduce", "cell 2 line 4", "aborted")
@@ -79,12 +89,22 @@ def test_uneven_per_task_data_is_named_when_the_shorter_task_finishes(cluster: C
     assert took < NAMED_WITHIN_S
     assert result.tasks["worker:1"].status == "ok"
     assert result.tasks["worker:0"].status == "aborted"
+    hang = result.hang
+    assert hang is not None
+    assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FINISHED, "worker:1",
+                                                       ["worker:0"])
+    assert hang.waited_in["worker:0"] == Collective("all_reduce", "float32[]", 5, "eager",
+                                                    "cell 2 line 4")
+    # how far each got: the same 4 completed steps, one collective more on worker:0, all of
+    # them made at line 4: a loop of another length, not a call made on one task only
+    assert hang.steps == {"worker:1": 4, "worker:0": 4}
+    assert hang.issued["worker:0"] - hang.issued["worker:1"] == 1
+    assert hang.per_line == {"cell 2 line 4": {"worker:1": 4, "worker:0": 5}}
+    assert hang.likely is LikelyCause.LOOP_PER_TASK
     cause = result.summary().splitlines()[0]
     assert cause.startswith("worker:1 finished the cell while worker:0 waited in all_reduce "
                             "float32[] #5 eagerly at cell 2 line 4, which worker:1 never "
-                            "entered; so far worker:1 4 step(s) and 4 collective(s), worker:0 "
-                            "4 step(s) and 5 collective(s)")
-    assert "cell 2 line 4: worker:1 4, worker:0 5" in cause
+                            "entered; so far worker:1 4 step(s) and 4 collective(s)")
     said = result.tasks["worker:0"].explanation
     assert "uneven per-task data" in said
     assert "experimental_distribute_dataset" in said and "drop_remainder" in said
@@ -111,9 +131,16 @@ def test_a_chief_only_model_save_under_tf_keras_is_named() -> None:
     assert took < NAMED_WITHIN_S
     assert result.tasks["worker:1"].status == "ok"
     assert result.tasks["worker:0"].status == "aborted"
-    cause = result.summary().splitlines()[0]
-    assert cause.startswith("worker:1 finished the cell while worker:0 waited in all_reduce")
-    assert "at cell 2 line 4, which worker:1 never entered" in cause
+    hang = result.hang
+    assert hang is not None
+    assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FINISHED, "worker:1",
+                                                       ["worker:0"])
+    assert hang.waited_in["worker:0"].kind == "all_reduce"
+    assert hang.waited_in["worker:0"].site == "cell 2 line 4"  # the model.save line
+    # collectives made at the save line on worker:0 only: a call made on some tasks only
+    assert hang.per_line["cell 2 line 4"]["worker:1"] == 0
+    assert hang.per_line["cell 2 line 4"]["worker:0"] > 0
+    assert hang.likely is LikelyCause.CALL_ON_SOME_TASKS
     said = result.tasks["worker:0"].explanation
     assert ("worker:0 made collectives at cell 2 line 4 that worker:1 never made: a call made "
             "on some tasks only (a chief-only model.save") in said
@@ -189,19 +216,33 @@ def test_an_eager_shape_mismatch_names_both_shapes(cluster: Cluster) -> None:
     first = result.summary().splitlines()[0]
     assert len(result.summary()) < 1000
     statuses = sorted(r.status for r in result.tasks.values())
+    hang = result.hang
+    assert hang is not None
+    shapes = {"worker:0": "float32[3]", "worker:1": "float32[2]"}
     if statuses == ["aborted", "error"]:  # TensorFlow told one task; the other was released
         failed = next(r for r in result.tasks.values() if r.status == "error")
         released = next(r for r in result.tasks.values() if r.status == "aborted")
         assert "Shape mismatch" in failed.error.evalue
+        assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FAILED, failed.task,
+                                                           [released.task])
+        assert hang.likely is LikelyCause.SHAPE_PER_TASK
+        assert hang.culprit_in is not None and hang.culprit_in.tensor == shapes[failed.task]
+        assert hang.waited_in[released.task].tensor == shapes[released.task]
+        assert {hang.culprit_in.where, hang.waited_in[released.task].where} == {
+            "cell 2 line 2"}
         assert f"{failed.task} failed" in first
         assert "the tensors differ: worker:0 float32[3] at cell 2 line 2, worker:1 float32[2] " \
             "at cell 2 line 2" in released.explanation.lower()
     else:  # both waited in the mismatched all-reduce before TensorFlow noticed
         assert statuses == ["aborted", "aborted"], result.summary()
+        assert hang.rule is HangRule.DIVERGED
+        assert hang.likely is LikelyCause.COLLECTIVES_PER_TASK
+        assert hang.waiters == ["worker:0", "worker:1"]
+        assert {t: c.tensor for t, c in hang.waited_in.items()} == shapes
+        assert {c.where for c in hang.waited_in.values()} == {"cell 2 line 2"}
+        assert len({c.position for c in hang.waited_in.values()}) == 1
         assert first.startswith("the tasks wait in different collectives at position ")
-        for task, size in (("worker:0", 3), ("worker:1", 2)):
-            assert f"{task}: all_reduce float32[{size}] #" in first
-            assert "eagerly at cell 2 line 2" in first
+        for task in shapes:
             assert "float32[3]" in result.tasks[task].explanation
             assert "float32[2]" in result.tasks[task].explanation
 
@@ -211,6 +252,12 @@ def test_a_collective_cell_run_on_one_task_only_names_the_absent_task(cluster: C
                          on="worker:0")
     assert took < NAMED_WITHIN_S
     assert result.tasks["worker:0"].status == "aborted"
+    hang = result.hang
+    assert hang is not None
+    assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.ABSENT, "worker:1", ["worker:0"])
+    assert hang.waited_in["worker:0"] == Collective("all_reduce", "float32[]", 1, "eager",
+                                                    "cell 2 line 1")
+    assert hang.likely is LikelyCause.CELL_ON_SOME_TASKS
     assert result.summary().startswith(
         "worker:0 waits in all_reduce float32[] #1 eagerly at cell 2 line 1 for worker:1, "
         "which is not running this cell")
@@ -238,7 +285,7 @@ def test_tasks_that_wait_for_each_other_or_finish_apart_in_a_healthy_run_are_not
         cluster: Cluster) -> None:
     result = cluster.run(HEALTHY_WAITS)
     assert result.ok, result.summary()
-    assert result.cause is None
+    assert result.hang is None and result.cause is None
     assert [r.stdout.strip().splitlines()[-1] for r in result.tasks.values()] == [
         "[8. 8.] 2.0", "[8. 8.] 2.0"]
     led = cluster.collectives(last=None)
@@ -307,7 +354,7 @@ def test_a_retrace_on_one_task_only_does_not_wait_for_the_others(cluster: Cluste
     # trace is compared, so neither task waits in a check the other never makes
     result, took = timed(cluster, SHORT_LAST_BATCH)
     assert result.ok, result.summary()
-    assert result.cause is None
+    assert result.hang is None and result.cause is None
     assert [r.stdout.strip().splitlines()[-1] for r in result.tasks.values()] == ["7.0", "7.0"]
     led = cluster.collectives(last=None)
     checks = led[led["kind"] == "check"]
@@ -341,6 +388,13 @@ def test_a_task_that_raises_before_its_strategy_is_named_and_a_slow_one_is_not()
         result, took = timed(c, RAISES_BEFORE_STRATEGY, timeout=120)
         assert took < NAMED_WITHIN_S
         assert result.tasks["worker:1"].status == "error"
+        hang = result.hang
+        assert hang is not None
+        assert (hang.rule, hang.culprit, hang.waiters) == (HangRule.FAILED, "worker:1",
+                                                           ["worker:0"])
+        assert hang.waited_in["worker:0"] == Collective(
+            "startup", "", None, "MultiWorkerMirroredStrategy", "cell 2 line 7")
+        assert hang.culprit_at == "cell 2 line 5" and hang.frozen == {"worker:0"}
         cause = result.summary().splitlines()[0]
         assert cause == (
             "worker:1 failed (ValueError: no data files on this task) at cell 2 line 5 while "

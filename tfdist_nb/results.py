@@ -76,12 +76,106 @@ class TaskResult:
         return f"<TaskResult {self.task} {self.status}{what} in {self.duration_s:.2f}s>"
 
 
+class HangRule(StrEnum):
+    """Which hang rule proved a hang (docs/reference.md, "Collectives and hangs")."""
+
+    FAILED = "failed"  # a task raised or crashed while others wait for it
+    FINISHED = "finished"  # a task finished the cell while others wait for it
+    ABSENT = "absent"  # a task the others wait for is not running the cell
+    DIVERGED = "diverged"  # tasks wait in different collectives at one position
+
+
+class LikelyCause(StrEnum):
+    """What the evidence of a hang points to; ``Hang.advice`` is derived from it."""
+
+    CULPRIT_ERROR = "culprit_error"  # the culprit's own error; the others only waited
+    SHAPE_PER_TASK = "shape_per_task"  # the culprit and a waiter reduce different tensors
+    CALL_ON_SOME_TASKS = "call_on_some_tasks"  # collectives at lines the culprit never ran
+    LOOP_PER_TASK = "loop_per_task"  # the same lines ran more often on a waiter (uneven data)
+    FUNCTION_ON_SOME_TASKS = "function_on_some_tasks"  # a tf.function the culprit never ran
+    STRATEGY_ON_SOME_TASKS = "strategy_on_some_tasks"  # a strategy the culprit never made
+    CELL_ON_SOME_TASKS = "cell_on_some_tasks"  # a collective cell run with --on
+    COLLECTIVES_PER_TASK = "collectives_per_task"  # different collectives paired (a branch)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective as a task's ledger recorded it: ``kind`` (``all_reduce``, ``startup``,
+    ``check``, ...), ``tensor`` (``float32[3]``), its 1-based ``position`` in its group (None
+    for a barrier), the ``function`` it ran in (``eager`` or a tf.function's name), ``where``
+    it was made (``cell 2 line 4``) and ``called_at`` (the line that called the function)."""
+
+    kind: str
+    tensor: str
+    position: int | None
+    function: str
+    where: str
+    called_at: str | None = None
+
+    @property
+    def site(self) -> str:
+        """The line of the cell that made it: the caller's for a traced function."""
+        return self.called_at or self.where
+
+
+@dataclass
+class Hang:
+    """A hang the collective ledgers proved (``RunResult.hang``): who caused it, who waited
+    in what, and what the evidence points to. Its sentences (``cause``, ``advice``,
+    ``explanation``) are made from these fields."""
+
+    rule: HangRule
+    culprit: str
+    cause: str  # one sentence: the root cause (the first line of the run's summary)
+    waiting: dict[str, str] = field(default_factory=dict)  # released task -> what it waited in
+    advice: str = ""
+    likely: LikelyCause = LikelyCause.CULPRIT_ERROR
+    #: released task -> the collective it waited in
+    waited_in: dict[str, Collective] = field(default_factory=dict)
+    culprit_error: str | None = None  # "ValueError: ..." (rule failed)
+    culprit_at: str | None = None  # the culprit's line that raised, "cell N line L"
+    culprit_in: Collective | None = None  # the culprit's own row at the waited position
+    steps: dict[str, int] = field(default_factory=dict)  # completed steps per task (finished)
+    issued: dict[str, int] = field(default_factory=dict)  # collectives per task (finished)
+    #: lines whose collectives ran a different number of times per task (finished)
+    per_line: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: waiting tasks that cannot be released: their wait holds the GIL (a strategy's start-up)
+    frozen: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.rule = HangRule(self.rule)
+
+    @property
+    def waiters(self) -> list[str]:
+        """The tasks released from the hang, sorted."""
+        return sorted(self.waiting)
+
+    def explanation(self, task: str) -> str:
+        said = [self.cause]
+        if task in self.frozen:
+            said.append(f"{task} is still blocked in {self.waiting[task]}: TensorFlow holds the "
+                        "Python lock there until its own registration timeout, so no interrupt "
+                        "reaches it; restart the tasks (%tfdist_restart)")
+        elif task in self.waiting:
+            said.append(f"{task} was released from {self.waiting[task]}")
+        if self.advice:
+            first = self.advice.split(" ", 1)[0]
+            said.append(self.advice if ":" in first else self.advice[:1].upper()
+                        + self.advice[1:])
+        return ". ".join(s.rstrip(".") for s in said) + "."
+
+
 @dataclass
 class RunResult:
     cell: int
     tasks: dict[str, TaskResult]
     profile: str | None = None  # what an armed %tfdist_profile captured during this cell
-    cause: str | None = None  # the root cause the hang rules named (docs/reference.md)
+    hang: Hang | None = None  # what the hang rules proved (docs/reference.md)
+
+    @property
+    def cause(self) -> str | None:
+        """The root cause the hang rules named, in one sentence, or None."""
+        return self.hang.cause if self.hang is not None else None
 
     @property
     def ok(self) -> bool:

@@ -472,8 +472,7 @@ class Cluster:
         finally:
             self.hub.remove_listener(listener)
             self._active_runs.pop(control, None)
-        result = RunResult(cell=cell, tasks=fut.result(timeout=10),
-                           cause=control.hang.cause if control.hang else None)
+        result = RunResult(cell=cell, tasks=fut.result(timeout=10), hang=control.hang)
         if profiling is not None and capture is not None:
             result.profile = self._profile_text(*profiling, capture)
         if origin := first_nan(result.failed):

@@ -19,9 +19,9 @@ from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
-from tfdist_nb.diagnostics.hangs import Ended, Hang, judge, ledger_overview
+from tfdist_nb.diagnostics.hangs import Ended, judge, ledger_overview
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
-from tfdist_nb.results import RemoteError, TaskResult, TaskStatus, error_site
+from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution

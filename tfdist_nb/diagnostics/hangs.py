@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.ledger_runs import BARRIER_KINDS
+from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause
 
 
 class LedgerView(Protocol):
@@ -52,29 +53,22 @@ class Ended:
     steps: int = 0
 
 
-@dataclass
-class Hang:
-    rule: str  # failed | finished | absent | diverged
-    culprit: str
-    cause: str  # one sentence: the root cause (the first line of the run's summary)
-    waiting: dict[str, str] = field(default_factory=dict)  # released task -> what it waited in
-    advice: str = ""
-    #: waiting tasks that cannot be released: their wait holds the GIL (a strategy's start-up)
-    frozen: set[str] = field(default_factory=set)
+def collective(row: dict[str, Any]) -> Collective:
+    """A ledger row as the typed ``Collective`` a ``Hang`` carries."""
+    index = row.get("index")
+    return Collective(kind=str(row.get("kind")),
+                      tensor=describe_tensor(row.get("dtype", "?"), row.get("shape"))
+                      if row.get("kind") not in BARRIER_KINDS else "",
+                      position=None if index is None else int(index) + 1,
+                      function=str(row.get("function")), where=str(row.get("where")),
+                      called_at=row.get("called_at") or None)
 
-    def explanation(self, task: str) -> str:
-        said = [self.cause]
-        if task in self.frozen:
-            said.append(f"{task} is still blocked in {self.waiting[task]}: TensorFlow holds the "
-                        "Python lock there until its own registration timeout, so no interrupt "
-                        "reaches it; restart the tasks (%tfdist_restart)")
-        elif task in self.waiting:
-            said.append(f"{task} was released from {self.waiting[task]}")
-        if self.advice:
-            first = self.advice.split(" ", 1)[0]
-            said.append(self.advice if ":" in first else self.advice[:1].upper()
-                        + self.advice[1:])
-        return ". ".join(s.rstrip(".") for s in said) + "."
+
+def _waits(stuck: dict[str, tuple[dict[str, Any], str]], now: float
+           ) -> tuple[dict[str, str], dict[str, Collective]]:
+    """What each waiter waited in: in words (with how long), and typed."""
+    return ({w: _waited(r, now) for w, (r, _) in stuck.items()},
+            {w: collective(r) for w, (r, _) in stuck.items()})
 
 
 def describe_row(row: dict[str, Any]) -> str:
@@ -180,11 +174,12 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     else:
         cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited in a "
                  f"collective that {end.task} {entered}: {describe_row(row)}")
-    advice = ""
     theirs = ledgers.get(end.task)
     mine = theirs.at(row.get("group"), row["index"]) if theirs and row.get("index") is not None \
         else None
+    likely = LikelyCause.CULPRIT_ERROR
     if mine is not None and not _same(mine, row):
+        likely = LikelyCause.SHAPE_PER_TASK
         advice = (f"the tensors differ: {waiters[0]} "
                   f"{describe_tensor(row.get('dtype', '?'), row.get('shape'))} at "
                   f"{row.get('where')}, {end.task} "
@@ -193,8 +188,10 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
                   "size or data); every task must reduce tensors of the same shape")
     else:
         advice = f"fix {end.task}'s error; the other tasks only waited for it"
-    return Hang("failed", end.task, cause,
-                {w: _waited(r, now) for w, (r, _) in stuck.items()}, advice)
+    waiting, waited_in = _waits(stuck, now)
+    return Hang(HangRule.FAILED, end.task, cause, waiting, advice, likely, waited_in,
+                culprit_error=end.error, culprit_at=end.where,
+                culprit_in=collective(mine) if mine is not None else None)
 
 
 def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
@@ -202,21 +199,21 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     waiters = sorted(stuck)
     row, _ = stuck[waiters[0]]
     group = row.get("group")
+    waiting, waited_in = _waits(stuck, now)
     if row.get("kind") == "check":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
                  f"reach tf.function '{row.get('function')}' at {row.get('where')}, which "
                  f"{end.task} never ran")
-        return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in
-                                                  stuck.items()},
+        return Hang(HangRule.FINISHED, end.task, cause, waiting,
                     f"a call made on some tasks only: every task must run "
-                    f"'{row.get('function')}'")
+                    f"'{row.get('function')}'", LikelyCause.FUNCTION_ON_SOME_TASKS, waited_in)
     if row.get("kind") == "startup":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it in "
                  f"{describe_row(row)}, which {end.task} never made")
-        return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in
-                                                  stuck.items()},
+        return Hang(HangRule.FINISHED, end.task, cause, waiting,
                     f"a strategy made on some tasks only (a branch on the task, an early "
-                    f"return): every task of TF_CONFIG must make the {row.get('function')}")
+                    f"return): every task of TF_CONFIG must make the {row.get('function')}",
+                    LikelyCause.STRATEGY_ON_SOME_TASKS, waited_in)
     tasks = [end.task, *waiters]
     counts = {t: ledgers[t].count(group) if t in ledgers else 0 for t in tasks}
     how_far = ", ".join(f"{t} {steps.get(t, 0)} step(s) and {counts[t]} collective(s)"
@@ -224,13 +221,13 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited in "
              f"{describe_row(row)}, which {end.task} never entered; so far {how_far}")
     lines = _lines_that_differ(tasks, ledgers, group)
-    advice = _advice_for_uneven(end.task, waiters[0], steps, lines)
+    likely, advice = _advice_for_uneven(end.task, waiters[0], steps, lines)
     if lines:
         cause += "; collectives per line: " + "; ".join(
             f"{where}: " + ", ".join(f"{t} {n}" for t, n in per.items())
             for where, per in lines[:3])
-    return Hang("finished", end.task, cause, {w: _waited(r, now) for w, (r, _) in stuck.items()},
-                advice)
+    return Hang(HangRule.FINISHED, end.task, cause, waiting, advice, likely, waited_in,
+                steps={t: steps.get(t, 0) for t in tasks}, issued=counts, per_line=dict(lines))
 
 
 def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
@@ -255,24 +252,26 @@ def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
 
 
 def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],
-                       lines: list[tuple[str, dict[str, int]]]) -> str:
+                       lines: list[tuple[str, dict[str, int]]]) -> tuple[LikelyCause, str]:
     """What usually causes what was seen: collectives made at lines the finished task never
     ran (a call made on some tasks only), or the same lines run more often on the waiting task
     (a loop of another length: uneven data)."""
     only_waiter = [w for w, per in lines if per.get(done, 0) == 0]
     if only_waiter:
-        return (f"{waiter} made collectives at {', '.join(only_waiter[:3])} that {done} never "
-                "made: a call made on some tasks only (a chief-only model.save, evaluate or "
-                "checkpoint write issues collectives too); every task must make it (the "
-                "non-chief tasks saving to a temporary path)")
+        return LikelyCause.CALL_ON_SOME_TASKS, (
+            f"{waiter} made collectives at {', '.join(only_waiter[:3])} that {done} never "
+            "made: a call made on some tasks only (a chief-only model.save, evaluate or "
+            "checkpoint write issues collectives too); every task must make it (the "
+            "non-chief tasks saving to a temporary path)")
     ran = (f"{done} {steps.get(done, 0)}, {waiter} {steps.get(waiter, 0)} completed"
            if steps.get(done, 0) or steps.get(waiter, 0) else "")
-    return ("the same code ran more often on " + waiter + (f" (steps: {ran})" if ran else "")
-            + ": a loop whose length depends on the task, most often uneven per-task data. "
-            "Distribute the data with strategy.experimental_distribute_dataset or "
-            "distribute_datasets_from_function (all tasks then stop together), or make the "
-            "step count the same everywhere: steps_per_epoch, dataset.repeat(), "
-            "drop_remainder=True for the last partial batch")
+    return LikelyCause.LOOP_PER_TASK, (
+        "the same code ran more often on " + waiter + (f" (steps: {ran})" if ran else "")
+        + ": a loop whose length depends on the task, most often uneven per-task data. "
+        "Distribute the data with strategy.experimental_distribute_dataset or "
+        "distribute_datasets_from_function (all tasks then stop together), or make the "
+        "step count the same everywhere: steps_per_epoch, dataset.repeat(), "
+        "drop_remainder=True for the last partial batch")
 
 
 def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
@@ -287,9 +286,10 @@ def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
                     continue
                 cause = (f"{waiter} waits in {describe_row(row)} for {name}, which is not "
                          "running this cell")
-                return Hang("absent", name, cause, {waiter: _waited(row, now)},
+                return Hang(HangRule.ABSENT, name, cause, {waiter: _waited(row, now)},
                             "a cell that runs collectives must run on every task of the "
-                            "strategy (drop --on, or run it with %%tfcluster on all tasks)")
+                            "strategy (drop --on, or run it with %%tfcluster on all tasks)",
+                            LikelyCause.CELL_ON_SOME_TASKS, {waiter: collective(row)})
     return None
 
 
@@ -308,10 +308,11 @@ def _diverged(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
         per_task = "; ".join(f"{t}: {describe_row(rows[t])}" for t in tasks)
         cause = (f"the tasks wait in different collectives at position {index + 1}: "
                  f"{per_task}")
-        return Hang("diverged", tasks[-1], cause,
+        return Hang(HangRule.DIVERGED, tasks[-1], cause,
                     {t: _waited(rows[t], now) for t in tasks},
                     "a branch or a shape that depends on the task pairs different "
-                    "collectives: every task must issue the same collectives in the same order")
+                    "collectives: every task must issue the same collectives in the same order",
+                    LikelyCause.COLLECTIVES_PER_TASK, {t: collective(rows[t]) for t in tasks})
     return None
 
 
