@@ -15,6 +15,7 @@ import pytest
 from tfdist_nb import Cluster
 from tfdist_nb.cluster import registry
 from tfdist_nb.diagnostics import sharding_check, variables_check
+from tfdist_nb.diagnostics.sharding_check import OverlapCause
 from tfdist_nb.worker.consistency import FULL_VALUES, summarise
 
 BOTH = "worker:0 and worker:1"
@@ -80,6 +81,7 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
     assert data.per_task == {"worker:0": 32, "worker:1": 32}
     assert data.overlap.empty and data.missing is not None and data.missing.empty
     assert data.policy == "DATA" and data.effective == "DATA" and data.imbalance == 1.0
+    assert data.overlap_cause is None
     assert "64 element(s) split 32/32 across worker:0 and worker:1" in data.summary
     assert list(data.table.index) == ["worker:0", "worker:1"]
 
@@ -90,6 +92,7 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
     assert len(off.overlap) == 64 and off.missing is not None and off.missing.empty
     assert (off.overlap["worker:0"] == 1).all() and (off.overlap["seen"] == 2).all()
     assert sorted(int(e) for e in off.overlap["element"]) == list(range(64))
+    assert off.overlap_cause is OverlapCause.POLICY_OFF
     assert off.summary.startswith(f"{BOTH} read the same 64 element(s)")
     assert "auto_shard_policy OFF and no dataset.shard()" in off.summary
     assert off.policy == "OFF" and "OFF" in str(off) and "PROBLEM" in off._repr_html_()
@@ -108,16 +111,17 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
     assert list(hand.table["own_shard"]) == ["shard(2, 0)", "shard(2, 1)"]
     plain = c.check("sharding", "everything")
     assert not plain.ok and plain.summary.startswith(f"{BOTH} read the same 64 element(s)")
-    assert "without dataset.shard()" in plain.summary and plain.missing is None
+    assert plain.overlap_cause is OverlapCause.PLAIN_UNSHARDED and plain.missing is None
 
     # distribute_datasets_from_function: the function must shard by its InputContext
     fn = c.check("sharding", "ignores_context")
     assert not fn.ok and fn.per_task == {"worker:0": 40, "worker:1": 40}
-    assert fn.missing.empty and "does not shard by its InputContext" in fn.summary
+    assert fn.missing.empty and fn.overlap_cause is OverlapCause.FUNCTION_IGNORES_CONTEXT
     tutorial = c.check("sharding", "shuffled_then_sharded")
     assert not tutorial.ok and sum(tutorial.per_task.values()) == 64
+    # it does shard by its InputContext: the unseeded shuffle before that shard is the cause
+    assert tutorial.overlap_cause is OverlapCause.SHUFFLE_BEFORE_SHARD
     assert "shuffles without a seed before its shard(2, 0) call" in tutorial.summary
-    assert "InputContext" not in tutorial.summary  # it does shard by it
 
     # EXPR that exists on one task only: named, and nothing is read (no collective waits)
     c.run("only_here = by_data", on="worker:0")
@@ -260,11 +264,12 @@ def test_sharding_analysis_names_overlap_missing_and_empty_tasks() -> None:
     assert report.imbalance == float("inf")
 
 
-def _overlapping(described: dict) -> str:
-    """The summary of two tasks that both read elements a and b."""
+def _overlapping(described: dict) -> tuple[sharding_check.OverlapCause, str]:
+    """The cause and summary of two tasks that both read elements a and b."""
     reads = {t: {"examples": 2, "counts": {"a": 1, "b": 1}, "previews": {"a": "1", "b": "2"},
                  "steps": 1} for t in described}
-    return sharding_check.analyse(described, reads).summary
+    report = sharding_check.analyse(described, reads)
+    return report.overlap_cause, report.summary
 
 
 def test_the_overlap_cause_comes_from_each_pipelines_structure() -> None:
@@ -273,13 +278,14 @@ def test_the_overlap_cause_comes_from_each_pipelines_structure() -> None:
                 "policy": policy, "workers": 2, "pipeline": {"file_based": False, **pipeline}}
 
     # tasks whose options differ: named as such, not blamed on a shuffle
-    differ = _overlapping({"worker:0": desc("DATA", {}), "worker:1": desc("OFF", {})})
-    assert "shard in different ways (worker:0 DATA, worker:1 none)" in differ
-    assert "shuffle" not in differ
+    cause, differ = _overlapping({"worker:0": desc("DATA", {}), "worker:1": desc("OFF", {})})
+    assert cause is OverlapCause.SHARDED_DIFFERENTLY
+    assert "(worker:0 DATA, worker:1 none)" in differ
     # DATA over an unseeded shuffle: the shuffle is named, with the tasks that have it
-    shuffled = _overlapping({t: desc("DATA", {"unseeded_shuffle": True})
+    cause, shuffled = _overlapping({t: desc("DATA", {"unseeded_shuffle": True})
+                                    for t in ("worker:0", "worker:1")})
+    assert cause is OverlapCause.DATA_UNSEEDED_SHUFFLE
+    assert "(on worker:0 and worker:1)" in shuffled
+    cause, _ = _overlapping({t: desc("DATA", {"unseeded_shuffle": False})
                              for t in ("worker:0", "worker:1")})
-    assert "shuffles without a seed (on worker:0 and worker:1)" in shuffled
-    plain = _overlapping({t: desc("DATA", {"unseeded_shuffle": False})
-                          for t in ("worker:0", "worker:1")})
-    assert "without a seed" not in plain and "by position" in plain
+    assert cause is OverlapCause.DATA_ORDER_DIFFERS

@@ -19,6 +19,7 @@ import pytest
 from tests.conftest import worker_kernels
 from tfdist_nb import Cluster, current
 from tfdist_nb.cluster import registry
+from tfdist_nb.diagnostics.isolate import Finding
 from tfdist_nb.errors import SpecError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -47,6 +48,7 @@ def test_a_failure_that_does_not_repeat_is_called_flaky(one_worker: Cluster,
     assert not one_worker.run(fails_once_then(tmp_path / "ran", "print('ok')")).ok
     said: list[str] = []
     report = one_worker.isolate(budget_s=120, on_progress=said.append)
+    assert report.finding is Finding.FLAKY, report.verdict
     assert report.verdict.startswith("flaky: it failed in your run and passed when re-run "
                                      "unchanged in fresh kernels"), report.verdict
     assert list(report.table["outcome"]) == ["passes"]
@@ -70,8 +72,8 @@ def test_no_variant_outlives_the_budget(one_worker: Cluster, tmp_path: Path) -> 
     took = time.monotonic() - began
     assert took <= 15, took
     assert list(report.table["outcome"]) == ["out of time"]
-    assert report.verdict.startswith("not reproduced: re-run unchanged in fresh kernels it "
-                                     "runs out of time"), report.verdict
+    assert report.finding is Finding.NOT_REPRODUCED, report.verdict
+    assert "it runs out of time" in report.verdict, report.verdict
     assert worker_kernels() >= kernels_of(one_worker)
     assert registry.live_clusters() == [one_worker] and current() is one_worker
 

@@ -12,7 +12,15 @@ from tfdist_nb.diagnostics.cell_edits import (
     prelude_code,
     with_bound,
 )
-from tfdist_nb.diagnostics.isolate import Failure, Outcome, Row, Walk, judge, signature
+from tfdist_nb.diagnostics.isolate import (
+    Failure,
+    Finding,
+    Outcome,
+    Row,
+    Walk,
+    judge,
+    signature,
+)
 from tfdist_nb.results import RemoteError, TaskResult
 from tfdist_nb.topology import ClusterSpec
 
@@ -44,7 +52,7 @@ def play(w: Walk, answers: dict[str, object]) -> list[str]:
 def test_a_failure_that_passes_again_is_flaky_and_nothing_more_runs() -> None:
     w = walk()
     assert play(w, {"same": P}) == ["same"]
-    assert w.verdict().startswith("flaky:")
+    assert w.finding() is Finding.FLAKY and w.verdict().startswith("flaky:")
     assert w.smallest() is None
 
 
@@ -54,6 +62,7 @@ def test_one_tasks_data_stops_at_the_shares_then_shrinks_the_steps() -> None:
                      "shares": {"worker:0": P, "worker:1": F},
                      "share:worker:1+steps=3": F})
     assert asked == ["same", "tasks=1", "shares", "share:worker:1+steps=3"]
+    assert w.finding() is Finding.TASK_DATA
     assert w.verdict().startswith("fails on worker:1's share alone: that task's data")
     assert w.smallest().variant.key == "share:worker:1+steps=3"
 
@@ -63,11 +72,11 @@ def test_every_share_failing_asks_whether_it_passes_eagerly() -> None:
     asked = play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": F, "worker:1": F},
                      "share:worker:0+eager": P})
     assert asked[-1] == "share:worker:0+eager"
-    assert w.verdict().startswith("passes eagerly: a difference in the traced function")
+    assert w.finding() is Finding.TRACED_FUNCTION
     w = walk()
     play(w, {"same": F, "tasks=1": F, "shares": {"worker:0": F, "worker:1": F},
              "share:worker:0+eager": F})
-    assert "also eagerly: a bug in the model or the input pipeline" in w.verdict()
+    assert w.finding() is Finding.MODEL_OR_PIPELINE
 
 
 def test_passing_on_one_worker_is_a_distributed_bug_with_its_smallest_count() -> None:
@@ -75,6 +84,7 @@ def test_passing_on_one_worker_is_a_distributed_bug_with_its_smallest_count() ->
     asked = play(w, {"same": F, "tasks=1": P, "tasks=2": P, "tasks=3": F, "mirrored": P,
                      "tasks=3+eager": F})
     assert asked == ["same", "tasks=1", "tasks=2", "tasks=3", "mirrored", "tasks=3+eager"]
+    assert w.finding() is Finding.DISTRIBUTED
     assert w.verdict().startswith("needs 3 or more workers: a distributed bug (with 1 worker "
                                   "it passes; the 4 replicas in one process pass"), w.verdict()
     assert w.smallest().variant.key == "tasks=3"
@@ -88,6 +98,7 @@ def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
                              "is RING, and NCCL needs GPUs"]
     w = walk(gpus=True)
     assert play(w, answers)[-1] == "same+ring"
+    assert w.finding() is Finding.COLLECTIVE_IMPLEMENTATION
     assert "passes with implementation=RING: the collective implementation AUTO" in w.verdict()
     assert w.not_tried() == []
 
@@ -163,4 +174,28 @@ def test_the_implementation_the_cells_chose_is_read_from_their_code() -> None:
     w = walk(gpus=True)
     w.implementation_used = "nccl"
     play(w, {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P})
-    assert "passes with implementation=RING: the collective implementation NCCL" in w.verdict()
+    assert w.finding() is Finding.COLLECTIVE_IMPLEMENTATION
+    assert "the collective implementation NCCL" in w.verdict()
+
+
+OTHER, TIMEOUT = Outcome.OTHER, Outcome.TIMEOUT
+
+
+@pytest.mark.parametrize(("answers", "finding"), [
+    ({"same": OTHER}, Finding.NOT_REPRODUCED),
+    ({"same": TIMEOUT}, Finding.NOT_REPRODUCED),
+    ({"same": F, "tasks=1": P, "mirrored": F}, Finding.PER_REPLICA),
+    ({"same": F, "tasks=1": P, "mirrored": P, "same+eager": P}, Finding.TRACES_DIFFER),
+    ({"same": F, "tasks=1": P, "mirrored": P, "same+eager": F}, Finding.DISTRIBUTED),
+    ({"same": F, "tasks=1": F, "shares": {"worker:0": P, "worker:1": P},
+      "tasks=1+eager": F, "mirrored": F}, Finding.DATA_AS_A_WHOLE),
+    ({"same": F, "tasks=1": F, "shares": {"worker:0": P, "worker:1": P},
+      "tasks=1+eager": F, "mirrored": P}, Finding.STRATEGY_CODE_PATH),
+    ({"same": F, "tasks=1": F, "shares": {"worker:0": P, "worker:1": P},
+      "tasks=1+eager": P}, Finding.TRACED_FUNCTION),
+])
+def test_each_finding_follows_from_the_outcomes_that_support_it(
+        answers: dict[str, object], finding: Finding) -> None:
+    w = walk()
+    play(w, answers)
+    assert w.finding() is finding, (w.verdict(), w.rows)

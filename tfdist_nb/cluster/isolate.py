@@ -38,6 +38,7 @@ from tfdist_nb.diagnostics.cell_edits import (
 )
 from tfdist_nb.diagnostics.isolate import (
     Failure,
+    Finding,
     Outcome,
     Row,
     Variant,
@@ -84,7 +85,8 @@ class Ran:
 class IsolateReport:
     """What ``%tfdist_isolate`` found (docs/reference.md, Isolate): ``table`` (one row per
     variant, or per task of "each task's share alone"), ``smallest`` (the smallest variant that
-    still fails, or None), ``verdict`` (one sentence) and ``export(DIR)``."""
+    still fails, or None), ``verdict`` (one sentence), ``finding`` (what the verdict says, a
+    ``Finding``) and ``export(DIR)``."""
 
     cell: int
     failure: Failure
@@ -95,6 +97,7 @@ class IsolateReport:
     budget_s: float
     setup_cells: list[int]
     notes: list[str] = field(default_factory=list)  # variants not tried, and why
+    finding: Finding = Finding.NO_ANSWER
     _ran: dict[str, Ran] = field(default_factory=dict, repr=False)
     _export: Callable[[Ran, str | os.PathLike[str], bool], Path] | None = field(
         default=None, repr=False)
@@ -230,7 +233,8 @@ class Isolation:
                 self.cluster.reclaim_spares(lent)
         return IsolateReport(
             cell=self.cell, failure=self.failure, rows=list(self.walk.rows),
-            verdict=self.walk.verdict(), smallest=self.walk.smallest(),
+            verdict=self.walk.verdict(), finding=self.walk.finding(),
+            smallest=self.walk.smallest(),
             seconds=time.monotonic() - started, budget_s=self.budget_s,
             setup_cells=[c["cell"] for c in self.setup], notes=self.walk.not_tried(),
             _ran=dict(self.ran),

@@ -54,6 +54,25 @@ class Outcome(StrEnum):
                 Outcome.INTERRUPTED: "was interrupted"}[self]
 
 
+class Finding(StrEnum):
+    """What a walk's outcomes support (``IsolateReport.finding``); the verdict's sentence says
+    it with the evidence."""
+
+    NO_ANSWER = "no_answer"  # no variant ran
+    FLAKY = "flaky"  # failed in the user's run, passed re-run unchanged
+    NOT_REPRODUCED = "not_reproduced"  # re-run unchanged it ended another way
+    DISTRIBUTED = "distributed"  # needs several workers; no narrower cause shown
+    PER_REPLICA = "per_replica"  # also with the replicas in one process (MirroredStrategy)
+    TRACES_DIFFER = "traces_differ"  # needs several workers, passes eagerly
+    COLLECTIVE_IMPLEMENTATION = "collective_implementation"  # passes with the other one
+    TASK_DATA = "task_data"  # fails on some tasks' shares alone
+    TRACED_FUNCTION = "traced_function"  # fails as a tf.function, passes eagerly
+    MODEL_OR_PIPELINE = "model_or_pipeline"  # fails on one task, also eagerly
+    DATA_AS_A_WHOLE = "data_as_a_whole"  # one task with all the data, on no share alone
+    STRATEGY_CODE_PATH = "strategy_code_path"  # MWMS on 1 worker fails, MirroredStrategy not
+    UNKNOWN = "unknown"  # the variant that would tell did not run or ended another way
+
+
 @dataclass(frozen=True)
 class Variant:
     """One way to run the cells again. ``shares``: every task runs alone (no multi-worker
@@ -388,6 +407,9 @@ class Walk:
     def verdict(self) -> str:
         return Verdict(self).sentence()
 
+    def finding(self) -> Finding:
+        return Verdict(self).finding()
+
 
 def _hypotheses(variant: Variant) -> list[list[Row]]:
     """The outcomes a variant could have, for the progress line's count: fails or passes (for
@@ -408,60 +430,68 @@ class Verdict:
 
     def sentence(self) -> str:
         w = self.walk
-        said = self._headline()
+        said = self._headline()[1]
         if w.stopped and w.stopped != "done":
             said += f" ({w.stopped} after {len(w._done)} variant(s))"
         return said
 
-    def _headline(self) -> str:
+    def finding(self) -> Finding:
+        return self._headline()[0]
+
+    def _headline(self) -> tuple[Finding, str]:
         w, got = self.walk, self.walk.outcome
         first = got("same")
         if first is None:
-            return "no answer: no variant ran"
+            return Finding.NO_ANSWER, "no answer: no variant ran"
         if first is Outcome.PASSES:
-            return ("flaky: it failed in your run and passed when re-run unchanged in fresh "
-                    "kernels")
+            return Finding.FLAKY, ("flaky: it failed in your run and passed when re-run "
+                                   "unchanged in fresh kernels")
         if first is not Outcome.FAILS:
-            return (f"not reproduced: re-run unchanged in fresh kernels it {first.verb} "
-                    f"({self._line('same')}); isolate needs a failure that repeats")
+            return Finding.NOT_REPRODUCED, (
+                f"not reproduced: re-run unchanged in fresh kernels it {first.verb} "
+                f"({self._line('same')}); isolate needs a failure that repeats")
         if w.tasks == 1:
             return self._eagerly(eager(same(w.spec)).key, "1 worker")
         if got("tasks=1") is None:
-            return f"fails again with {w.spec}; {self._unknown()}"
+            return Finding.UNKNOWN, f"fails again with {w.spec}; {self._unknown()}"
         if got("tasks=1") is not Outcome.FAILS:
             return self._distributed()
         return self._one_task()
 
-    def _distributed(self) -> str:
+    def _distributed(self) -> tuple[Finding, str]:
         w, got = self.walk, self.walk.outcome
         needs = w.needs() or w.tasks
         one = got("tasks=1") or Outcome.PASSES  # only called once it ran
         with_one = "passes" if one is Outcome.PASSES else f"{one.verb} ({self._line('tasks=1')})"
         head = f"needs {needs} or more workers: a distributed bug (with 1 worker it {with_one}"
         if got("mirrored") is Outcome.FAILS:
-            return (f"needs {w.tasks} replicas, also in one process without multi-worker "
-                    f"collectives: the per-replica code (how the batch is split, code run in "
-                    f"the replica context) (with 1 worker it {with_one}; MirroredStrategy on "
-                    f"{w.tasks} CPU devices fails the same way)")
+            return Finding.PER_REPLICA, (
+                f"needs {w.tasks} replicas, also in one process without multi-worker collectives: "
+                "the per-replica code (how the batch is split, code run in the replica context) "
+                f"(with 1 worker it {with_one}; MirroredStrategy on {w.tasks} CPU devices fails "
+                "the same way)")
         if got("mirrored") is Outcome.PASSES:
             head += f"; the {w.tasks} replicas in one process pass: it is in how the tasks work "\
                     "together"
         at = same(w.spec) if needs == w.tasks else fewer(w.spec, needs)
         if got(eager(at).key) is Outcome.PASSES:
-            return (f"needs {needs} or more workers and passes eagerly: the tasks trace "
-                    f"different functions or collectives (with 1 worker it {with_one})")
+            return Finding.TRACES_DIFFER, (
+                f"needs {needs} or more workers and passes eagerly: the tasks trace different "
+                f"functions or collectives (with 1 worker it {with_one})")
         other = w._other_implementation()
         if other and got(implementation(at, other).key) is Outcome.PASSES:
-            return (f"needs {needs} or more workers and passes with implementation="
-                    f"{other.upper()}: the collective implementation "
-                    f"{(w.implementation_used or 'auto').upper()} (with 1 worker it {with_one})")
-        return head + ")"
+            return Finding.COLLECTIVE_IMPLEMENTATION, (
+                f"needs {needs} or more workers and passes with implementation={other.upper()}: "
+                f"the collective implementation {(w.implementation_used or 'auto').upper()} (with "
+                f"1 worker it {with_one})")
+        return Finding.DISTRIBUTED, head + ")"
 
-    def _one_task(self) -> str:
+    def _one_task(self) -> tuple[Finding, str]:
         w, got = self.walk, self.walk.outcome
         shared = w._done.get("shares")
         if shared is None:
-            return f"fails with 1 worker too: not a distributed bug; {self._unknown()}"
+            return Finding.UNKNOWN, (f"fails with 1 worker too: not a distributed bug; "
+                                     f"{self._unknown()}")
         failing = w.failing_shares()
         if failing and len(failing) < len(shared):
             names = ", ".join(f"{r.task}'s" for r in failing)
@@ -469,31 +499,36 @@ class Verdict:
                                                               r.outcome is not Outcome.PASSES
                                                               else "")
                                for r in shared if r.outcome is not Outcome.FAILS)
-            return (f"fails on {names} share alone: that task's data (or its own code path); "
-                    f"alone, {others}")
+            return Finding.TASK_DATA, (
+                f"fails on {names} share alone: that task's data (or its own code path); alone, "
+                f"{others}")
         if failing:
             alone = eager(share_alone(w.spec, str(failing[0].task))).key
             return self._eagerly(alone, "each task's share alone")
         if got(eager(fewer(w.spec, 1)).key) is Outcome.PASSES:
             return self._eagerly(eager(fewer(w.spec, 1)).key, "1 worker")
         if got("mirrored") is Outcome.FAILS:
-            return ("fails on one task with MirroredStrategy and all the data, but on no task's "
-                    "share alone: the data as a whole (an element no single share holds in "
-                    "that order, or more steps than a share has)")
-        return ("fails with MultiWorkerMirroredStrategy even on 1 worker, not with "
-                "MirroredStrategy: the multi-worker strategy's own code path")
+            return Finding.DATA_AS_A_WHOLE, (
+                "fails on one task with MirroredStrategy and all the data, but on no task's "
+                "share alone: the data as a whole (an element no single share holds in that "
+                "order, or more steps than a share has)")
+        return Finding.STRATEGY_CODE_PATH, (
+            "fails with MultiWorkerMirroredStrategy even on 1 worker, not with MirroredStrategy: "
+            "the multi-worker strategy's own code path")
 
-    def _eagerly(self, key: str, where: str) -> str:
+    def _eagerly(self, key: str, where: str) -> tuple[Finding, str]:
         got = self.walk.outcome(key)
         if got is Outcome.PASSES:
-            return (f"passes eagerly: a difference in the traced function (fails on {where} as "
-                    "a tf.function, passes with tf.config.run_functions_eagerly(True))")
+            return Finding.TRACED_FUNCTION, (
+                f"passes eagerly: a difference in the traced function (fails on {where} as a "
+                "tf.function, passes with tf.config.run_functions_eagerly(True))")
         if got is Outcome.FAILS:
-            return (f"fails on {where} without multi-worker collectives, also eagerly: a bug in "
-                    "the model or the input pipeline, not in distribution")
+            return Finding.MODEL_OR_PIPELINE, (
+                f"fails on {where} without multi-worker collectives, also eagerly: a bug in the "
+                "model or the input pipeline, not in distribution")
         if got is None:
-            return f"fails on {where}; {self._unknown()}"
-        return f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
+            return Finding.UNKNOWN, f"fails on {where}; {self._unknown()}"
+        return Finding.UNKNOWN, f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
 
     def _line(self, key: str) -> str:
         rows = self.walk._done.get(key, [])

@@ -19,11 +19,29 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
 
 #: examples of the undistributed dataset, from the per-task reads, quoted in a summary
 QUOTED = 5
 IMBALANCE_NOTE = 1.5  # max/min above this is said in the details
+
+
+class OverlapCause(StrEnum):
+    """Why several tasks read the same elements, as the pipelines' structure shows it
+    (``report.overlap_cause``; None without overlap). The summary's cause is said from it."""
+
+    SHARDED_DIFFERENTLY = "sharded_differently"  # the tasks' pipelines shard in other ways
+    SHUFFLE_BEFORE_SHARD = "shuffle_before_shard"  # an unseeded shuffle before shard()
+    SAME_SHARD_INDEX = "same_shard_index"  # every task calls shard() with one index
+    FUNCTION_SHARDS_OVERLAP = "function_shards_overlap"  # a dataset function's shard() calls
+    FUNCTION_IGNORES_CONTEXT = "function_ignores_context"  # it never shards by InputContext
+    SHARD_CALLS_DO_NOT_SPLIT = "shard_calls_do_not_split"
+    PLAIN_UNSHARDED = "plain_unsharded"  # a plain dataset without shard()
+    POLICY_OFF = "policy_off"  # AutoShardPolicy OFF and no shard()
+    DATA_UNSEEDED_SHUFFLE = "data_unseeded_shuffle"  # DATA over an unseeded shuffle
+    DATA_ORDER_DIFFERS = "data_order_differs"  # DATA over an order that differs per task
+    INPUTS_NOT_DISJOINT = "inputs_not_disjoint"  # FILE: the tasks' files overlap
 
 
 def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport | None:
@@ -144,7 +162,7 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
         if not good:
             return CheckReport("sharding", False, failure, details=details,
                                fields={**fields, "overlap": None, "missing": None,
-                                       "per_task": {}})
+                                       "per_task": {}, "overlap_cause": None})
     reading = _Reading(good, reads)
     overlap = reading.overlap()
     cut = {t: reads[t].get("cut") for t in good if reads[t].get("cut")}
@@ -154,6 +172,7 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     details += _reading_notes(reading, cut)
     fields.update(overlap=overlap, missing=missing, per_task=reading.per_task,
                   imbalance=reading.imbalance(), extra=extra, cut=cut)
+    fields["overlap_cause"] = _cause(described, effective)[0] if len(overlap) else None
     problems = _problems(reading, overlap, missing, described, effective)
     if failure is not None:
         problems.insert(0, failure)
@@ -308,7 +327,7 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
                              key=task_order)
             what = (f"{shared} element(s) read by more than one task ({name_tasks(busiest)}), "
                     f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")
-        problems.append(f"{what}; cause: {_cause(described, effective)}")
+        problems.append(f"{what}; cause: {_cause(described, effective)[1]}")
     if missing is not None and len(missing):
         problems.append(f"{len(missing)} element(s) of the undistributed dataset read by no "
                         f"task, e.g. {', '.join(map(str, missing['element'].head(QUOTED)))}")
@@ -319,7 +338,8 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
     return problems
 
 
-def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
+def _cause(described: Mapping[str, Mapping[str, Any]], effective: str
+           ) -> tuple[OverlapCause, str]:
     """The likely reason several tasks read the same elements, read from the pipelines' own
     structure (their shard() calls and the shuffles before them)."""
     order = sorted(described, key=task_order)
@@ -327,9 +347,10 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
     ways = {t: policy_explained(described[t])[1] for t in order}
     if len(set(ways.values())) > 1:
         said = ", ".join(f"{t} {way}" for t, way in ways.items())
-        return (f"the tasks shard in different ways ({said}): each task must build the same "
-                "pipeline with the same options (a cell or a branch that ran on some tasks "
-                "only?)")
+        return OverlapCause.SHARDED_DIFFERENTLY, (
+            f"the tasks shard in different ways ({said}): each task must build the same "
+            "pipeline with the same options (a cell or a branch that ran on some tasks "
+            "only?)")
     pipes = {t: d.get("pipeline") or {} for t, d in described.items()}
     shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in p.get("shards", []))
               for t, p in pipes.items()}
@@ -338,41 +359,51 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str) -> str:
                       key=task_order)
     if shuffled and effective in ("shard()", "function"):
         calls = ", ".join(f"shard({n}, {i})" for n, i in shards[shuffled[0]])
-        return (f"the pipeline shuffles without a seed before its {calls} call (on "
-                f"{name_tasks(shuffled)}): each task shuffles into its own order, so the shards it "
-                "cuts overlap with the others' and miss elements; shard before shuffling, or "
-                "give that shuffle the same seed on every task")
+        return OverlapCause.SHUFFLE_BEFORE_SHARD, (
+            f"the pipeline shuffles without a seed before its {calls} call (on "
+            f"{name_tasks(shuffled)}): each task shuffles into its own order, so the shards it "
+            "cuts overlap with the others' and miss elements; shard before shuffling, or "
+            "give that shuffle the same seed on every task")
     if effective == "shard()" and len(shards) > 1 and len(set(shards.values())) == 1:
         call = ", ".join(f"shard({n}, {i})" for n, i in next(iter(shards.values())))
-        return (f"every task calls {call}: the index must be the task's own, e.g. "
-                f"dataset.shard(num_workers, tw.task[1])")
+        return OverlapCause.SAME_SHARD_INDEX, (
+            f"every task calls {call}: the index must be the task's own, e.g. "
+            f"dataset.shard(num_workers, tw.task[1])")
     if effective == "function" and any(shards.values()):
         calls = "; ".join(f"{t} " + ", ".join(f"shard({n}, {i})" for n, i in shards[t])
                           for t in sorted(shards, key=task_order))
-        return (f"the dataset function shards ({calls}) but the shards overlap: check that "
-                "num_shards is ctx.num_input_pipelines and index ctx.input_pipeline_id")
+        return OverlapCause.FUNCTION_SHARDS_OVERLAP, (
+            f"the dataset function shards ({calls}) but the shards overlap: check that "
+            "num_shards is ctx.num_input_pipelines and index ctx.input_pipeline_id")
     if effective == "function":  # no shard() call at all
-        return ("the dataset function does not shard by its InputContext: "
-                "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
+        return OverlapCause.FUNCTION_IGNORES_CONTEXT, (
+            "the dataset function does not shard by its InputContext: "
+            "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
     if effective == "shard()":
-        return "the pipeline's own shard() calls do not split it: check num_shards and index"
+        return (OverlapCause.SHARD_CALLS_DO_NOT_SPLIT,
+                "the pipeline's own shard() calls do not split it: check num_shards and index")
     if effective == "none" and first.get("kind") == "dataset":
-        return ("a plain tf.data.Dataset without dataset.shard(): shard it with "
-                "dataset.shard(num_workers, task index), or distribute it with the strategy")
+        return OverlapCause.PLAIN_UNSHARDED, (
+            "a plain tf.data.Dataset without dataset.shard(): shard it with "
+            "dataset.shard(num_workers, task index), or distribute it with the strategy")
     if effective == "none":
-        return ("auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
-                "FILE), or shard it yourself")
+        return OverlapCause.POLICY_OFF, (
+            "auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
+            "FILE), or shard it yourself")
     unseeded = sorted((t for t, p in pipes.items() if p.get("unseeded_shuffle")), key=task_order)
     if effective == "DATA" and unseeded:
-        return (f"DATA sharding keeps every n-th element by position, and the pipeline "
-                f"shuffles without a seed (on {name_tasks(unseeded)}), so each task keeps its "
-                "share of a different order; give the shuffle the same seed on every task, or "
-                "shuffle after the split")
+        return OverlapCause.DATA_UNSEEDED_SHUFFLE, (
+            f"DATA sharding keeps every n-th element by position, and the pipeline "
+            f"shuffles without a seed (on {name_tasks(unseeded)}), so each task keeps its "
+            "share of a different order; give the shuffle the same seed on every task, or "
+            "shuffle after the split")
     if effective == "DATA":
-        return ("DATA sharding keeps every n-th element by position, so an order that differs "
-                "between tasks (a non-deterministic map or interleave before the split) "
-                "overlaps")
-    return f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)"
+        return OverlapCause.DATA_ORDER_DIFFERS, (
+            "DATA sharding keeps every n-th element by position, so an order that differs "
+            "between tasks (a non-deterministic map or interleave before the split) "
+            "overlaps")
+    return (OverlapCause.INPUTS_NOT_DISJOINT,
+            f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)")
 
 
 ABORTED = "Collective ops is aborted by"
