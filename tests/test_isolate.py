@@ -86,7 +86,7 @@ def test_an_interrupt_ends_the_variant_and_returns_what_is_known(one_worker: Clu
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             side = [c for c in registry.live_clusters() if c is not one_worker]
-            if side and side[0]._active_runs and side[0]._cell >= 2:  # the failing cell
+            if side and side[0]._cells.active and side[0]._cells.last >= 2:  # the failing cell
                 _thread.interrupt_main()
                 return
             time.sleep(0.05)
@@ -106,7 +106,7 @@ def test_an_interrupt_ends_the_variant_and_returns_what_is_known(one_worker: Clu
 
 def test_bad_requests_are_refused_before_anything_starts(one_worker: Cluster) -> None:
     assert one_worker.run("x = 1").ok
-    last = one_worker._cell
+    last = one_worker._cells.last
     with pytest.raises(SpecError, match=f"cell {last} did not fail on this cluster"):
         one_worker.isolate(cell=last)
     with pytest.raises(SpecError, match="positive number of seconds"):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.topology import TaskId
+from tfdist_nb.worker.telemetry import telemetry_interval
 
 _DROP_EXACT = {"PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "JPY_SESSION_NAME", "TF_CONFIG"}
 _DROP_PREFIX = ("TFDIST_TASK",)
@@ -41,6 +42,21 @@ def parse_env_items(items: list[str] | None) -> dict[str, str]:
             raise ValueError(f"--env {key}=... cannot be set: {TASK_OWNED[key]}")
         out[key] = value
     return out
+
+
+def check_env(env: Mapping[str, str] | None) -> None:
+    """SpecError for an ``env=`` the tasks could not start with, before anything starts: a
+    ``TFDIST_TELEMETRY_INTERVAL`` (here or in ``env=``) they would refuse, or a TASK_OWNED
+    variable."""
+    for where, value in (("the environment", os.environ.get("TFDIST_TELEMETRY_INTERVAL")),
+                         ("env=", (env or {}).get("TFDIST_TELEMETRY_INTERVAL"))):
+        try:
+            telemetry_interval(value)
+        except ValueError as exc:
+            raise SpecError(f"{exc} (from {where})") from None
+    owned = sorted(set(env or {}) & set(TASK_OWNED))
+    if owned:
+        raise SpecError(f"env={owned[0]} cannot be set: {TASK_OWNED[owned[0]]}")
 
 
 def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,

@@ -7,6 +7,7 @@ opens"). A local cluster's tasks share the controller's network namespace, so th
 said once per cluster and set of ports, naming the tasks and ports. Remote tasks' tables are on
 their hosts: there the line follows what the tasks did (a strategy whose start-up completed, a
 parameter-server cluster's servers), naming each task's host and port (``describe_remote``).
+``exposure_line`` picks the way for a cluster's launcher (``Cluster.exposure_note``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.task import TaskRuntime
+    from tfdist_nb.launchers.base import Launcher
 
 LISTEN = "0A"
 _WILDCARD = {"00000000", "0" * 32}
@@ -110,3 +112,26 @@ class SaidOnce:
             return False
         self._said |= key
         return True
+
+
+def local_exposure(launcher: Launcher, tasks: Iterable[TaskRuntime]) -> dict[str, int]:
+    """``open_ports`` for a local launcher's tasks; none for a remote one (``exposure_line``
+    says what its tasks serve) or a confined one (the ports are in the tasks' netns)."""
+    if launcher.remote or launcher.confined:
+        return {}
+    return open_ports(tasks)
+
+
+def exposure_line(said: SaidOnce, launcher: Launcher, tasks: Iterable[TaskRuntime],
+                  has_ps: bool, live: Any) -> str | None:
+    """The line naming the exposed TF ports of a cluster's tasks the first time ``said`` sees
+    this set of them (``live``: the cluster's live store, for remote tasks), else None."""
+    if launcher.remote:
+        serving = remote_servers(tasks, has_ps, live)
+        return describe_remote(serving) if said.first_time(serving) else None
+    if not said.first_time(open_now := local_exposure(launcher, tasks)):
+        return None
+    line = describe(open_now)
+    if why := launcher.why_not_confined:
+        line += f". They are not confined to a private network: {why}"
+    return line

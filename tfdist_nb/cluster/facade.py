@@ -1,20 +1,16 @@
 """The ``Cluster`` facade (docs/reference.md, Python API): validate arguments, hand the work to
 the cluster's loop thread, wait with a deadline.
 
-The jobs live in their own modules: :mod:`.lifecycle` starts and stops tasks, :mod:`.runner`
-runs a cell, :mod:`.hub` fans events out to disk, views and detectors, :mod:`.inspector` reads
-stacks and aborts collectives, :mod:`.agent_client` calls into the worker agent, :mod:`.views`
-builds the DataFrames, :mod:`.registry` knows the active cluster.
+Every other job has a module of its own (docs/design.md, "Rooms of the package"): tasks start
+and stop in :mod:`.lifecycle`, cells run in :mod:`.cells` and :mod:`.runner`, spare kernels are
+:mod:`.spare_control`'s, profiles :mod:`.profiler`'s, what is set on the tasks' agents
+:mod:`.task_settings`'.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import os
-import queue
-import re
 import sys
 import time
 import warnings
@@ -24,56 +20,45 @@ from typing import Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import exposure, registry, report
+from tfdist_nb.cluster import exposure, registry, report, software, task_settings
+from tfdist_nb.cluster.cells import Cells
 from tfdist_nb.cluster.checks import CheckRunner
-from tfdist_nb.cluster.environment import TASK_OWNED, resolve_python
-from tfdist_nb.cluster.export import ExportError, ours_or_absent, restart_times
+from tfdist_nb.cluster.environment import check_env, resolve_python
+from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
-from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.inspector import Inspector, format_stacks
+from tfdist_nb.cluster.hub import EventHub
+from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, IsolateReport, Isolation
-from tfdist_nb.cluster.lifecycle import Lifecycle, Setup
+from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle, Setup, start_error
 from tfdist_nb.cluster.loop import LoopThread
-from tfdist_nb.cluster.profiler import Capture, describe, finish_capture, start_capture
-from tfdist_nb.cluster.relay import RUN_DONE, relay
-from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
+from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome
-from tfdist_nb.cluster.spares import SparePool, spare_count
-from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
+from tfdist_nb.cluster.spare_control import ClusterSpares
+from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.diagnostics.env_check import critical_mismatch
-from tfdist_nb.diagnostics.env_check import env_frame as env_table
 from tfdist_nb.diagnostics.hangs import where_each_stands
-from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.diagnostics.straggler import Straggler
-from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError, SpecError, TfdistError
+from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import make_launcher
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.ledger_frame import collectives_frame
-from tfdist_nb.store.logs import logs_frame, parse_levels
-from tfdist_nb.store.rundir import RunDirectory, new_cluster_id, open_private
+from tfdist_nb.store.logs import check_filters, logs_frame
+from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
 from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
-from tfdist_nb.worker.telemetry import telemetry_interval
 
 logger = logging.getLogger(__name__)
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-STOP_TIMEOUT_S = 30.0
-FAILURES_KEPT = 20  # failing cells (result and code) a cluster keeps for %tfdist_isolate
 INSPECT_CALL_S = 15.0
 CHECK_TIMEOUT_S = 300.0
-START_HINT = ("tfdist_nb: check what the tasks need before they start: tfdist_nb."
-              "check_tf_config(...) for a TF_CONFIG of your own; once a cluster runs, "
-              "%tfdist_check all (TF_CONFIG, network, environment)")
 
 
 def current() -> Cluster | None:
@@ -101,15 +86,7 @@ class Cluster:
             raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
         if start_timeout <= 0:
             raise SpecError("start_timeout must be positive (seconds for the whole start)")
-        for where, value in (("the environment", os.environ.get("TFDIST_TELEMETRY_INTERVAL")),
-                             ("env=", (env or {}).get("TFDIST_TELEMETRY_INTERVAL"))):
-            try:
-                telemetry_interval(value)
-            except ValueError as exc:
-                raise SpecError(f"{exc} (from {where})") from None
-        owned = sorted(set(env or {}) & set(TASK_OWNED))
-        if owned:
-            raise SpecError(f"env={owned[0]} cannot be set: {TASK_OWNED[owned[0]]}")
+        check_env(env)
         self.hosts = list(hosts) if hosts else None
         self.launcher_options = dict(launcher_options or {})
         chosen = (launcher if isinstance(launcher, Launcher)
@@ -119,33 +96,28 @@ class Cluster:
         self.setup = Setup(spec=spec, launcher=chosen, python=interpreter,
                            preload=tuple(preload), extra_env=dict(env or {}),
                            start_timeout=float(start_timeout))
-        # spare kernels (docs/reference.md, warm=): how many, 0 for none
-        self._warm = spare_count(warm, chosen, self.setup)
+        self.tasks: dict[TaskId, TaskRuntime] = {}
+        self.running = False
+        # spare kernels (docs/reference.md, warm=): how many, and the pool while running
+        self._spares = ClusterSpares(self.setup, warm, self.tasks,
+                                     lambda text, level: self._note("spares", text, level),
+                                     lambda: self.running)
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
         self._exposure_said = exposure.SaidOnce()
         self.id = new_cluster_id()
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
-        self.tasks: dict[TaskId, TaskRuntime] = {}
         self.hub: EventHub | None = None
         self._state: StateFile | None = None  # state.json for the lab panes (store/state.py)
         self._lifecycle: Lifecycle | None = None
         self._loop: LoopThread | None = None
         self._dashboard: Any = None
-        self._cell = 0
-        self._active_runs: dict[RunControl, concurrent.futures.Future[Any]] = {}
         self.last_stop: list[StopReport] = []
-        self.running = False
-        self._armed_profile: Capture | None = None
+        self._profiler = Profiler(self.tasks, self._require_loop)
+        self._cells = Cells(self._profiler)  # the cells run, and how they ended
         #: the notebook sends every cell here (%tfdist_mode on); shown by the dashboard
         self.persistent_mode = False
-        #: the last run that failed and its cell's code (%tfdist_report)
-        self.last_failure: tuple[RunResult, str] | None = None
-        #: cells that ended ok on every task, and the last FAILURES_KEPT that did not (with
-        #: their code): what %tfdist_isolate re-runs
-        self.passed_cells: set[int] = set()
-        self.failed_cells: dict[int, tuple[RunResult, str]] = {}
 
     # what the cluster was made with (the magics compare a new line against these)
     spec = property(lambda self: self.setup.spec)
@@ -154,6 +126,21 @@ class Cluster:
     preload = property(lambda self: self.setup.preload)
     extra_env = property(lambda self: self.setup.extra_env)
     start_timeout = property(lambda self: self.setup.start_timeout)
+
+    @property
+    def last_failure(self) -> tuple[RunResult, str] | None:
+        """The last run that failed and its cell's code (``%tfdist_report``)."""
+        return self._cells.last_failure
+
+    @property
+    def passed_cells(self) -> set[int]:
+        """Cells that ended ok on every task (``%tfdist_isolate`` re-runs them as set-up)."""
+        return self._cells.passed
+
+    @property
+    def failed_cells(self) -> dict[int, tuple[RunResult, str]]:
+        """The last ``cells.FAILURES_KEPT`` cells that failed, with their code (what it re-runs)."""
+        return self._cells.failed
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> Cluster:
@@ -166,23 +153,15 @@ class Cluster:
                                 lambda: state_doc(self.snapshot(), self.live)).start()
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
         self._loop = SESSION.loop()
-        if self._warm:  # the replaced cluster's spares, if it left them (a resize)
-            self._lifecycle.spares = self._attach_pool(SESSION.take_pool() or
-                                                       SparePool(self._warm))
-        else:
-            SESSION.drop_pool()
         registry.track(self)
-        if self._lifecycle.spares is not None:  # filled in the background, CPU allowing: on a
-            self._loop.call_soon(self._lifecycle.spares.start_refill)  # host with idle cores,
-        try:                                          # while the tasks themselves start
+        self._spares.begin(self._lifecycle, self._loop, self.rundir.path)
+        try:
             self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
         except BaseException as exc:
             self._teardown()
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            text = str(exc) if isinstance(exc, ClusterStartError) else (
-                f"cluster of {self.spec} did not start: {exc}")
-            raise ClusterStartError(f"{text}\n{START_HINT}") from exc
+            raise start_error(exc, self.spec) from exc
         self.running = True
         self._loop.call_soon(self._lifecycle.exits.start)
         self._state.mark("running")
@@ -199,24 +178,19 @@ class Cluster:
         """
         if self._loop is None:
             return self.last_stop
-        for control in list(self._active_runs):  # a cell still running ends now, not later
-            self._loop.call_soon(control.stop, RunEnd.STOPPED)
+        self._cells.stop_all(self._loop)
         if self._lifecycle is not None:
             with swallowed(logger):
-                if keep_spares and self._lifecycle.spares is not None:
-                    self.last_stop, pool = self._loop.run(self._lifecycle.stop_for_handoff(),
-                                                          STOP_TIMEOUT_S)
-                    if pool is not None:
-                        SESSION.keep_pool(pool)
-                else:
-                    self.last_stop = self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
-        concurrent.futures.wait(list(self._active_runs.values()), timeout=5)
+                handed = self._spares.hand_over() if keep_spares else None
+                self.last_stop = (handed if handed is not None else
+                                  self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S))
+        self._cells.wait(5)
         self._teardown()
         return self.last_stop
 
     def _teardown(self) -> None:
         self.running = False
-        self._armed_profile = None  # an armed capture does not outlive the tasks
+        self._profiler.armed = None  # an armed capture does not outlive the tasks
         if self._dashboard is not None:
             with swallowed(logger):
                 self._dashboard.stop()
@@ -226,6 +200,7 @@ class Cluster:
                 with swallowed(logger):
                     self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
             self._loop = None  # the session's: it serves the next cluster
+            self._spares.end()
         self.launcher.release()
         for rt in self.tasks.values():
             if rt.state is not TaskState.STOPPED:
@@ -260,13 +235,13 @@ class Cluster:
     @property
     def warm(self) -> int:
         """How many spare kernels this cluster keeps (0: none; docs/reference.md, warm=)."""
-        return self._warm
+        return self._spares.count
 
     @property
     def warm_outcome(self) -> WarmOutcome | None:
         """How the last start or restart used spare kernels (``adopted``, ``still_warming``,
         ``cold``, ``why_cold``, ``fresh_ports``); None without spares."""
-        return self._lifecycle.warm if self._lifecycle is not None else None
+        return self._spares.outcome
 
     @property
     def warm_note(self) -> str | None:
@@ -278,75 +253,33 @@ class Cluster:
     def spares(self) -> dict[str, Any]:
         """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,
         ``note`` (why none is being started, e.g. memory)."""
-        pool = self._lifecycle.spares if self._lifecycle is not None else None
-        if pool is None:
-            return {"count": 0, "ready": 0, "warming": 0, "pids": [],
-                    "note": None if self._warm else "off"}
-        return pool.summary()
+        return self._spares.summary()
 
     def set_warm(self, warm: bool | int | None) -> None:
         """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
-        self._warm = spare_count(warm, self.launcher, self.setup)
-        if not self.running or self._lifecycle is None:
-            return
-        lifecycle, loop = self._lifecycle, self._require_loop()
-        if not self._warm:
-            loop.run(lifecycle.close_spares(), STOP_TIMEOUT_S)
-        elif lifecycle.spares is not None:
-            lifecycle.spares.count = self._warm
-        else:
-            lifecycle.spares = self._attach_pool(SparePool(self._warm))
-            loop.call_soon(lifecycle.spares.start_refill)
+        self._spares.set_count(warm)
 
     def lend_spares(self) -> bool:
         """Hand this cluster's spare kernels to the session for clusters started beside it
         (``isolate()``'s variants); False if it has none. ``reclaim_spares`` takes them back."""
-        lifecycle = self._lifecycle
-        if not self.running or lifecycle is None or lifecycle.spares is None:
-            return False
-        pool, lifecycle.spares = lifecycle.spares, None
-        self._require_loop().run(pool.detach(), STOP_TIMEOUT_S)
-        SESSION.keep_pool(pool)
-        return True
+        return self._spares.lend()
 
     def reclaim_spares(self, lent: bool) -> None:
         """After clusters started beside this one: take the session's kept pool back if this
         cluster ``lent`` its spares (an empty pool of its own if none is left), else end it."""
-        lifecycle = self._lifecycle
-        if not lent or not self.running or lifecycle is None or not self._warm:
-            SESSION.drop_pool()
-            return
-        lifecycle.spares = self._attach_pool(SESSION.take_pool() or SparePool(self._warm))
-        self._require_loop().call_soon(lifecycle.spares.start_refill)
+        self._spares.reclaim(lent)
 
     def make_current(self) -> None:
         """The cluster the magics drive again (after clusters started beside it)."""
         if self.running:
             registry.set_current(self)
 
-    def _attach_pool(self, pool: SparePool) -> SparePool:
-        assert self.rundir is not None
-        pool.attach(self.setup, self.rundir.path, self._spares_busy,
-                    lambda text, level: self._note("spares", text, level), count=self._warm,
-                    starting=lambda: sum(rt.state is TaskState.STARTING
-                                         for rt in list(self.tasks.values())))
-        return pool
-
-    def _spares_busy(self) -> bool:
-        """No spare starts while tasks are being restarted: the restart takes what the pool
-        has. Otherwise (a cell running, the cluster's own start) the pool looks at the host's
-        CPU and memory."""
-        return any(rt.state is TaskState.RESTARTING for rt in list(self.tasks.values()))
-
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:
         """Python stacks of every thread of each task, also while its main thread is blocked
         inside a TensorFlow op: they are taken in the task's inspection subshell."""
         targets = self._runtimes(on, allow_dead=True)
-        inspector = self._inspector()
-        found = self._require_loop().run(_gather(*(inspector.stacks(rt) for rt in targets)),
-                                         INSPECT_CALL_S)
-        return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+        return self._require_loop().run(self._inspector().stacks_text(targets), INSPECT_CALL_S)
 
     def collectives(self, on: Any = None, last: int | None = 20) -> pd.DataFrame:
         """Every targeted task's collective ledger (docs/reference.md, "Collectives and
@@ -370,23 +303,9 @@ class Cluster:
         Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
         timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
         """
-        from tfdist_nb.worker.inject import KINDS
-
-        if kind != "clear" and kind not in KINDS:
-            raise SpecError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} or clear")
-        if kind != "clear" and on is None:
-            raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
-        # a dead task has no faults to clear, and a restart brings it back without any
-        targets = [rt for rt in self._runtimes(on, allow_dead=kind == "clear")
-                   if rt.state is not TaskState.DEAD and rt.agent is not None]
-        args = {k: v for k, v in params.items() if v is not None}
-        said = self._require_loop().run(
-            _gather(*(rt.agent.inject(kind, args) for rt in targets if rt.agent)),
-            INSPECT_CALL_S)
-        for rt, text in zip(targets, said, strict=True):
-            self._note(rt.name, f"fault injection: {text}",
-                       "WARNING" if kind != "clear" else "INFO")
-        return {rt.name: text for rt, text in zip(targets, said, strict=True)}
+        task_settings.check_fault(kind, on)
+        targets = self._runtimes(on, allow_dead=kind == "clear")
+        return task_settings.inject(self._require_loop(), targets, kind, params, self._note)
 
     def set_log_level(self, level: str, cpp: int | None = None,
                       vmodule: str | None = None) -> str:
@@ -395,26 +314,16 @@ class Cluster:
         TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
         ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
         """
-        level = level.upper()
-        if level not in LOG_LEVELS:
-            raise SpecError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
-        if cpp is not None and cpp not in (0, 1, 2, 3):
-            raise SpecError("--cpp is TF_CPP_MIN_LOG_LEVEL: 0 (all), 1 (no INFO), 2 (no "
-                            "WARNING), 3 (no ERROR)")
+        level = task_settings.check_log_level(level, cpp)
         said = []
-        if cpp is not None or vmodule is not None:
-            if cpp is not None:
-                self.extra_env["TF_CPP_MIN_LOG_LEVEL"] = str(cpp)
-            if vmodule is not None:
-                self.extra_env["TF_CPP_VMODULE"] = vmodule
+        if cpp_env := task_settings.cpp_env(cpp, vmodule):
+            self.extra_env.update(cpp_env)
             assert self._lifecycle is not None
             self._lifecycle.refresh_env()
             self.restart()
             said.append("restarted all tasks so the C++ log settings take effect")
         targets = self._runtimes("all")
-        self._require_loop().run(
-            _gather(*(rt.agent.set_log_level(level) for rt in targets if rt.agent)), 30)
-        said.insert(0, f"log level {level} on {len(targets)} task(s)")
+        said.insert(0, task_settings.set_log_level(self._require_loop(), targets, level))
         return "; ".join(said)
 
     def interrupt(self, on: Any = None, grace_s: float = 2.0) -> list[str]:
@@ -438,73 +347,11 @@ class Cluster:
         targets = self._runtimes(self.default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be positive")
-        refused = []
-        for rt in targets:  # a task still stalled in an earlier cell cannot take this one
-            try:
-                next_state(rt.state, TaskEvent.RUN)
-            except CannotRun as exc:
-                refused.append(f"{rt.name}: {exc}")
-        if refused:
-            raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
         assert self.rundir is not None and self.hub is not None
-        self._cell += 1
-        cell = self._cell
-        self.hub.new_cell([rt.name for rt in targets])
-        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        listener = events.put
-        self.hub.add_listener(listener)
-        if remade := self.rundir.ensure():
-            self.hub.note(RUN_DIRECTORY, remade, "WARNING")
-        if disk := self.rundir.write_cell(cell, code, [rt.name for rt in targets]):
-            self.hub.note(RUN_DIRECTORY, *disk)  # said in this cell's output too
-        loop = self._require_loop()
-        control = RunControl()
-        fut = loop.submit(run_cell(targets, code, cell, timeout, control,
-                                   inspector=self._inspector(),
-                                   stall_timeout=stall_timeout or self.stall_timeout))
-        fut.add_done_callback(lambda _: events.put(RUN_DONE))
-        self._active_runs[control] = fut
-        capture, self._armed_profile = self._armed_profile, None
-        profiling = self._profile_cell(capture) if capture is not None else None
-        try:
-            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, RunEnd.INTERRUPT),
-                  alive=lambda: self._loop is not None)
-        finally:
-            self.hub.remove_listener(listener)
-            self._active_runs.pop(control, None)
-        result = RunResult(cell=cell, tasks=fut.result(timeout=10), hang=control.hang)
-        if profiling is not None and capture is not None:
-            result.profile = self._profile_text(*profiling, capture)
-        if origin := first_nan(result.failed):
-            self._note("cluster", origin.splitlines()[0], "WARNING")
-        if result.ok:
-            self.passed_cells.add(cell)
-        else:
-            self.last_failure = (result, code)
-            self.failed_cells[cell] = (result, code)
-            for old in sorted(self.failed_cells)[:-FAILURES_KEPT]:
-                del self.failed_cells[old]
-        return result
-
-    def _profile_cell(self, capture: Capture) -> tuple[TaskRuntime | None, str | None]:
-        """Start an armed capture as the cell starts; a failure is said, not raised."""
-        targets = [rt for rt in self.tasks.values() if rt.agent]
-        try:
-            return self._require_loop().run(start_capture(targets, capture), 120), None
-        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
-            return None, f"the profile capture did not start: {exc}"
-
-    def _profile_text(self, lead: TaskRuntime | None, failed: str | None,
-                      capture: Capture) -> str:
-        if lead is None:
-            return str(failed)
-        try:
-            summary = self._require_loop().run(
-                finish_capture(lead, capture),
-                (capture.delay_ms + capture.duration_ms) / 1000 + 120)
-        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
-            return f"the profile capture failed: {exc}"
-        return describe(summary, capture)
+        return self._cells.run(targets, code, timeout, stall_timeout or self.stall_timeout,
+                               on_event, rundir=self.rundir, hub=self.hub,
+                               loop=self._require_loop(), inspector=self._inspector(),
+                               alive=lambda: self._loop is not None)
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
@@ -523,18 +370,7 @@ class Cluster:
         if self.rundir is None:
             raise ClusterNotRunningError("the cluster has not been started")
         names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
-        try:
-            levels = parse_levels(level)
-        except ValueError as exc:
-            raise SpecError(str(exc)) from None
-        if grep is not None:
-            try:
-                re.compile(grep)
-            except re.error as exc:
-                raise SpecError(f"grep: {grep!r} is not a regular expression ({exc})") from None
-        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)
-                                 or tail < 1):
-            raise SpecError(f"tail: {tail!r} is not a number of lines (1 or more)")
+        levels = check_filters(level, grep, tail)
         return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
                           levels=levels)
 
@@ -562,16 +398,7 @@ class Cluster:
         ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
         targets = self._runtimes("all")
         root = Path(dump_dir).absolute() if dump_dir else None
-        if root is not None and on:
-            _directory_to_write(root, "--dump")
-        said = self._require_loop().run(_gather(*(
-            rt.agent.set_numerics(on, str(root / rt.task.slug) if root else None, timeout=60)
-            for rt in targets if rt.agent)), 120)
-        text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
-        if root and on:
-            text += (f"; Debugger V2 dumps in {root}/<task> (one root per task: open each with "
-                     f"%tensorboard --logdir {root}/worker-0, Debugger V2 tab)")
-        return text
+        return task_settings.numerics(self._require_loop(), targets, on, root)
 
     def profile(self, duration_ms: int = 2000, logdir: str | os.PathLike[str] | None = None,
                 now: bool = False, delay_ms: int = 500) -> str:
@@ -585,19 +412,7 @@ class Cluster:
         self._runtimes("all")
         assert self.rundir is not None
         where = Path(logdir).absolute() if logdir else self.rundir.path / "profile"
-        _directory_to_write(where, "--logdir")
-        capture = Capture(where, int(duration_ms), 0 if now else int(delay_ms))
-        if not now:
-            self._armed_profile = capture
-            return (f"profile of {duration_ms} ms armed: it starts with the next cell and is "
-                    f"written to {where}")
-        return self._take_profile(capture)
-
-    def _take_profile(self, capture: Capture) -> str:
-        lead, failed = self._profile_cell(capture)
-        if lead is None:
-            raise TfdistError(str(failed))
-        return self._profile_text(lead, None, capture)
+        return self._profiler.profile(where, duration_ms, delay_ms, now)
 
     def export(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
         """A standalone reproducer of what the cluster ran (``%tfdist_export``): ``train.py``
@@ -621,34 +436,14 @@ class Cluster:
         the last failing cell per task, the last lines of each task, the collective ledger;
         secrets redacted) beside the reproducer :meth:`export` writes there. Works on a
         stopped cluster too."""
-        path = Path(directory) / report.REPORT
-        if not force and not ours_or_absent(path):  # before anything is written there
-            raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
-                            "--force, or another directory)")
+        report.check_target(Path(directory), force)  # before anything is written there
         out = self.export(directory, force=force)
-        failure, code = self.last_failure if self.last_failure else (None, None)
-        names = [rt.name for rt in self.tasks.values()]
-        logs = self.logs() if self.rundir is not None else pd.DataFrame()
-        last = {n: list(logs[logs["task"] == n]["text"].tail(report.LAST_LINES))
-                if len(logs) else [] for n in names}
-        ledger = []
-        for name in names:
-            for row in self.live.view(name).ledger.recent(report.LEDGER_ROWS):
-                ledger.append({"task": name, **row})
-        text = report.markdown(
-            cluster_id=self.id, spec=str(self.spec), tasks=report.task_rows(self.tasks.values()),
-            tf_configs=report.tf_config_lines(self.tasks.values()), env=self.extra_env,
-            alerts=self.alerts(), failure=failure, failed_code=code, last_lines=last,
-            ledger=ledger, secrets=report.secret_values(
-                [c.get("code", "") for c in self.rundir.cells()] if self.rundir else [],
-                self.extra_env))
-        path = out / report.REPORT
-        try:
-            with open_private(path, "w") as f:
-                f.write(text)
-        except OSError as exc:
-            raise SpecError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
-        return path
+        assert self.rundir is not None  # export() needs it
+        return report.write(
+            out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
+            tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
+            failure=self.last_failure, logs=self.logs(), live=self.live,
+            cells=self.rundir.cells())
 
     def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
                 warm: bool | None = None,
@@ -663,11 +458,7 @@ class Cluster:
 
     def _warn_mismatch(self) -> None:
         """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""
-        infos = {rt.name: {"props": {k: rt.info.get(k) for k in
-                                     ("python", "tensorflow", "keras_flavour")}}
-                 for rt in self.tasks.values()}
-        said = critical_mismatch(env_table(infos)) if len(infos) > 1 else None
-        if said:
+        if said := software.mismatch({rt.name: rt.info for rt in self.tasks.values()}):
             self._note("cluster", f"environment mismatch: {said} (%tfdist_env shows all)",
                        "WARNING")
 
@@ -712,17 +503,7 @@ class Cluster:
     def keras_summary(self) -> str:
         """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
         the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
-        flavours = sorted({str(rt.info.get("keras_flavour")) for rt in self.tasks.values()})
-        tf = sorted({str(rt.info.get("tensorflow")) for rt in self.tasks.values()})
-        text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
-        if "keras 3" not in flavours:
-            return text
-        if self.spec.ps:
-            text += (": model.fit under ParameterServerStrategy (DatasetCreator, "
-                     "ClusterCoordinator) runs on tf_keras: TF_USE_LEGACY_KERAS=1")
-        elif self.spec.workers + self.spec.chief > 1:
-            text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
-        return text
+        return software.keras_summary([rt.info for rt in self.tasks.values()], self.spec)
 
     @property
     def run_dir(self) -> Path | None:
@@ -733,23 +514,13 @@ class Cluster:
         (task -> port): TensorFlow binds all interfaces, unauthenticated, once a strategy or a
         ``tf.distribute.Server`` starts. Local clusters only; what remote launchers expose is
         in docs/security.md."""
-        if self.launcher.remote or self.launcher.confined:
-            return {}  # remote: exposure_note; confined: the ports are in the tasks' netns
-        return exposure.open_ports(self.tasks.values())
+        return exposure.local_exposure(self.launcher, self.tasks.values())
 
     def exposure_note(self) -> str | None:
         """The line naming the exposed TF ports, the first time this set of them listens
         (a restart onto fresh ports is said again); kept in the run directory's log."""
-        line = None
-        if self.launcher.remote:
-            serving = exposure.remote_servers(self.tasks.values(), bool(self.spec.ps),
-                                              self.hub.live if self.hub else None)
-            if self._exposure_said.first_time(serving):
-                line = exposure.describe_remote(serving)
-        elif self._exposure_said.first_time(open_ports := self.tf_exposure()):
-            line = exposure.describe(open_ports)
-            if why := self.launcher.why_not_confined:
-                line += f". They are not confined to a private network: {why}"
+        line = exposure.exposure_line(self._exposure_said, self.launcher, self.tasks.values(),
+                                      bool(self.spec.ps), self.hub.live if self.hub else None)
         if line is not None:
             self._note("cluster", line, "INFO")
         return line
@@ -798,21 +569,3 @@ class Cluster:
     def _note(self, task: str, text: str, level: str = "INFO") -> None:
         if self.hub is not None:
             self.hub.note(task, text, level)
-
-
-async def _gather(*coros: Any) -> list[Any]:
-    """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
-    return list(await asyncio.gather(*coros))
-
-
-def _directory_to_write(path: Path, option: str) -> None:
-    """Make ``path`` (owner-only) or say in one line why it cannot hold what will be written
-    there (a file in the way, a read-only mount, no permission): a SpecError naming
-    ``option``, before any task is asked to write."""
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise SpecError(f"{option} {path}: cannot make this directory "
-                        f"({exc.strerror or exc})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise SpecError(f"{option} {path}: not writable by this user")

@@ -104,6 +104,11 @@ class Inspector:
         except (asyncio.TimeoutError, AgentError):
             return None
 
+    async def stacks_text(self, targets: list[TaskRuntime]) -> dict[str, str]:
+        """Every target's stacks at once, as text by task name (``Cluster.stacks``)."""
+        found = await asyncio.gather(*(self.stacks(rt) for rt in targets))
+        return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+
     async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None:
         if rt.agent is None or rt.state is TaskState.DEAD:
             return

@@ -49,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 PORT_ATTEMPTS = 3
 STOP_GRACE_S = 1.0
+#: what a whole stop (every task and spare at once) may take, waited for from the caller
+STOP_TIMEOUT_S = 30.0
 POLL_S = 0.2
 SUBSHELL_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 20
@@ -56,6 +58,10 @@ LOG_TAIL_LINES = 20
 #: plus WARM_SLACK_S, before the task starts cold instead.
 WARM_PATIENCE = 1.5
 WARM_SLACK_S = 2.0
+#: what a failed start adds: how to check what the tasks need before they start
+START_HINT = ("tfdist_nb: check what the tasks need before they start: tfdist_nb."
+              "check_tf_config(...) for a TF_CONFIG of your own; once a cluster runs, "
+              "%tfdist_check all (TF_CONFIG, network, environment)")
 #: What a kernel writes to its process log when it cannot bind a channel (it may not exit).
 _FATAL_IN_LOG = re.compile(r"ZMQError|Address already in use")
 T = TypeVar("T")
@@ -71,6 +77,13 @@ class Setup:
     preload: tuple[str, ...]
     extra_env: dict[str, str] = field(default_factory=dict)
     start_timeout: float = 120.0
+
+
+def start_error(exc: BaseException, spec: ClusterSpec) -> ClusterStartError:
+    """What a failed start of the cluster raises: why, and how to check before a start."""
+    text = (str(exc) if isinstance(exc, ClusterStartError) else
+            f"cluster of {spec} did not start: {exc}")
+    return ClusterStartError(f"{text}\n{START_HINT}")
 
 
 class StartFailed(Exception):

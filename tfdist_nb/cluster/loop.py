@@ -53,3 +53,8 @@ class LoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def gather(*coros: Any) -> list[Any]:
+    """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
+    return list(await asyncio.gather(*coros))

@@ -3,19 +3,23 @@
 Each task runs a profiler server (started on first use); one task runs the capture client on a
 thread of its own, so every kernel stays free. A capture is either taken now, of whatever the
 tasks are doing, or armed to start with the next cell (``delay_ms`` after it is sent), which is
-how a notebook profiles a training cell.
+how a notebook profiles a training cell. :class:`Profiler` holds a cluster's armed capture.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.cluster.loop import LoopThread
+from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.errors import AgentError, TfdistError
+from tfdist_nb.topology import TaskId
 
 CALL_TIMEOUT_S = 60.0
 
@@ -90,6 +94,64 @@ def describe(summary: dict[str, Any], capture: Capture) -> str:
     if summary.get("unreadable"):
         lines.append(f"  (the trace could not be summarised: {summary['unreadable']})")
     return "\n".join(lines)
+
+
+@dataclass
+class Started:
+    """A capture as its cell started: the task running the capture client, or why none does."""
+
+    capture: Capture
+    lead: TaskRuntime | None
+    failed: str | None = None
+
+
+class Profiler:
+    """A cluster's profile captures (``Cluster.profile``): taken now, or armed and started with
+    the next cell (``start_armed``) and read when that cell ends (``finish``)."""
+
+    def __init__(self, tasks: Mapping[TaskId, TaskRuntime],
+                 loop: Callable[[], LoopThread]) -> None:
+        self._tasks, self._loop = tasks, loop
+        #: the capture the next cell starts; it does not outlive the tasks (set None at stop)
+        self.armed: Capture | None = None
+
+    def profile(self, logdir: Path, duration_ms: int, delay_ms: int, now: bool) -> str:
+        """Arm a capture into ``logdir`` (or take it ``now``); returns what to tell the user."""
+        directory_to_write(logdir, "--logdir")
+        capture = Capture(logdir, int(duration_ms), 0 if now else int(delay_ms))
+        if not now:
+            self.armed = capture
+            return (f"profile of {duration_ms} ms armed: it starts with the next cell and is "
+                    f"written to {logdir}")
+        started = self._start(capture)
+        if started.lead is None:
+            raise TfdistError(str(started.failed))
+        return self.finish(started)
+
+    def start_armed(self) -> Started | None:
+        """The armed capture (disarmed now), started as its cell starts; None if none."""
+        capture, self.armed = self.armed, None
+        return self._start(capture) if capture is not None else None
+
+    def finish(self, started: Started) -> str:
+        """Wait for the capture and describe it; a failure is said, not raised."""
+        if started.lead is None:
+            return str(started.failed)
+        capture = started.capture
+        try:
+            summary = self._loop().run(finish_capture(started.lead, capture),
+                                       (capture.delay_ms + capture.duration_ms) / 1000 + 120)
+        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
+            return f"the profile capture failed: {exc}"
+        return describe(summary, capture)
+
+    def _start(self, capture: Capture) -> Started:
+        """A failure to start is said in the cell's result, not raised."""
+        targets = [rt for rt in self._tasks.values() if rt.agent]
+        try:
+            return Started(capture, self._loop().run(start_capture(targets, capture), 120))
+        except (TfdistError, TimeoutError, asyncio.TimeoutError) as exc:
+            return Started(capture, None, f"the profile capture did not start: {exc}")
 
 
 def _agent(rt: TaskRuntime) -> Any:

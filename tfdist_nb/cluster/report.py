@@ -6,7 +6,8 @@ It holds the tasks and their software (from each task's start-up self-descriptio
 task is still described), every task's TF_CONFIG, the alerts, the last failing cell with each
 task's result and explanation, the last lines of each task, and the collective ledger when there
 is one. What looks like a secret (``api_key = '...'``, ``WANDB_API_KEY=...``) is redacted, in
-the cells, the lines and the environment alike.
+the cells, the lines and the environment alike. ``write`` gathers all this from a cluster's
+tasks, merged log and live store; ``markdown`` makes the text.
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.cluster.export import ours_or_absent
+from tfdist_nb.errors import SpecError
 from tfdist_nb.results import RunResult
+from tfdist_nb.store.rundir import open_private
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from tfdist_nb.cluster.task import TaskRuntime
+    from tfdist_nb.store.tails import LiveStore
 
 REPORT = "report.md"
 LAST_LINES = 15
@@ -59,6 +70,40 @@ def secret_values(codes: Iterable[str], env: Mapping[str, str]) -> set[str]:
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if re.search(_KEY, k, re.I) else v) for k, v in env.items()}
+
+
+def check_target(directory: Path, force: bool) -> None:
+    """SpecError, before anything is written, if ``directory`` holds a report this module did
+    not write (unless ``force``): it is kept."""
+    path = directory / REPORT
+    if not force and not ours_or_absent(path):
+        raise SpecError(f"{path} exists and was not written by %tfdist_report: kept (give "
+                        "--force, or another directory)")
+
+
+def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRuntime],
+          env: Mapping[str, str], alerts: Iterable[str], failure: tuple[RunResult, str] | None,
+          logs: pd.DataFrame, live: LiveStore, cells: Iterable[Mapping[str, Any]]) -> Path:
+    """Write the report of a cluster's ``tasks`` to ``path`` (owner-only): ``failure`` the last
+    failing run and its code, ``logs`` the merged log, ``live`` the live store (the ledgers),
+    ``cells`` the cells run (where secrets are set). SpecError if it cannot be written."""
+    failed, code = failure if failure else (None, None)
+    names = [rt.name for rt in tasks]
+    last = {n: list(logs[logs["task"] == n]["text"].tail(LAST_LINES)) if len(logs) else []
+            for n in names}
+    ledger = [{"task": name, **row} for name in names
+              for row in live.view(name).ledger.recent(LEDGER_ROWS)]
+    text = markdown(
+        cluster_id=cluster_id, spec=spec, tasks=task_rows(tasks),
+        tf_configs=tf_config_lines(tasks), env=env, alerts=alerts, failure=failed,
+        failed_code=code, last_lines=last, ledger=ledger,
+        secrets=secret_values([c.get("code", "") for c in cells], env))
+    try:
+        with open_private(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+    return path
 
 
 def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],

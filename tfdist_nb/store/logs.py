@@ -9,6 +9,8 @@ from typing import Any
 
 import pandas as pd
 
+from tfdist_nb.errors import SpecError
+
 COLUMNS = ["time", "task", "stream", "level", "text", "cell"]
 
 # TensorFlow's C++ log prefix ("I0000 00:00:... file.cc:12]" or "2026-... I tensorflow/...")
@@ -69,6 +71,24 @@ def parse_levels(text: str | None) -> set[str] | None:
     if unknown or not levels:
         raise ValueError(f"unknown log level {', '.join(sorted(unknown)) or text!r}; use "
                          f"{', '.join(LEVELS)} (comma separated)")
+    return levels
+
+
+def check_filters(level: str | None, grep: str | None, tail: int | None) -> set[str] | None:
+    """``Cluster.logs``' filters checked before any file is read: the levels (``parse_levels``,
+    returned), ``grep`` a regular expression, ``tail`` a number of lines; a SpecError names the
+    one that is wrong."""
+    try:
+        levels = parse_levels(level)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+    if grep is not None:
+        try:
+            re.compile(grep)
+        except re.error as exc:
+            raise SpecError(f"grep: {grep!r} is not a regular expression ({exc})") from None
+    if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 1):
+        raise SpecError(f"tail: {tail!r} is not a number of lines (1 or more)")
     return levels
 
 
