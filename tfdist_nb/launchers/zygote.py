@@ -13,6 +13,11 @@ would have it. The server reaps its children and reports each exit code; it ends
 controller's end of the socket closes, and its children then end with it (their parent watch,
 :mod:`tfdist_nb.worker.lifeline`).
 
+What the server swallows before it serves is logged at DEBUG (``TFDIST_LOG``, docs/reference.md,
+Environment) to its stderr, ``LOG``, so it leads each child's log like the import-time output. A
+forked child swallows silently: its stderr is already the task's own (the fds passed in), and
+may be closed when the kernel has ended, so a record would go into the task's output or nowhere.
+
 Nothing of tfdist_nb's worker side is imported before a fork: ``tfdist_nb.worker`` reads the
 task's identity when it is imported, in the child.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import select
 import signal
@@ -31,6 +37,11 @@ import threading
 import time
 import traceback
 from typing import Any
+
+from tfdist_nb.debuglog import swallowed
+
+# named, not __name__: run with ``python -m`` this module is __main__, outside tfdist_nb's loggers
+logger = logging.getLogger("tfdist_nb.launchers.zygote")
 
 #: imported after ``PRELOAD`` so a kernel's own start costs a fraction of a second
 KERNEL_MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "zmq", "psutil",
@@ -53,7 +64,7 @@ def main(argv: list[str]) -> int:
     if failed := import_aside((*preload, *KERNEL_MODULES)):
         send(sock, {"failed": failed})
         return 1
-    with contextlib.suppress(Exception):  # its set-up needs the environment as started
+    with swallowed(logger):  # its set-up needs the environment as started
         import setproctitle
 
         setproctitle.getproctitle()
@@ -170,10 +181,10 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
             sock.close()
             code = become_kernel(request, fds, said)
         except BaseException:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # silent: stderr itself failed
                 traceback.print_exc()
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # silent: a record's stream failed
                 sys.stdout.flush()
                 sys.stderr.flush()
             os._exit(code)
@@ -220,7 +231,7 @@ def become_kernel(request: dict[str, Any], fds: list[int], said: bytes) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # silent: a forked child (module doc)
             atexit._run_exitfuncs()
     return code
 
@@ -230,7 +241,7 @@ def fresh_seeds() -> None:
     the server) would give every task the same numbers. ``random`` reseeds itself at fork."""
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # silent: a forked child (module doc)
             numpy.random.seed()
 
 
@@ -240,7 +251,7 @@ def set_title(title: str) -> None:
         from setproctitle import setproctitle
     except ImportError:
         return
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # silent: a forked child (module doc)
         setproctitle(title)
 
 
@@ -248,7 +259,7 @@ if __name__ == "__main__":
     # no interpreter shutdown: TensorFlow's import left threads and exit handlers that can hold
     # it up, and the controller is gone (or done with this server) when main returns
     code = main(sys.argv[1:])
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # silent: a record's stream failed
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)

@@ -9,11 +9,11 @@ Runs inside worker kernels only; it imports nothing of the controller and not Te
 from __future__ import annotations
 
 import contextlib
-import json
-import os
+import sys
 import time
+import types
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfdist_nb.worker import inject as _inject
 from tfdist_nb.worker import state as _state
@@ -22,21 +22,29 @@ T = TypeVar("T")
 
 __all__ = ["StepTimer", "set_total_steps", "step", "steps_done", "task", "timed"]
 
-
-def _task_from_env() -> tuple[str, int] | None:
-    """This process's ``(role, index)``: from TFDIST_TASK (set by every launcher) or TF_CONFIG."""
-    named = os.environ.get("TFDIST_TASK")
-    if named and ":" in named:
-        role, _, index = named.partition(":")
-        return role, int(index)
-    try:
-        cfg = json.loads(os.environ.get("TF_CONFIG", ""))
-        return cfg["task"]["type"], int(cfg["task"]["index"])
-    except (ValueError, KeyError, TypeError):
-        return None
+if TYPE_CHECKING:
+    #: this task's ``(role, index)``, e.g. ``("worker", 1)``; None in a spare not yet adopted
+    task: tuple[str, int] | None
 
 
-task: tuple[str, int] | None = _task_from_env()
+class _WorkerModule(types.ModuleType):
+    """This module, whose ``task`` attribute is the identity held in :mod:`.state` (its one
+    owner): read as ``tw.task``, and an assignment to ``tw.task`` (the isolate prelude's)
+    changes it for the whole worker side."""
+
+    @property
+    def task(self) -> tuple[str, int] | None:
+        return _state.get_task()
+
+    @task.setter
+    def task(self, value: tuple[str, int] | None) -> None:
+        _state.set_task(value)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), "task"})
+
+
+sys.modules[__name__].__class__ = _WorkerModule
 
 
 def steps_done() -> int:

@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     role, index = args.task.split(":")
     os.environ["TFDIST_TASK"] = args.task
-    import tfdist_nb.worker as tw
+    from tfdist_nb.worker import state
 
-    tw.task = (role, int(index))
+    state.set_task((role, int(index)))  # the package, imported to run this, read it already
     slug = f"{role}-{index}"
     connection_file = directory / f"{slug}.json"
     sidecar = directory / f"{slug}{SIDECAR_SUFFIX}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 import time
 import weakref
@@ -29,9 +30,12 @@ from dataclasses import replace
 from types import FrameType, ModuleType
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import cellmap
 from tfdist_nb.worker.hooks import after_import, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
+
+logger = logging.getLogger(__name__)
 
 COLLECTIVE_OPS = "tensorflow.python.ops.collective_ops"
 CONCRETE_FUNCTION = "tensorflow.python.eager.polymorphic_function.concrete_function"
@@ -86,6 +90,7 @@ def _recorded(fn: Any, kind: str) -> Any:
         try:
             op = _describe(sig, args, kwargs, kind, receives, eager)
         except Exception:  # the ledger must never break a collective
+            logger.debug("a %s left out of the ledger", kind, exc_info=True)
             op = None
         if op is None:
             return fn(*args, **kwargs)
@@ -156,10 +161,8 @@ def _traced_site() -> str:
 
     maps: dict[tuple[str, int], tuple[str, int, str]] = {}
     for stack in list(tf_stack._source_mapper_stacks.values()):
-        try:
+        with swallowed(logger):  # a mapper we cannot read: its lines stay unmapped
             maps.update(stack[-1].get_effective_source_map())
-        except Exception:  # a mapper we cannot read: its lines stay unmapped
-            continue
     me = threading.current_thread()
     if type(me).__name__ != "_MirroredReplicaThread":
         frames = sys._current_frames()

@@ -11,10 +11,15 @@ loops alike.
 from __future__ import annotations
 
 import functools
+import logging
 from types import ModuleType
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
+from tfdist_nb.worker.dataset_graph import dataset_graph
 from tfdist_nb.worker.hooks import after_import
+
+logger = logging.getLogger(__name__)
 
 DISTRIBUTE_LIB = "tensorflow.python.distribute.distribute_lib"
 FIX = ("set options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA (or FILE), "
@@ -34,8 +39,8 @@ def unsharded_reason(strategy: Any, dataset: Any) -> str | None:
     policy = dataset.options().experimental_distribute.auto_shard_policy
     if policy != tf.data.experimental.AutoShardPolicy.OFF:
         return None
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph().numpy())
+    # TensorFlow's own default policy, the one this check has always read the graph with
+    graph = dataset_graph(dataset, external_state="WARN")
     if any(node.op == "ShardDataset" for node in graph.node):
         return None
     return (f"its dataset has auto_shard_policy OFF and no dataset.shard(), so it reads the "
@@ -48,10 +53,9 @@ def _checked(method: Any) -> Any:
 
     @functools.wraps(method)
     def distribute_and_check(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
+        reason = None
+        with swallowed(logger):  # a check must never break the user's input pipeline
             reason = unsharded_reason(self, dataset)
-        except Exception:  # a check must never break the user's input pipeline
-            reason = None
         if reason:
             state.note(f"input not sharded: {reason}", "WARNING")
         return method(self, dataset, *args, **kwargs)

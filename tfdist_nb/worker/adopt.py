@@ -20,7 +20,6 @@ import threading
 import time
 from typing import Any
 
-from tfdist_nb import worker
 from tfdist_nb.worker import state
 
 #: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
@@ -79,7 +78,7 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
         os.environ.pop(key, None)
     os.environ.update(set_env)
     os.environ["TFDIST_TASK"] = task
-    worker.task = (role, int(index))
+    state.set_task((role, int(index)))
     state.adopted = True
     agent._tag_log_records()  # records made from now on carry the task's name
     if log_path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
+import logging
 import os
 import platform
 import socket
@@ -19,9 +20,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb import worker
 from tfdist_nb.worker import state
 
+logger = logging.getLogger(__name__)
 
 def _version(dist: str) -> str | None:
     try:
@@ -71,7 +72,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         "host": socket.gethostname(),
         "python": platform.python_version(),
         "executable": sys.executable,
-        "task": list(worker.task) if worker.task else None,
+        "task": list(task) if (task := state.get_task()) else None,
         "tf_config": os.environ.get("TF_CONFIG"),
         "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
         "keras": _version("keras"),
@@ -153,6 +154,7 @@ def _note_out_of_memory(result: Any) -> None:
     try:
         text = out_of_memory_error(type(exc).__name__, str(exc), state.telemetry.resources())
     except Exception:  # a diagnosis must never break the kernel
+        logger.debug("the out-of-memory diagnosis failed", exc_info=True)
         return
     if text:
         state.note(text, "WARNING")
@@ -176,10 +178,8 @@ def _tag_log_records() -> None:
     """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``).
 
     Called again when the identity changes (a spare adopted as a task, worker.adopt)."""
-    import logging
-
     global _log_task
-    _log_task = f"{worker.task[0]}:{worker.task[1]}" if worker.task else "?"
+    _log_task = state.task_name() or "?"
     make = logging.getLogRecordFactory()
     if getattr(make, "_tfdist", False):
         return
@@ -195,8 +195,6 @@ def _tag_log_records() -> None:
 
 def set_log_level(level: str) -> str:
     """Python and TensorFlow logger level of this task (``%tfdist_loglevel``)."""
-    import logging
-
     logging.getLogger().setLevel(level)
     logging.getLogger("tensorflow").setLevel(level)
     return logging.getLevelName(logging.getLogger("tensorflow").level)
@@ -270,6 +268,7 @@ def _cell_file_test() -> Callable[[str], bool]:
 
         prefixes.append(compiler.get_tmp_directory() + os.sep)
     except Exception:  # another kernel (or an older ipykernel): the same rule by hand
+        logger.debug("no ipykernel cell directory", exc_info=True)
         import tempfile
 
         prefixes.append(os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}") + os.sep)
@@ -281,6 +280,7 @@ def _cell_file_test() -> Callable[[str], bool]:
         shell = get_ipython()
         compiled = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
     except Exception:  # no IPython: the file-name rules alone
+        logger.debug("no IPython compiler to ask", exc_info=True)
         compiled = {}
 
     def is_cell(filename: str) -> bool:
@@ -339,7 +339,7 @@ def set_environment(env: dict[str, str]) -> str:
     os.environ.update(env)
     if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
         role, _, index = env["TFDIST_TASK"].partition(":")
-        worker.task = (role, int(index))
+        state.set_task((role, int(index)))
     return "ok"
 
 

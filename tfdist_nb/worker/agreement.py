@@ -17,13 +17,17 @@ is compared: a retrace may happen on one task alone (see :func:`check`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import weakref
 from typing import Any
 
 from tfdist_nb.events import describe_tensor
+from tfdist_nb.topology import task_order
+from tfdist_nb.worker import state
 from tfdist_nb.worker.ledger import ABORT, LEDGER, CollectiveMismatchError, Op
 
+logger = logging.getLogger(__name__)
 WAIT_S = 30.0
 POLL_MS = 250
 _counts: dict[str, int] = {}  # functions of each name checked so far (the same on every task)
@@ -37,14 +41,14 @@ def members() -> list[str]:
         cluster = json.loads(os.environ.get("TF_CONFIG", ""))["cluster"]
     except (ValueError, KeyError, TypeError):
         return []
+    # built in task_order already (chief first, then the workers by index); the roles are MWMS's
+    # own, not topology.ROLES: ps and evaluator tasks take part in no collective
     return [f"{role}:{i}" for role in ("chief", "worker")
             for i in range(len(cluster.get(role, [])))]
 
 
 def me() -> str | None:
-    from tfdist_nb import worker
-
-    return f"{worker.task[0]}:{worker.task[1]}" if worker.task else None
+    return state.task_name()
 
 
 def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
@@ -75,6 +79,7 @@ def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
     try:
         ctx.set_config_key_value(f"{key}/{mine}", payload)
     except Exception as exc:  # no coordination service here: nothing to compare through
+        logger.debug("the manifest check is off on this task", exc_info=True)
         _disabled.append(f"{type(exc).__name__}: {exc}")
         return
     others = [t for t in everyone if t != mine]
@@ -122,9 +127,9 @@ def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | 
     """The sentence naming where the tasks' manifests of ``name`` first differ, or None.
 
     Entries are ``[kind, dtype, shape, group_size, where]``; the text is the same on every
-    task (tasks sorted), so each one's error says the same thing.
+    task (tasks in ``task_order``), so each one's error says the same thing.
     """
-    tasks = sorted(manifests)
+    tasks = sorted(manifests, key=task_order)
     longest = max(len(m) for m in manifests.values())
     for i in range(longest):
         got = {t: manifests[t][i] if i < len(manifests[t]) else None for t in tasks}

@@ -10,11 +10,14 @@ magic line as line 1 (docs/reference.md, "Collectives and hangs").
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import sysconfig
 from collections.abc import Iterable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 _by_count: dict[int, int] = {}  # the kernel's execution_count -> the controller's cell number
 _shell: Any = None
@@ -33,6 +36,7 @@ def install(kernel: Any) -> None:
         try:
             parent = kernel.get_parent("shell") or {}
         except Exception:  # an older ipykernel: the kernel's own count is all there is
+            logger.debug("no parent message to read the cell number from", exc_info=True)
             return
         cell = (parent.get("metadata") or {}).get("tfdist_cell")
         if isinstance(cell, int):

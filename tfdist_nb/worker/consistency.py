@@ -19,12 +19,16 @@ together.
 from __future__ import annotations
 
 import hashlib
+import logging
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from tfdist_nb.worker.dataset_graph import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
+
+logger = logging.getLogger(__name__)
 
 MAX_ELEMENTS = 10_000
 MAX_SECONDS = 30.0
@@ -52,15 +56,12 @@ def _evaluate(expr: str) -> Any:
 # --- sharding ------------------------------------------------------------------------------
 
 def _graph(dataset: Any) -> Any:
-    """The dataset's GraphDef, or None when it cannot be serialized (py_function, say)."""
-    import tensorflow as tf
-
+    """The dataset's GraphDef, or None when it cannot be serialized: the pipeline is then
+    described as unknown. External state (a py_function) is ignored: only the ops are read."""
     try:
-        graph = tf.compat.v1.GraphDef()
-        graph.ParseFromString(dataset._as_serialized_graph(
-            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE).numpy())
-        return graph
+        return dataset_graph(dataset, external_state="IGNORE")
     except Exception:
+        logger.debug("the graph of %r could not be read", dataset, exc_info=True)
         return None
 
 
@@ -139,6 +140,7 @@ def _policy(dataset: Any) -> str | None:
     try:
         value = dataset.options().experimental_distribute.auto_shard_policy
     except Exception:
+        logger.debug("no auto-shard policy read from %r", dataset, exc_info=True)
         return None
     return POLICIES.get(int(value), str(value))
 

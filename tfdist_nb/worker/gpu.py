@@ -6,8 +6,11 @@ failure — library missing, no driver, no device — reads as "no GPU", never a
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # NVML throttle-reason bits (nvml.h), named as a user would search for them.
 THROTTLE_REASONS = {
@@ -83,6 +86,7 @@ class GpuSampler:
             try:
                 out[key] = read()
             except Exception:  # one unsupported query (e.g. power on some boards) is just absent
+                logger.debug("GPU %s: no %s", index, key, exc_info=True)
                 out[key] = None
         return out
 

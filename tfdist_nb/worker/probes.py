@@ -58,6 +58,7 @@ def _listening_here(port: int) -> bool:
         return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
                    for c in psutil.Process().net_connections("tcp"))
     except Exception:  # psutil missing or not permitted: unknown, treat as not ours
+        logger.debug("cannot list this process's connections", exc_info=True)
         return False
 
 
@@ -252,12 +253,10 @@ def env_report() -> dict[str, Any]:
 
     props["keras_flavour"] = keras_flavour()
     if "tensorflow" in sys.modules:  # what the TF build expects (no import just for this)
-        try:
+        with swallowed(logger):  # a CPU-only or unusual build: nothing to say
             info = dict(sys.modules["tensorflow"].sysconfig.get_build_info())
             props["tf_cuda_build"] = info.get("cuda_version")
             props["tf_cudnn_build"] = info.get("cudnn_version")
-        except Exception:  # a CPU-only or unusual build: nothing to say
-            pass
     props.update(_gpus())
     for key in sorted(os.environ):
         if key.startswith(ENV_PREFIXES):
@@ -279,7 +278,8 @@ def _gpus() -> dict[str, Any]:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
+    except Exception:  # no pynvml, no driver: no NVIDIA GPU to describe
+        logger.debug("NVML not available", exc_info=True)
         return {}
     try:
         driver = pynvml.nvmlSystemGetDriverVersion()
@@ -287,6 +287,7 @@ def _gpus() -> dict[str, Any]:
                  for i in range(pynvml.nvmlDeviceGetCount())]
         return {"nvidia_driver": _text(driver), "gpus": ", ".join(map(_text, names)) or None}
     except Exception:
+        logger.debug("NVML could not describe the GPUs", exc_info=True)
         return {}
     finally:
         with swallowed(logger):

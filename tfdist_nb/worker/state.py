@@ -1,7 +1,7 @@
 """The worker side's private state and its one bus to the controller, apart from the user API
-(``tfdist_nb.worker``): the telemetry sender the agent installs, what could not be instrumented,
-and the current step's accounting that ``tw.step`` / ``tw.timed``, the Keras step timer and the
-collective and tf.data patches feed.
+(``tfdist_nb.worker``): this task's identity (``tw.task`` reads it), the telemetry sender the agent
+installs, what could not be instrumented, and the current step's accounting that ``tw.step`` /
+``tw.timed``, the Keras step timer and the collective and tf.data patches feed.
 
 Imports nothing of TensorFlow, Keras or the rest of the worker side, so every worker module can
 use it without an import cycle.
@@ -9,6 +9,7 @@ use it without an import cycle.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -28,6 +29,40 @@ input_entry: float | None = None  # wall time at which the step's batch was aske
 _fetch_s = 0.0  # this step's local tf.data fetch time so far (see worker._tfdata)
 _fetch_done: float | None = None  # wall time at which the last local fetch returned
 _syncs: list[float] = []  # when this step's eager collectives were entered (see _collectives)
+
+
+def task_from_env() -> tuple[str, int] | None:
+    """This process's ``(role, index)``: from TFDIST_TASK (set by every launcher) or TF_CONFIG."""
+    named = os.environ.get("TFDIST_TASK")
+    if named and ":" in named:
+        role, _, index = named.partition(":")
+        return role, int(index)
+    try:
+        cfg = json.loads(os.environ.get("TF_CONFIG", ""))
+        return cfg["task"]["type"], int(cfg["task"]["index"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# Read once, when tfdist_nb.worker is first imported (it imports this module); later changes of
+# the environment count only through set_task (a spare adopted, an attached worker told its task).
+_task: tuple[str, int] | None = task_from_env()
+
+
+def get_task() -> tuple[str, int] | None:
+    """This task's ``(role, index)``, None while it has none (a spare): ``tw.task``."""
+    return _task
+
+
+def set_task(task: tuple[str, int] | None) -> None:
+    """This process becomes ``task``: what ``tw.task`` and the worker side read from now on."""
+    global _task
+    _task = task
+
+
+def task_name() -> str | None:
+    """This task as ``"worker:1"``, None while it has none."""
+    return f"{_task[0]}:{_task[1]}" if _task else None
 
 
 def is_spare() -> bool:

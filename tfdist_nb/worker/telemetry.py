@@ -8,12 +8,15 @@ thread is blocked inside a TensorFlow op — a stuck collective is exactly when 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 MSG_TYPE = "tfdist_telemetry"
 MAX_STEPS_PER_MESSAGE = 2000
@@ -120,6 +123,7 @@ class Telemetry:
                 elif self.ledger is not None and self.ledger.waiting_unsent(LEDGER_WAIT_S):
                     self.flush_ledger()
             except Exception:  # the telemetry thread must never die of one bad reading
+                logger.debug("a telemetry sample failed", exc_info=True)
                 self._stop.wait(self.interval_s)
                 due = time.monotonic() + self.interval_s
 
