@@ -20,8 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import cell, wait_for
+from tests.support.cells import cell
 from tests.support.contract import check_launcher_contract
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, TfdistError
 from tfdist_nb.portpick import draw

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.gpu_here import visible_nvml_gpus
+from tests.support.processes import wait_for
 from tfdist_nb.cluster.views import STATUS_COLUMNS
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

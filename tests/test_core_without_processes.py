@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.fake_launcher import FakeLauncher
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster import spares as spares_module
 from tfdist_nb.errors import ClusterNotRunningError

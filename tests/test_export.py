@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cell
+from tests.support.cells import cell
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.export import plain_python
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.results import HangRule, LikelyCause
 

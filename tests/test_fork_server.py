@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.errors import ClusterStartError

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import CELLS
+from tests.support.cells import CELLS
 from tfdist_nb import Cluster
 from tfdist_nb.results import Collective, HangRule, LikelyCause, RunResult
 

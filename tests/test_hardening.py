@@ -26,8 +26,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import wait_for
 from tests.notebooks import cell_text, run_notebook
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers import ssh as ssh_launcher

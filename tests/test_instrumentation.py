@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import worker_kernels
+from tests.support.processes import worker_kernels
 from tfdist_nb import Cluster, current
 from tfdist_nb.cluster import registry
 from tfdist_nb.diagnostics.isolate import Finding

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
 from tests.support.jupyter_server import jupyter_server
+from tests.support.processes import wait_for
 
 TICKS = ("import time, tfdist_nb.worker as tw\n"
          "for i in range(10):\n"

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster, current
 from tfdist_nb.launchers import ports
 

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from tests.conftest import worker_kernels
+from tests.support.processes import worker_kernels
 from tfdist_nb import current
 
 
@@ -198,7 +198,7 @@ def test_a_dead_task_is_answered_with_advice_by_every_magic_that_acts_on_it(ip: 
     import os
     import signal
 
-    from tests.conftest import wait_for
+    from tests.support.processes import wait_for
 
     ip.run_line_magic("tfcluster", "1 worker --no-dashboard --no-warm")
     cluster = current()

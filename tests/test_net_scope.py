@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 
 SAMPLE_SCOPE = ("import json; from tfdist_nb.worker.telemetry import Telemetry\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_for
+from tests.support.processes import free_port, wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.profiler import Capture, describe
 from tfdist_nb.display.printer import failure_report

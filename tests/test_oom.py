@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.diagnostics.crash import likely_oom
 from tfdist_nb.events import TaskNote

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cell
+from tests.support.cells import cell
 from tfdist_nb import Cluster
 from tfdist_nb.display.printer import LivePrinter
 from tfdist_nb.events import OutputLine

@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from tests import remote_hosts
-from tests.conftest import wait_for
 from tests.remote_hosts import DOWN_ALIAS, TestHosts, make_hosts
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

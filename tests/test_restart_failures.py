@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import worker_kernels
+from tests.support.processes import worker_kernels
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterNotRunningError, ClusterStartError
 

@@ -20,9 +20,10 @@ import psutil
 import pytest
 
 from tests import slurm_cluster
-from tests.conftest import cell, wait_for, worker_kernels
 from tests.notebooks import cell_text
+from tests.support.cells import cell
 from tests.support.contract import check_launcher_contract
+from tests.support.processes import wait_for, worker_kernels
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.launchers.slurm import JobState, batch_script, check_sbatch_args, task_script

@@ -25,9 +25,10 @@ import psutil
 import pytest
 
 from tests import remote_hosts
-from tests.conftest import cell, wait_for
 from tests.notebooks import cell_text, run_notebook
+from tests.support.cells import cell
 from tests.support.contract import check_launcher_contract
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cell
+from tests.support.cells import cell
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers.local import LocalLauncher

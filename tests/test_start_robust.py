@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import worker_kernels
+from tests.support.processes import worker_kernels
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers.local import LocalLauncher

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import cell
+from tests.support.cells import cell
 from tfdist_nb import Cluster
 from tfdist_nb.diagnostics.explain import KERAS3_MWMS
 

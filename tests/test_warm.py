@@ -21,7 +21,8 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import cell, wait_for
+from tests.support.cells import cell
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.spare import Spare, env_delta, mismatch
 from tfdist_nb.errors import SpecError
@@ -457,7 +458,10 @@ def test_a_spare_warming_much_longer_than_a_cold_start_gives_way_to_one(tmp_path
         wait_for(lambda: gone(spare), 5, "the slow spare to be ended")
 
 
-SLOW_IMPORT = "import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n    time.sleep(120)\n"
+#: a preload that marks a spare's entry into its (slow) warm-up import with a file named by its pid
+SLOW_IMPORT = ("import os, time\nif os.environ.get('TFDIST_SPARE') == '1':\n"
+               "    open(os.path.join({inside!r}, str(os.getpid())), 'w').close()\n"
+               "    time.sleep(120)\n")
 CONTROLLER = textwrap.dedent("""
     import json, os, sys, time
     from tfdist_nb import Cluster
@@ -475,7 +479,9 @@ CONTROLLER = textwrap.dedent("""
 def test_spares_die_with_a_sigkilled_controller(tmp_path: Path) -> None:
     """ipykernel's parent poller ends a spare whose controller died, also one that is busy
     importing its preload."""
-    (tmp_path / "slow_spare.py").write_text(SLOW_IMPORT)
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    (tmp_path / "slow_spare.py").write_text(SLOW_IMPORT.format(inside=str(inside)))
     env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path),
                                                       os.environ.get("PYTHONPATH")]))}
@@ -485,7 +491,8 @@ def test_spares_die_with_a_sigkilled_controller(tmp_path: Path) -> None:
         line = proc.stdout.readline()
         assert line, "the controller printed no spare pids"
         pids = json.loads(line)
-        time.sleep(1)  # the spare is inside its (slow) warm-up import now
+        wait_for(lambda: {str(p) for p in pids} & {f.name for f in inside.iterdir()}, 60,
+                 "a spare inside its (slow) warm-up import")
         assert all(psutil.pid_exists(p) for p in pids)
     finally:
         proc.send_signal(signal.SIGKILL)

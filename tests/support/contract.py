@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.errors import TfdistError
 

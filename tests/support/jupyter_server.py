@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.conftest import free_port, wait_for
+from tests.support.processes import free_port, wait_for
 
 CHROMIUM = os.environ.get("TFDIST_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.topology import TaskId
+
+logger = logging.getLogger(__name__)
 
 WATCH_S = 1.0
 
@@ -38,7 +42,7 @@ class ExitWatch:
         job, self._job = self._job, None
         if job is not None:
             job.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
                 await job
 
     async def _watch(self) -> None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
+from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
@@ -38,7 +39,6 @@ from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
-from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import AgentError, ClusterStartError
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory, open_private
@@ -251,15 +251,11 @@ class Lifecycle:
 
     async def _kill(self, old: list[tuple[Any, Any]]) -> None:
         """The old processes of a restart from spares: SIGKILL at once, in parallel."""
-        async def one(handle: Any, channel: Any) -> None:
-            if channel is not None:
-                with swallowed(logger):
-                    await channel.close()
-            if handle is not None:
-                with swallowed(logger):
-                    await handle.stop(0.0)
-
-        await asyncio.gather(*(one(h, c) for h, c in old), return_exceptions=True)
+        ended = await asyncio.gather(*(end_kernel(h, c, 0.0) for h, c in old),
+                                     return_exceptions=True)
+        for exc in ended:
+            if isinstance(exc, BaseException):
+                logger.debug("an old process of a restart did not stop cleanly: %r", exc)
 
     def runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
         tf_config = build_tf_config(task, addresses)
@@ -325,32 +321,20 @@ class Lifecycle:
         pool, self.spares = self.spares, None
         if pool is not None:
             await pool.detach()
-        reports = await asyncio.gather(*(self._stop_now(rt) for rt in self.tasks.values()),
-                                       return_exceptions=True)
-        return [r for r in reports if isinstance(r, StopReport)], pool
-
-    async def _stop_now(self, rt: TaskRuntime) -> StopReport | None:
-        if rt.handle is None:
-            return None
-        if rt.channel is not None:
-            await rt.channel.close()
-        report = await rt.handle.stop(0.0)
-        rt.handle, rt.channel, rt.agent = None, None, None
-        return report
+        return await self._end(list(self.tasks.values()), 0.0), pool
 
     async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
         """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""
-        async def one(rt: TaskRuntime) -> StopReport | None:
-            if rt.handle is None:
-                return None
-            if rt.channel is not None:
-                await rt.channel.close()
-            report = await rt.handle.stop(STOP_GRACE_S)
-            rt.handle, rt.channel, rt.agent = None, None, None
-            return report
+        return await self._end(runtimes, STOP_GRACE_S)
 
-        reports = await asyncio.gather(*(one(rt) for rt in runtimes), return_exceptions=True)
-        return [r for r in reports if isinstance(r, StopReport)]
+    @staticmethod
+    async def _end(runtimes: list[TaskRuntime], grace_s: float) -> list[StopReport]:
+        ended = await asyncio.gather(*(rt.end(grace_s) for rt in runtimes),
+                                     return_exceptions=True)
+        for rt, got in zip(runtimes, ended, strict=True):
+            if isinstance(got, BaseException):
+                logger.debug("%s did not stop cleanly: %r", rt.name, got)
+        return [r for r in ended if isinstance(r, StopReport)]
 
     # ------------------------------------------------------------------ one task
     async def _launch_or_retry(self, rt: TaskRuntime, deadline: float,

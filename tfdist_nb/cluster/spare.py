@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle
@@ -166,17 +167,13 @@ async def stop_spare(spare: Spare) -> None:
     spare.state = SpareState.STOPPED
     if spare.warming is not None and not spare.warming.done():
         spare.warming.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
             await spare.warming
     if spare.handle is None and spare.starting is not None:
         with swallowed(logger):
             spare.handle = await asyncio.wait_for(asyncio.shield(spare.starting), 30)
-    if spare.channel is not None:
-        with swallowed(logger):
-            await spare.channel.close()
-    if spare.handle is not None:
-        with swallowed(logger):
-            await spare.handle.stop(0.0)
+    with swallowed(logger):
+        await end_kernel(spare.handle, spare.channel, 0.0)
 
 
 def log_tail(path: Path, n: int = 3) -> str:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.spare import Spare, SpareState, log_tail, mismatch, stop_spare, unless_dies
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.base import Launcher, TaskLaunch
 from tfdist_nb.topology import TaskId
@@ -181,7 +182,7 @@ class SparePool:
         task, self._refill = self._refill, None
         if task is not None and not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
                 await task
 
     async def _keep_full(self) -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.agent_client import AgentClient
+from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.state import TaskEvent, TaskState, next_state
-from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.launchers.base import StopReport, TaskHandle
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 
@@ -56,6 +57,13 @@ class TaskRuntime:
     @property
     def host(self) -> str:
         return self.handle.host if self.handle else self.address.rpartition(":")[0]
+
+    async def end(self, grace_s: float) -> StopReport | None:
+        """End this task's process (``ending.end_kernel``) and forget it; None if none ran.
+        A stop that raised keeps the handle, so the cluster's teardown tries again."""
+        report = await end_kernel(self.handle, self.channel, grace_s)
+        self.handle, self.channel, self.agent = None, None, None
+        return report
 
     def transition(self, event: TaskEvent) -> TaskState:
         new = next_state(self.state, event)

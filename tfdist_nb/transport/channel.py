@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine, RichOutput, TelemetrySample
 from tfdist_nb.transport.ordering import StreamOrder
 from tfdist_nb.transport.session import faster_session, message_time
@@ -65,7 +66,7 @@ class KernelChannel:
         for pump in self._pumps:
             pump.cancel()
         for pump in self._pumps:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
                 await pump
         self._flush_partials(None)
         for ex in self._pending.values():
