@@ -3,6 +3,7 @@ of error (docs/reference.md, Checks)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
@@ -11,7 +12,12 @@ from typing import Any
 import pytest
 
 from tfdist_nb import Cluster, check_tf_config
+from tfdist_nb.cluster.agent_client import AgentClient
+from tfdist_nb.cluster.checks import CheckRunner
+from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.env_check import critical_mismatch, env_frame
+from tfdist_nb.errors import AgentError
+from tfdist_nb.topology import TaskId
 
 GOOD = {"cluster": {"worker": ["localhost:2222", "localhost:2223"]},
         "task": {"type": "worker", "index": 0}}
@@ -81,6 +87,65 @@ def test_environment_mismatch_is_said_for_python_and_tensorflow() -> None:
                     "worker:1": {"props": {"python": "3.11.7", "tensorflow": "2.20.0"}}})
     assert list(df.index[df["mismatch"]]) == ["tensorflow"]
     assert critical_mismatch(df) == "tensorflow differs: worker:0 2.21.0, worker:1 2.20.0"
+
+
+class _ScriptedAgent(AgentClient):
+    """An agent without a kernel: answers the sharding check's calls as scripted, and keeps the
+    requests as they would go on the wire."""
+
+    def __init__(self, task: str, read: str) -> None:
+        super().__init__(task, None)  # type: ignore[arg-type]
+        self.read, self.sent = read, []  # read: "fails", "waits" (until aborted) or "hangs"
+        self.aborted: asyncio.Event | None = None
+
+    async def call(self, op: Any, *, inspect: bool = False, timeout: float | None = None,
+                   **args: Any) -> Any:
+        self.sent.append((str(op), inspect, args))
+        self.aborted = self.aborted or asyncio.Event()
+        if str(op) == "abort_collectives":
+            self.aborted.set()
+            return "aborted"
+        if str(op) == "sharding_describe":
+            return {"kind": "distributed", "made_by": "experimental_distribute_dataset",
+                    "policy": "DATA", "workers": 3, "pipeline": {"file_based": False}}
+        return await asyncio.wait_for(self._read(), timeout)
+
+    async def _read(self) -> Any:
+        if self.read == "fails":
+            await asyncio.sleep(0.05)
+            raise AgentError(f"{self.task}: worker agent sharding_fingerprints failed: "
+                             "InvalidArgumentError: assertion failed")
+        if self.read == "hangs":  # in a collective the abort does not reach in time
+            await asyncio.sleep(3600)
+        await self.aborted.wait()  # type: ignore[union-attr]
+        raise AgentError(f"{self.task}: worker agent sharding_fingerprints failed: "
+                         "AbortedError: Collective ops is aborted by: a task failed")
+
+
+def test_a_task_that_fails_reading_releases_the_others_and_the_report_says_so(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner tells the analysis by data which tasks it released (their answers say
+    ``"released": True``; one that did not answer in time also ``"answered": False``)."""
+    monkeypatch.setattr("tfdist_nb.cluster.checks.READ_MARGIN_S", 0.0)
+    agents = {"worker:0": _ScriptedAgent("worker:0", "waits"),
+              "worker:1": _ScriptedAgent("worker:1", "fails"),
+              "worker:2": _ScriptedAgent("worker:2", "hangs")}
+    targets = [TaskRuntime(TaskId.parse(t), f"localhost:{2222 + i}", "", {}, agent=a)
+               for i, (t, a) in enumerate(agents.items())]
+    report = asyncio.run(CheckRunner(targets).sharding("ds", max_seconds=0.25))
+    assert report.summary == (
+        "worker:1 could not read the dataset: InvalidArgumentError: assertion failed; "
+        "worker:2 could not read the dataset: no answer within 0s; worker:0 waited for it in "
+        "a collective and was released (%tfdist_restart gives working collectives again)")
+    assert ("collectives were aborted on the tasks still reading, so that none waits forever: "
+            "%tfdist_restart gives working collectives again") in report.details
+    assert [op for op, _, _ in agents["worker:1"].sent] == ["sharding_describe",
+                                                            "sharding_fingerprints"]
+    assert [op for op, _, _ in agents["worker:0"].sent][-1] == "abort_collectives"
+    # the read goes to the main shell with the same arguments as before the typed client
+    assert agents["worker:0"].sent[1] == ("sharding_fingerprints", False, {
+        "expr": "ds", "max_elements": 10_000, "max_seconds": 0.25, "unbatch": None,
+        "reference": None, "with_reference": True})
 
 
 @pytest.mark.cluster

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tfdist_nb.diagnostics.hangs import judge
 from tfdist_nb.store.collectives import LedgerView
 
@@ -79,3 +81,19 @@ def test_a_task_whose_strategy_is_made_is_no_culprit_of_the_others_start_up() ->
     ledgers = {**busy, "worker:1": ledger(startup("done", ("worker:0",)))}
     ended = {"worker:1": Ended("worker:1", "error", "ValueError: later", "cell 2 line 9")}
     assert judge(ended, busy, ledgers, {"worker:0", "worker:1"}, set(), {}, now=101.0) is None
+
+
+def test_a_crashed_task_given_as_a_word_is_crashed_for_the_rules() -> None:
+    """``Ended`` takes a status word as ``TaskResult`` does; the rules compare members."""
+    from tfdist_nb.diagnostics.hangs import Ended
+    from tfdist_nb.results import TaskStatus
+
+    assert Ended("worker:1", "crashed").status is TaskStatus.CRASHED
+    with pytest.raises(ValueError):
+        Ended("worker:1", "exploded")
+    busy = {"worker:0": ledger(startup())}
+    ledgers = {**busy, "worker:1": ledger(startup("done", ("worker:0",)))}
+    ended = {"worker:1": Ended("worker:1", "crashed", "killed by SIGKILL")}
+    hang = judge(ended, busy, ledgers, {"worker:0", "worker:1"}, set(), {}, now=101.0)
+    # crashed: the start-up it completed counts for nothing, its process is gone
+    assert hang is not None and hang.cause.startswith("worker:1 crashed (killed by SIGKILL)")

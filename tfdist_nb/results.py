@@ -199,8 +199,8 @@ class RunResult:
         # tasks that failed the same way are said once; a released task's error is the abort
         said: dict[str, list[str]] = {}
         for r in self.failed:
-            how = r.status + (f" ({r.error.short()})" if r.error and r.status != "aborted"
-                              else "")
+            how = r.status + (f" ({r.error.short()})"
+                              if r.error and r.status is not TaskStatus.ABORTED else "")
             said.setdefault(how, []).append(r.task)
         parts = [f"{', '.join(tasks)} {how}" for how, tasks in said.items()]
         return f"{len(self.failed)} of {len(self.tasks)} task(s) failed: " + "; ".join(parts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, TypedDict
 
 from tfdist_nb.errors import AgentError
 from tfdist_nb.transport.channel import KernelChannel
@@ -19,6 +19,32 @@ from tfdist_nb.worker.ops import Op
 
 INSPECT_TIMEOUT_S = 5.0
 _MODULE = "tfdist_nb.worker.rpc"
+
+
+class TfConfigView(TypedDict):
+    """A task's ``tf_config_view``: TF_CONFIG as it sees it, whether each cluster host resolves
+    there (``"ok"`` or why not) and the state of its port(s), a ``PortState`` word each."""
+
+    host: str
+    tf_config: str | None
+    resolve: dict[str, str]
+    ports: dict[str, str]
+
+
+class PeerReach(TypedDict):
+    """Whether a task connected to one peer's TF port (``connect_peers``), how fast, or why
+    not."""
+
+    ok: bool
+    ms: float | None
+    error: str | None
+
+
+class EnvReport(TypedDict):
+    """A task's environment (``env_report``): its properties and installed distributions."""
+
+    props: dict[str, Any]
+    packages: dict[str, str]
 
 
 class AgentClient:
@@ -107,3 +133,62 @@ class AgentClient:
     async def profile_summary(self, logdir: str, timeout: float) -> dict[str, Any]:
         return dict(await self.call(Op.PROFILE_SUMMARY, inspect=True, timeout=timeout,
                                     logdir=logdir))
+
+    # the checks (docs/reference.md, Checks); a probe's own failure comes back as
+    # {"error": why} where the worker says so (the sharding and variables reads)
+
+    async def tf_config_view(self, *, tf_config: str | None, timeout: float) -> TfConfigView:
+        """TF_CONFIG as the task sees it now, or ``tf_config`` (JSON text) checked there."""
+        view: TfConfigView = await self.call(Op.TF_CONFIG_VIEW, inspect=True, timeout=timeout,
+                                             tf_config=tf_config)
+        return view
+
+    async def open_stand_in(self, *, timeout: float) -> str:
+        """Listen on the task's TF port until ``close_stand_ins`` if TensorFlow does not serve
+        it yet: ``served``, ``listening`` or why it could not."""
+        return str(await self.call(Op.OPEN_STAND_IN, inspect=True, timeout=timeout))
+
+    async def close_stand_ins(self, *, timeout: float) -> int:
+        """Close the stand-ins ``open_stand_in`` opened; how many."""
+        return int(await self.call(Op.CLOSE_STAND_INS, inspect=True, timeout=timeout))
+
+    async def connect_peers(self, *, addresses: dict[str, str],
+                            timeout: float) -> dict[str, PeerReach]:
+        """A TCP connect from the task to each ``name -> host:port``."""
+        reach: dict[str, PeerReach] = await self.call(Op.CONNECT_PEERS, inspect=True,
+                                                      timeout=timeout, addresses=addresses)
+        return reach
+
+    async def allreduce_bandwidth(self, *, sizes_mb: list[float],
+                                  timeout: float) -> dict[str, Any]:
+        """All-reduce timings through the task's strategy (``replicas`` and ``rows``, or
+        ``skipped``); on the main shell, every task at once."""
+        return dict(await self.call(Op.ALLREDUCE_BANDWIDTH, timeout=timeout,
+                                    sizes_mb=list(sizes_mb)))
+
+    async def env_report(self, *, timeout: float) -> EnvReport:
+        report: EnvReport = await self.call(Op.ENV_REPORT, inspect=True, timeout=timeout)
+        return report
+
+    async def sharding_describe(self, *, expr: str, timeout: float) -> dict[str, Any]:
+        """What ``expr`` is in the task (kind, auto-shard policy, pipeline), nothing read."""
+        return dict(await self.call(Op.SHARDING_DESCRIBE, inspect=True, timeout=timeout,
+                                    expr=expr))
+
+    async def sharding_fingerprints(self, *, expr: str, max_elements: int, max_seconds: float,
+                                    unbatch: bool | None, reference: str | None,
+                                    with_reference: bool, timeout: float) -> dict[str, Any]:
+        """The task's read of ``expr``: fingerprint counts, previews, the bound that cut it
+        short, and with ``with_reference`` the undistributed dataset's read; on the main
+        shell (a distributed dataset's iterator runs collectives)."""
+        return dict(await self.call(Op.SHARDING_FINGERPRINTS, timeout=timeout, expr=expr,
+                                    max_elements=max_elements, max_seconds=max_seconds,
+                                    unbatch=unbatch, reference=reference,
+                                    with_reference=with_reference))
+
+    async def variable_checksums(self, *, expr: str, full_values: int,
+                                 timeout: float) -> dict[str, Any]:
+        """Checksums of ``expr``'s variables as the task holds them, read on the main shell
+        between cells."""
+        return dict(await self.call(Op.VARIABLE_CHECKSUMS, timeout=timeout, expr=expr,
+                                    full_values=full_values))

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics import (
     env_check,
@@ -23,7 +24,6 @@ from tfdist_nb.diagnostics import (
 from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
 from tfdist_nb.worker import consistency, probes
-from tfdist_nb.worker.ops import Op
 
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
@@ -33,6 +33,9 @@ BANDWIDTH_TIMEOUT_S = 120.0
 BANDWIDTH_SIZES_MB = (1.0, 16.0, 64.0)
 READ_MARGIN_S = 60.0  # beyond the sharding check's time bounds: iterator set-up, tracing
 VARIABLES_TIMEOUT_S = 60.0
+
+#: one check's call into a task's agent, given the agent and the call's bound in seconds
+Ask = Callable[[AgentClient, float], Awaitable[Any]]
 
 
 def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
@@ -49,20 +52,11 @@ class CheckRunner:
     def __init__(self, targets: list[TaskRuntime]) -> None:
         self.targets = [rt for rt in targets if rt.agent is not None]
 
-    async def _ask(self, op: Op, *, inspect: bool = True,
-                   timeout: float = PROBE_TIMEOUT_S, **args: Any) -> dict[str, Any]:
-        """``{task: answer}``; a task that fails or does not answer in time is
-        ``{"error": ...}``."""
-        async def one(rt: TaskRuntime) -> Any:
-            assert rt.agent is not None
-            try:
-                return await rt.agent.call(op, inspect=inspect, timeout=timeout, **args)
-            except asyncio.TimeoutError:
-                return {"error": f"no answer within {timeout:.0f}s"}
-            except AgentError as exc:
-                return {"error": str(exc)}
-
-        answers = await asyncio.gather(*(one(rt) for rt in self.targets))
+    async def _ask(self, ask: Ask, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+        """``{task: answer}``, every task at once; a task that fails or does not answer in
+        time is ``{"error": ...}`` (``_answer``)."""
+        answers = await asyncio.gather(*(_answer(ask(_agent(rt), timeout), timeout)
+                                         for rt in self.targets))
         return {rt.name: a for rt, a in zip(self.targets, answers, strict=True)}
 
     async def run(self, kind: str, expr: Any = None, **options: Any) -> CheckReport:
@@ -90,36 +84,39 @@ class CheckRunner:
             if errors:
                 return CheckReport("tfconfig", False, errors[0], details=errors,
                                    fields={"errors": errors})
-        views = await self._ask(Op.TF_CONFIG_VIEW, tf_config=text)
+        views = await self._ask(
+            lambda agent, limit: agent.tf_config_view(tf_config=text, timeout=limit))
         expected = {rt.name: rt.name for rt in self.targets} if text is None else None
         return tfconfig_check.analyse(views, expected)
 
     async def network(self) -> CheckReport:
         addresses = {rt.name: rt.address for rt in self.targets}
-        stand_ins = await self._ask(Op.OPEN_STAND_IN)
+        stand_ins = await self._ask(lambda agent, limit: agent.open_stand_in(timeout=limit))
         try:
             reach = {}
             for rt in self.targets:  # one task at a time: connect times are not queued
                 others = {n: a for n, a in addresses.items() if n != rt.name}
-                reach.update(await self._ask_one(rt, Op.CONNECT_PEERS, addresses=others))
+                reach.update(await self._reach_from(rt, others))
         finally:
-            await self._ask(Op.CLOSE_STAND_INS)
-        bandwidth = await self._ask(Op.ALLREDUCE_BANDWIDTH, inspect=False,
-                                    timeout=BANDWIDTH_TIMEOUT_S,
-                                    sizes_mb=list(BANDWIDTH_SIZES_MB))
+            await self._ask(lambda agent, limit: agent.close_stand_ins(timeout=limit))
+        bandwidth = await self._ask(
+            lambda agent, limit: agent.allreduce_bandwidth(sizes_mb=list(BANDWIDTH_SIZES_MB),
+                                                           timeout=limit),
+            BANDWIDTH_TIMEOUT_S)
         first = next(iter(bandwidth.values()), None) if bandwidth else None
         return network_check.analyse(reach, {t: _text(s) for t, s in stand_ins.items()},
                                      first if isinstance(first, dict) else None)
 
-    async def _ask_one(self, rt: TaskRuntime, op: Op, **args: Any) -> dict[str, Any]:
-        assert rt.agent is not None
+    async def _reach_from(self, rt: TaskRuntime, others: dict[str, str]) -> dict[str, Any]:
+        """``{rt: {peer: {"ok", "ms", "error"}}}`` for each of ``others`` (name -> address);
+        a task that does not answer reaches none of them."""
         try:
-            return {rt.name: await rt.agent.call(op, inspect=True, timeout=PROBE_TIMEOUT_S,
-                                                 **args)}
+            return {rt.name: await _agent(rt).connect_peers(addresses=others,
+                                                            timeout=PROBE_TIMEOUT_S)}
         except (asyncio.TimeoutError, AgentError) as exc:
             return {rt.name: {peer: {"ok": False, "ms": None,
                                      "error": f"{rt.name} did not answer ({exc or 'timeout'})"}
-                              for peer in args.get("addresses", {})}}
+                              for peer in others}}
 
     async def sharding(self, expr: str, reference: str | None = None,
                        max_elements: int = consistency.MAX_ELEMENTS,
@@ -131,8 +128,9 @@ class CheckRunner:
         (docs/reference.md, Checks)."""
         # describing evaluates EXPR and serialises its graph: a large in-memory dataset takes a
         # while, so it gets the read's limit too (at least PROBE_TIMEOUT_S)
-        described = await self._ask(Op.SHARDING_DESCRIBE, expr=expr,
-                                    timeout=max(PROBE_TIMEOUT_S, float(max_seconds)))
+        described = await self._ask(
+            lambda agent, limit: agent.sharding_describe(expr=expr, timeout=limit),
+            max(PROBE_TIMEOUT_S, float(max_seconds)))
         problem = sharding_check.describe_problem(described)
         if problem is not None:
             return problem
@@ -144,12 +142,14 @@ class CheckRunner:
                             f"on {len(self.targets)}")
         timeout = 2 * float(max_seconds) + READ_MARGIN_S
         first = self.targets[0].name
-        reads = await self._ask_each(
-            Op.SHARDING_FINGERPRINTS, timeout, lambda rt: {
-                "expr": expr, "max_elements": int(max_elements),
-                "max_seconds": float(max_seconds), "unbatch": unbatch,
-                "reference": reference, "with_reference": rt.name == first},
-            release=distributed)
+
+        def read(rt: TaskRuntime, limit: float) -> Awaitable[dict[str, Any]]:
+            return _agent(rt).sharding_fingerprints(
+                expr=expr, max_elements=int(max_elements), max_seconds=float(max_seconds),
+                unbatch=unbatch, reference=reference, with_reference=rt.name == first,
+                timeout=limit)
+
+        reads = await self._ask_each(read, timeout, release=distributed)
         ref = reads[first].pop("reference", None) if "error" not in reads[first] else None
         return sharding_check.analyse(described, reads, ref)
 
@@ -158,45 +158,34 @@ class CheckRunner:
                         full_values: int = consistency.FULL_VALUES) -> CheckReport:
         """Checksums of EXPR's variables from every task, read on the main shells between cells
         (so every task is at the same step), compared exactly and within atol/rtol."""
-        answers = await self._ask(Op.VARIABLE_CHECKSUMS, inspect=False,
-                                  timeout=VARIABLES_TIMEOUT_S, expr=expr,
-                                  full_values=int(full_values))
+        answers = await self._ask(
+            lambda agent, limit: agent.variable_checksums(
+                expr=expr, full_values=int(full_values), timeout=limit),
+            VARIABLES_TIMEOUT_S)
         return variables_check.analyse(answers, atol=float(atol), rtol=float(rtol))
 
-    async def _ask_each(self, op: Op, timeout: float,
-                        args: Callable[[TaskRuntime], dict[str, Any]],
-                        release: bool = False) -> dict[str, Any]:
-        """Like ``_ask`` on the main shells, every task at once, with arguments per task.
+    async def _ask_each(self, ask: Callable[[TaskRuntime, float], Awaitable[Any]],
+                        timeout: float, release: bool = False) -> dict[str, Any]:
+        """Like ``_ask``, with a call per task (its arguments may differ).
         ``release``: the op runs collectives, so once one task failed or did not answer, the
         collectives of those still running are aborted at once (they would wait for it
-        forever)."""
-        async def one(rt: TaskRuntime) -> Any:
-            assert rt.agent is not None
-            try:
-                return await rt.agent.call(op, inspect=False, timeout=timeout, **args(rt))
-            except asyncio.TimeoutError:
-                return {"error": f"no answer within {timeout:.0f}s"}
-            except AgentError as exc:
-                return {"error": str(exc)}
-
-        pending = {asyncio.ensure_future(one(rt)): rt for rt in self.targets}
+        forever), and their answers say ``"released": True`` for the analysis."""
+        pending = {asyncio.ensure_future(_answer(ask(rt, timeout), timeout)): rt
+                   for rt in self.targets}
         answers: dict[str, Any] = {}
-        aborted = False
+        released: list[TaskRuntime] = []
         while pending:
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for fut in done:
                 answers[pending.pop(fut).name] = fut.result()
-            failed = any(isinstance(a, dict) and "error" in a for a in answers.values())
-            stuck = [*pending.values(), *(rt for rt in self.targets if str(
-                answers.get(rt.name, {}).get("error", "")).startswith("no answer"))]
-            if release and failed and stuck and not aborted:
-                aborted = True  # those still reading wait in a collective for the failed one
-                await asyncio.gather(*(self._abort(rt) for rt in stuck))
-        if aborted:
-            note = sharding_check.RELEASED + "; %tfdist_restart gives working ones again)"
-            for answer in answers.values():
-                if isinstance(answer, dict) and "error" in answer:
-                    answer["error"] = str(answer["error"]) + note
+            if release and not released and _any_failed(answers):
+                # those still reading wait in a collective for the failed one
+                released = [*pending.values(), *(rt for rt in self.targets
+                                                 if _unanswered(answers.get(rt.name)))]
+                await asyncio.gather(*(self._abort(rt) for rt in released))
+        for rt in released:
+            if isinstance(answers[rt.name], dict):
+                answers[rt.name]["released"] = True
         return {rt.name: answers[rt.name] for rt in self.targets}
 
     async def _abort(self, rt: TaskRuntime) -> None:
@@ -206,7 +195,7 @@ class CheckRunner:
                                              "for the sharding check")
 
     async def env(self) -> pd.DataFrame:
-        reports = await self._ask(Op.ENV_REPORT)
+        reports = await self._ask(lambda agent, limit: agent.env_report(timeout=limit))
         return env_check.env_frame({t: r for t, r in reports.items() if "props" in r})
 
 
@@ -233,3 +222,28 @@ def _expression(kind: str, expr: Any) -> str:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value.get("error", value))
+
+
+def _agent(rt: TaskRuntime) -> AgentClient:
+    assert rt.agent is not None  # CheckRunner keeps only the tasks with an agent
+    return rt.agent
+
+
+async def _answer(call: Awaitable[Any], timeout: float) -> Any:
+    """The task's reply, or ``{"error": why}`` when the call failed there or did not come back
+    within ``timeout``; then also ``"answered": False``, as the task may still be in it."""
+    try:
+        return await call
+    except asyncio.TimeoutError:
+        return {"error": f"no answer within {timeout:.0f}s", "answered": False}
+    except AgentError as exc:
+        return {"error": str(exc)}
+
+
+def _any_failed(answers: Mapping[str, Any]) -> bool:
+    return any(isinstance(a, dict) and "error" in a for a in answers.values())
+
+
+def _unanswered(answer: Any) -> bool:
+    """Whether ``answer`` is ``_answer``'s for a call that did not come back in time."""
+    return isinstance(answer, dict) and answer.get("answered") is False

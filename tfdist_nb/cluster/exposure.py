@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.strenum import StrEnum
+
 if TYPE_CHECKING:
     from tfdist_nb.cluster.task import TaskRuntime
     from tfdist_nb.launchers.base import Launcher
@@ -25,19 +27,33 @@ _WILDCARD = {"00000000", "0" * 32}
 _LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 
 
-def listening(tables: dict[str, str]) -> dict[int, set[str]]:
-    """Listening TCP ports and how each is bound: ``{20001: {"every interface"}}``, from the
-    text of ``/proc/net/tcp`` and ``tcp6`` (``{"tcp": text, "tcp6": text}``)."""
-    found: dict[int, set[str]] = {}
+class Scope(StrEnum):
+    """How a listening socket is bound: who can reach it (docs/security.md, "What TensorFlow
+    itself opens")."""
+
+    EVERY_INTERFACE = "every interface"  # 0.0.0.0 or ::, what TensorFlow's server binds
+    LOOPBACK = "loopback"
+    ONE_ADDRESS = "one address"
+
+
+def scope_of(address: str) -> Scope:
+    """The scope of a socket table's local address (hex, as ``/proc/net/tcp`` writes it)."""
+    if address in _WILDCARD:
+        return Scope.EVERY_INTERFACE
+    return Scope.LOOPBACK if address in _LOOPBACK else Scope.ONE_ADDRESS
+
+
+def listening(tables: dict[str, str]) -> dict[int, set[Scope]]:
+    """Listening TCP ports and how each is bound: ``{20001: {Scope.EVERY_INTERFACE}}``, from
+    the text of ``/proc/net/tcp`` and ``tcp6`` (``{"tcp": text, "tcp6": text}``)."""
+    found: dict[int, set[Scope]] = {}
     for text in tables.values():
         for line in text.splitlines()[1:]:
             fields = line.split()
             if len(fields) < 4 or fields[3] != LISTEN:
                 continue
             address, _, port = fields[1].partition(":")
-            scope = ("every interface" if address in _WILDCARD else
-                     "loopback" if address in _LOOPBACK else "one address")
-            found.setdefault(int(port, 16), set()).add(scope)
+            found.setdefault(int(port, 16), set()).add(scope_of(address))
     return found
 
 
@@ -55,7 +71,7 @@ def exposed(ports: dict[str, int], tables: dict[str, str]) -> dict[str, int]:
     """The tasks (of ``ports``, task -> its TF port) whose port listens on every interface."""
     bound = listening(tables)
     return {task: port for task, port in ports.items()
-            if "every interface" in bound.get(port, set())}
+            if Scope.EVERY_INTERFACE in bound.get(port, set())}
 
 
 def describe(open_ports: dict[str, int]) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.ledger_runs import BARRIER_KINDS
-from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause
+from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskStatus
 
 
 class LedgerView(Protocol):
@@ -47,10 +47,14 @@ class Ended:
     """A task whose cell ended: its status (ok, error, crashed) and, if it failed, why."""
 
     task: str
-    status: str
+    status: TaskStatus
     error: str | None = None
     where: str | None = None  # the line that raised, "cell N line L"
     steps: int = 0
+
+    def __post_init__(self) -> None:
+        # a plain "ok" is taken, as TaskResult takes it; an unknown word is not
+        object.__setattr__(self, "status", TaskStatus(self.status))
 
 
 def collective(row: dict[str, Any]) -> Collective:
@@ -145,13 +149,14 @@ def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
             for row in view.open_rows():
                 if not _needs(row, name, ledger, members):
                     continue
-                how = _never_entered(row, ledger) if end.status != "crashed" else "never entered"
+                how = (_never_entered(row, ledger) if end.status is not TaskStatus.CRASHED
+                       else "never entered")
                 if how is not None:
                     stuck[waiter] = (row, how)
                     break
         if not stuck:
             continue
-        if end.status in ("error", "crashed"):
+        if end.status in (TaskStatus.ERROR, TaskStatus.CRASHED):
             return _failed(end, stuck, ledgers, now)
         return _finished(end, stuck, ledgers, steps, now)
     return None
@@ -163,7 +168,7 @@ def _waited(row: dict[str, Any], now: float) -> str:
 
 def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
             ledgers: Mapping[str, LedgerView], now: float) -> Hang:
-    how = "crashed" if end.status == "crashed" else "failed"
+    how = "crashed" if end.status is TaskStatus.CRASHED else "failed"
     what = f" ({end.error})" if end.error else ""
     at = f" at {end.where}" if end.where else ""
     waiters = sorted(stuck)

@@ -139,8 +139,9 @@ def policy_explained(desc: Mapping[str, Any]) -> tuple[str | None, str, str]:
 def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapping[str, Any]],
             reference: Mapping[str, Any] | None = None) -> CheckReport:
     """``described[task]``: what EXPR is there (kind, policy, pipeline); ``reads[task]``: its
-    fingerprint counts, previews and bound; ``reference``: the undistributed dataset's read
-    (counts), or ``{"skipped"|"error": why}``."""
+    fingerprint counts, previews and bound, or ``{"error": why}``, and ``"released": True``
+    where the runner aborted its collectives because another task failed; ``reference``: the
+    undistributed dataset's read (counts), or ``{"skipped"|"error": why}``."""
     problem = describe_problem(described)
     if problem is not None:
         return problem
@@ -198,7 +199,7 @@ def _failures(failed: dict[str, str],
     causes = {t: e for t, e in failed.items() if ABORTED not in e} or failed
     released_note = (["collectives were aborted on the tasks still reading, so that none "
                       "waits forever: %tfdist_restart gives working collectives again"]
-                     if any(RELEASED in str(r.get("error")) for r in reads.values()) else [])
+                     if any(r.get("released") for r in reads.values()) else [])
     same: dict[str, list[str]] = {}
     for t, e in causes.items():
         same.setdefault(e, []).append(t)
@@ -406,17 +407,15 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str
             f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)")
 
 
+#: TensorFlow's own error text for a collective aborted under it (by this check's runner, an
+#: earlier failed read or an interrupt): the one way to tell from a task's error
 ABORTED = "Collective ops is aborted by"
 
 
-RELEASED = " (the tasks still reading had their collectives aborted"
-
-
 def _short(error: str) -> str:
-    """An agent error without the call's own prefix, TensorFlow's function-node noise and
-    the runner's note on aborted collectives; its first line."""
-    text = error.split(RELEASED)[0]
-    text = text.split(" failed: ", 1)[1] if " failed: " in text else text
+    """An agent error without the call's own prefix and TensorFlow's function-node noise; its
+    first line."""
+    text = error.split(" failed: ", 1)[1] if " failed: " in error else error
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
     first = text.strip().splitlines()[0].strip() if text.strip() else text
     return first if len(first) <= 240 else first[:237] + "..."

@@ -18,6 +18,7 @@ import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.topology import validate_tf_config
+from tfdist_nb.worker.ops import PortState
 
 
 def load_config(config: str | Mapping[str, Any] | Path) -> tuple[str, list[str]]:
@@ -69,7 +70,7 @@ def analyse(views: Mapping[str, Mapping[str, Any]],
             if said != "ok":
                 errors.append(f"{who}: host {host!r} {said} on {view.get('host')}")
         for addr, state in (view.get("ports") or {}).items():
-            if state == "in use":
+            if state == PortState.IN_USE:
                 errors.append(f"{who}: {addr} is in use on {view.get('host')} by another "
                               "process: TensorFlow's server cannot bind it")
         if cfg is not None and isinstance(cfg.get("task"), dict):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
@@ -47,6 +48,28 @@ def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[
     """One variable across tasks: verdict, max abs difference (exact or bounds) and why."""
     tasks = sorted(rows, key=task_order)
     first = rows[tasks[0]]
+    settled = _by_bytes(rows, tasks)
+    if settled is not None:
+        return settled
+    tol = _tolerance(rows, atol, rtol)
+    if all("values" in r for r in rows.values()):
+        diff = _max_abs_diff([_floats(rows[t]["values"]) for t in tasks])
+        return {"verdict": "within tolerance" if diff <= tol else "diverged",
+                "max_abs_diff": diff, "exact": True, "tolerance": tol, "why": ""}
+    if any(r.get("nonfinite", 0) for r in rows.values()):
+        return {"verdict": "differs", "max_abs_diff": None, "exact": False,
+                "why": f"holds NaN/Inf ({first.get('nonfinite')} on each task), so only its "
+                       f"bytes were compared"}
+    lo, hi = _bounds(rows, tasks)
+    verdict = "diverged" if lo > tol else "within tolerance" if hi <= tol else "differs"
+    return {"verdict": verdict, "max_abs_diff": lo, "exact": False, "bound": (lo, hi),
+            "tolerance": tol, "why": ""}
+
+
+def _by_bytes(rows: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any] | None:
+    """The verdict that needs no numbers (shapes, dtypes, hashes, where NaN/Inf are), or None
+    when the values must be compared."""
+    first = rows[tasks[0]]
     shapes = {t: tuple(r["shape"]) for t, r in rows.items()}
     dtypes = {t: r["dtype"] for t, r in rows.items()}
     if len(set(shapes.values())) > 1 or len(set(dtypes.values())) > 1:
@@ -64,43 +87,111 @@ def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[
         return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
                 "why": "NaN/Inf on " + ", ".join(f"{t} ({n})" for t, n in nonfinite.items()
                                                   if n)}
+    return None
+
+
+def _tolerance(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> float:
+    """``atol + rtol * max|a|``, the largest magnitude from every task's min and max."""
     scale = max((abs(r.get(k, 0.0)) for r in rows.values() for k in ("min", "max")),
                 default=0.0)
-    tol = atol + rtol * scale
-    if all("values" in r for r in rows.values()):
-        arrays = [_floats(rows[t]["values"]) for t in tasks]
-        diff = 0.0
-        for column in zip(*arrays, strict=True):
-            finite = [x for x in column if math.isfinite(x)]
-            if len(finite) != len(column):
-                if len({str(x) for x in column}) > 1:
-                    diff = math.inf
-                continue
-            diff = max(diff, max(finite) - min(finite))
-        return {"verdict": "within tolerance" if diff <= tol else "diverged",
-                "max_abs_diff": diff, "exact": True, "tolerance": tol, "why": ""}
-    if any(nonfinite.values()):
-        return {"verdict": "differs", "max_abs_diff": None, "exact": False,
-                "why": f"holds NaN/Inf ({first.get('nonfinite')} on each task), so only its "
-                       f"bytes were compared"}
+    return atol + rtol * scale
+
+
+def _max_abs_diff(arrays: list[list[float]]) -> float:
+    """The exact max abs difference of whole values (one list per task); NaN/Inf count only
+    where the tasks disagree on them (then it is inf)."""
+    diff = 0.0
+    for column in zip(*arrays, strict=True):
+        finite = [x for x in column if math.isfinite(x)]
+        if len(finite) != len(column):
+            if len({str(x) for x in column}) > 1:
+                diff = math.inf
+            continue
+        diff = max(diff, max(finite) - min(finite))
+    return diff
+
+
+def _bounds(rows: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[float, float]:
+    """Lower and upper bounds of the max abs difference from the summaries, over every pair of
+    tasks (module docstring)."""
     lo, hi = 0.0, 0.0
     for i, a in enumerate(tasks):
         for b in tasks[i + 1:]:
-            ra, rb = rows[a], rows[b]
-            n = max(int(ra.get("size") or 1), 1)
-            if "sum" in ra and "sum" in rb:
-                lo = max(lo, abs(ra["sum"] - rb["sum"]) / n, abs(ra["max"] - rb["max"]),
-                         abs(ra["min"] - rb["min"]),
-                         abs(math.sqrt(ra["sumsq"]) - math.sqrt(rb["sumsq"])) / math.sqrt(n))
-                hi = max(hi, ra["max"] - rb["min"], rb["max"] - ra["min"])
-            sb = {int(i): float(v) for i, v in rb.get("samples", [])}
-            for idx, va in ra.get("samples", []):
-                vb = sb.get(int(idx))
-                if vb is not None and math.isfinite(float(va)) and math.isfinite(vb):
-                    lo = max(lo, abs(float(va) - vb))
-    verdict = "diverged" if lo > tol else "within tolerance" if hi <= tol else "differs"
-    return {"verdict": verdict, "max_abs_diff": lo, "exact": False, "bound": (lo, hi),
-            "tolerance": tol, "why": ""}
+            pair_lo, pair_hi = _pair_bounds(rows[a], rows[b])
+            lo, hi = max(lo, pair_lo), max(hi, pair_hi)
+    return lo, hi
+
+
+def _pair_bounds(ra: Mapping[str, Any], rb: Mapping[str, Any]) -> tuple[float, float]:
+    """``_bounds`` of two tasks' summaries of one variable."""
+    lo, hi = 0.0, 0.0
+    n = max(int(ra.get("size") or 1), 1)
+    if "sum" in ra and "sum" in rb:
+        lo = max(lo, abs(ra["sum"] - rb["sum"]) / n, abs(ra["max"] - rb["max"]),
+                 abs(ra["min"] - rb["min"]),
+                 abs(math.sqrt(ra["sumsq"]) - math.sqrt(rb["sumsq"])) / math.sqrt(n))
+        hi = max(hi, ra["max"] - rb["min"], rb["max"] - ra["min"])
+    sb = {int(i): float(v) for i, v in rb.get("samples", [])}
+    for idx, va in ra.get("samples", []):
+        vb = sb.get(int(idx))
+        if vb is not None and math.isfinite(float(va)) and math.isfinite(vb):
+            lo = max(lo, abs(float(va) - vb))
+    return lo, hi
+
+
+def _verdict(rows: dict[str, dict[str, Any]], good: list[str], atol: float,
+             rtol: float) -> dict[str, Any]:
+    """``_compare``, or diverged when the variable is missing on some task that answered."""
+    absent = [t for t in good if t not in rows]
+    if absent:
+        return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
+                "why": f"missing on {name_tasks(absent)}"}
+    return _compare(rows, atol, rtol)
+
+
+def _record(name: str, rows: Mapping[str, Mapping[str, Any]], got: Mapping[str, Any],
+            good: list[str]) -> dict[str, Any]:
+    """The variable's row of the table: what it is, its verdict, each task's hash."""
+    mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
+    first = rows[sorted(rows, key=task_order)[0]]
+    record: dict[str, Any] = {"variable": name}
+    record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
+                  mirrored=_mirrored_text(mirrored))
+    record.update(verdict=got["verdict"],
+                  max_abs_diff=got["max_abs_diff"] if got["exact"] else None,
+                  bound=("" if got["exact"] or "bound" not in got else
+                         f">= {got['bound'][0]:.3g}, <= {got['bound'][1]:.3g}"))
+    for t in good:
+        record[f"sha {t}"] = rows[t]["sha"] if t in rows else ""
+    return record
+
+
+@dataclass
+class _Tally:
+    """Every variable's verdict, gathered as the table, the fields and the lines need them."""
+
+    good: list[str]
+    strategies: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    diverged: dict[str, float] = field(default_factory=dict)
+    bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
+    within: list[str] = field(default_factory=list)
+    causes: dict[str, str] = field(default_factory=dict)
+    odd_tasks: set[str] = field(default_factory=set)
+
+    def add(self, name: str, rows: dict[str, dict[str, Any]], got: Mapping[str, Any]) -> None:
+        self.records.append(_record(name, rows, got, self.good))
+        if got["verdict"] in ("diverged", "differs"):
+            value = got["max_abs_diff"]
+            self.diverged[name] = float(value) if value is not None else math.nan
+            if not got["exact"] and "bound" in got:
+                self.bounds[name] = got["bound"]
+            mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
+            absent = [t for t in self.good if t not in rows]
+            self.causes[name] = got["why"] or _cause(mirrored, self.strategies, absent)
+            self.odd_tasks.update(_odd_ones(rows, self.good))
+        elif got["verdict"] == "within tolerance":
+            self.within.append(name)
 
 
 def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
@@ -115,81 +206,72 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
     if not good:
         return CheckReport("variables", False, errors[0] if errors else "no task answered",
                            details=errors, fields=fields)
-    by_name: dict[str, dict[str, dict[str, Any]]] = {}
-    for t in good:
-        for row in answers[t].get("variables", []):
-            by_name.setdefault(row["name"], {})[t] = row
-    strategies = {t: answers[t].get("strategy") for t in good}
-    records = []
-    diverged: dict[str, float] = {}
-    bounds: dict[str, tuple[float, float]] = {}
-    within: list[str] = []
-    causes: dict[str, str] = {}
-    odd_tasks: set[str] = set()
+    by_name = _by_name(answers, good)
+    tally = _Tally(good, {t: answers[t].get("strategy") for t in good})
     for name, rows in by_name.items():
-        absent = [t for t in good if t not in rows]
-        mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
-        record: dict[str, Any] = {"variable": name}
-        first = rows[sorted(rows, key=task_order)[0]]
-        record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
-                      mirrored=_mirrored_text(mirrored))
-        got: dict[str, Any]
-        if absent:
-            got = {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                   "why": f"missing on {name_tasks(absent)}"}
-        else:
-            got = _compare(rows, atol, rtol)
-        record.update(verdict=got["verdict"],
-                      max_abs_diff=got["max_abs_diff"] if got["exact"] else None,
-                      bound=("" if got["exact"] or "bound" not in got else
-                             f">= {got['bound'][0]:.3g}, <= {got['bound'][1]:.3g}"))
-        for t in good:
-            record[f"sha {t}"] = rows[t]["sha"] if t in rows else ""
-        records.append(record)
-        if got["verdict"] in ("diverged", "differs"):
-            value = got["max_abs_diff"]
-            diverged[name] = float(value) if value is not None else math.nan
-            if not got["exact"] and "bound" in got:
-                bounds[name] = got["bound"]
-            causes[name] = got["why"] or _cause(mirrored, strategies, absent)
-            odd_tasks.update(_odd_ones(rows, good))
-        elif got["verdict"] == "within tolerance":
-            within.append(name)
-    table = pd.DataFrame(records).set_index("variable") if records else pd.DataFrame()
-    details = list(errors)
-    fields.update(diverged=diverged, within_tolerance=within, bounds=bounds, causes=causes,
+        tally.add(name, rows, _verdict(rows, good, atol, rtol))
+    table = pd.DataFrame(tally.records).set_index("variable") if tally.records else pd.DataFrame()
+    details = [*errors, *_within_note(tally.within, atol, rtol)]
+    fields.update(diverged=tally.diverged, within_tolerance=tally.within, bounds=tally.bounds,
+                  causes=tally.causes,
                   mirrored={name: {t: bool(r.get("mirrored")) for t, r in rows.items()}
                             for name, rows in by_name.items()})
-    if within:
-        details.append(f"{len(within)} variable(s) differ bitwise but within the tolerance "
-                       f"(atol {atol:g}, rtol {rtol:g}): " + ", ".join(within[:QUOTED]) +
-                       (" ..." if len(within) > QUOTED else ""))
     if not by_name:
         return CheckReport("variables", not errors, (errors[0] if errors else
                            "no variables found in the expression on " + name_tasks(good)),
                            table, details=details, fields=fields)
-    if diverged:
-        for name, why in list(causes.items())[:10]:
-            details.append(f"{name}: {_amount(name, diverged[name], bounds)}; {why}")
-        details.append("usual causes: " + "; ".join(CAUSES))
-        who = sorted(odd_tasks or set(good), key=task_order)
-        between = (f"between {name_tasks(good)}" if len(good) == 2 or len(who) == len(good)
-                   else f"on {name_tasks(who)} (the others agree)")
-        quoted = ", ".join(f"{n} ({_amount(n, diverged[n], bounds)})"
-                           for n in list(diverged)[:QUOTED])
-        common = _common_cause(causes)
-        summary = (f"{len(diverged)} of {len(by_name)} variable(s) differ {between}: {quoted}"
-                   + (" ..." if len(diverged) > QUOTED else "")
-                   + (f"; likely cause: {common}" if common else ""))
-        if errors:
-            summary += f"; {errors[0]}"
+    if tally.diverged:
+        summary = _diverged_summary(tally, len(by_name), errors)
+        details += _diverged_lines(tally)
         return CheckReport("variables", False, summary, table, details=details, fields=fields)
     summary = (f"all {len(by_name)} variable(s) are the same on {name_tasks(good)}"
-               + (" (some only within the tolerance)" if within else " (bitwise)"))
+               + (" (some only within the tolerance)" if tally.within else " (bitwise)"))
     if errors:
         return CheckReport("variables", False, f"{errors[0]}; on the others: {summary}", table,
                            details=details, fields=fields)
     return CheckReport("variables", True, summary, table, details=details, fields=fields)
+
+
+def _by_name(answers: Mapping[str, Mapping[str, Any]],
+             good: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{variable: {task: its row}}`` of the tasks that answered."""
+    by_name: dict[str, dict[str, dict[str, Any]]] = {}
+    for t in good:
+        for row in answers[t].get("variables", []):
+            by_name.setdefault(row["name"], {})[t] = row
+    return by_name
+
+
+def _within_note(within: list[str], atol: float, rtol: float) -> list[str]:
+    """The line naming variables that differ bitwise but within the tolerance, if any."""
+    if not within:
+        return []
+    return [f"{len(within)} variable(s) differ bitwise but within the tolerance "
+            f"(atol {atol:g}, rtol {rtol:g}): " + ", ".join(within[:QUOTED]) +
+            (" ..." if len(within) > QUOTED else "")]
+
+
+def _diverged_lines(tally: _Tally) -> list[str]:
+    """A line per differing variable (the first ten) with its amount and cause, then the
+    usual causes."""
+    lines = [f"{name}: {_amount(name, tally.diverged[name], tally.bounds)}; {why}"
+             for name, why in list(tally.causes.items())[:10]]
+    return [*lines, "usual causes: " + "; ".join(CAUSES)]
+
+
+def _diverged_summary(tally: _Tally, variables: int, errors: list[str]) -> str:
+    """How many variables differ, between which tasks, by how much and the likely cause."""
+    good, diverged = tally.good, tally.diverged
+    who = sorted(tally.odd_tasks or set(good), key=task_order)
+    between = (f"between {name_tasks(good)}" if len(good) == 2 or len(who) == len(good)
+               else f"on {name_tasks(who)} (the others agree)")
+    quoted = ", ".join(f"{n} ({_amount(n, diverged[n], tally.bounds)})"
+                       for n in list(diverged)[:QUOTED])
+    common = _common_cause(tally.causes)
+    summary = (f"{len(diverged)} of {variables} variable(s) differ {between}: {quoted}"
+               + (" ..." if len(diverged) > QUOTED else "")
+               + (f"; likely cause: {common}" if common else ""))
+    return summary + (f"; {errors[0]}" if errors else "")
 
 
 def _mirrored_text(mirrored: Mapping[str, bool]) -> str:

@@ -1,6 +1,7 @@
 """The worker agent's operations by name: the one list both ends of the RPC use (the controller's
 :class:`~tfdist_nb.cluster.agent_client.AgentClient` sends them, :mod:`tfdist_nb.worker.rpc`
-answers them). Imports nothing, so the controller can read it without loading the worker side.
+answers them), and the words their replies are made of. Imports nothing, so the controller can
+read it without loading the worker side.
 """
 
 from __future__ import annotations
@@ -33,3 +34,11 @@ class Op(StrEnum):
     PROFILE_STATE = "profile_state"
     PROFILE_SUMMARY = "profile_summary"
 
+
+class PortState(StrEnum):
+    """A TF port as a task's probe finds it (``tf_config_view``'s ``ports``): the word travels
+    in the JSON reply and is said as it is (docs/reference.md, Checks)."""
+
+    FREE = "free"
+    SERVED = "served by this task"
+    IN_USE = "in use"  # another process holds it: TensorFlow's server cannot bind it

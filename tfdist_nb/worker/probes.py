@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.worker.ops import PortState
 
 logger = logging.getLogger(__name__)
 
@@ -62,18 +63,18 @@ def _listening_here(port: int) -> bool:
         return False
 
 
-def port_state(port: int, own: bool = True) -> str:
+def port_state(port: int, own: bool = True) -> PortState:
     """``free``, ``served by this task`` (``own``: this process is the task) or ``in use`` on
     this host."""
     if own and _listening_here(port):
-        return "served by this task"
+        return PortState.SERVED
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
-            return "in use"
-    return "free"
+            return PortState.IN_USE
+    return PortState.FREE
 
 
 def tf_config_view(tf_config: str | None = None) -> dict[str, Any]:
