@@ -139,3 +139,16 @@ def test_a_busy_host_gets_no_spare_until_a_core_is_idle_and_the_pool_says_so(
         IdleHost.idle = 2.0
         wait_for(lambda: c.spares()["ready"] == 1, 10, "the spare once a core is idle")
         assert c.spares()["note"] is None
+
+
+def test_the_session_knows_which_clusters_run_and_the_registry_reads_it() -> None:
+    """The registry's state is the session's (cluster/session.py): a started cluster is live
+    and current, a stopped one neither, and still the last one the magics drove."""
+    from tfdist_nb.cluster import registry
+    from tfdist_nb.cluster.session import SESSION
+
+    with cluster(workers=1) as c:
+        assert registry.current() is c is SESSION.clusters.current()
+        assert c in registry.live_clusters() and c in SESSION.clusters.live()
+    assert registry.current() is None and c not in registry.live_clusters()
+    assert registry.last_cluster() is c

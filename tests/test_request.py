@@ -80,10 +80,49 @@ def test_a_resize_keeps_what_the_line_does_not_change() -> None:
 
 
 def test_restart_replaces_a_cluster_whose_launcher_cannot_restart_tasks() -> None:
-    job = Running(parse_spec("2 workers"), launcher="slurm", sbatch=["--nodes=2"],
-                  restartable=False)
+    job = Running(parse_spec("2 workers"), launcher="slurm",
+                  launcher_options={"sbatch_args": "--nodes=2"},
+                  line_values={"sbatch_args": ["--nodes=2"]}, restartable=False)
     decided = plan(request("", restart=True), job)
     assert decided.action == "replace" and decided.message == "restarting all tasks of 2 workers"
     assert decided.new is not None and decided.new.launcher == "slurm"
+    assert decided.new.launcher_options == {"sbatch_args": "--nodes=2"}
+    # the line's --sbatch is compared with what the launcher runs with, not the raw argument
+    assert plan(request("", sbatch="--nodes=2"), job).action == "reuse"
+    other = plan(request("", sbatch="--nodes=3"), job)
+    assert (other.action, other.message) == ("replace", "restarting the cluster: --sbatch changed")
     kept = plan(request("", restart=True, warm=False), Running(parse_spec("2 workers"), warm=2))
     assert (kept.action, kept.set_warm) == ("restart", False)
+
+
+def test_the_planner_decides_whether_a_replacement_takes_over_the_spares() -> None:
+    """``stop(keep_spares=)`` of the running cluster is the plan's: only a replacement on the
+    same launcher that keeps spares takes them; a start, reuse or restart keeps none."""
+    warm = Running(parse_spec("2 workers"), warm=2)
+    assert plan(request("1 worker"), warm).keep_spares
+    assert plan(request("1 worker", warm=True), warm).keep_spares
+    assert plan(request("2 workers", env=["A=1"]), warm).keep_spares
+    assert not plan(request("1 worker", warm=False), warm).keep_spares
+    assert not plan(request("1 worker", hosts="gpu1"), warm).keep_spares  # ssh: no spares
+    assert not plan(request("1 worker"), Running(parse_spec("2 workers"), warm=0)).keep_spares
+    assert not plan(request("2 workers"), None).keep_spares
+    for line in (request(""), request("", restart=True)):
+        assert not plan(line, warm).keep_spares
+
+
+def test_launcher_flags_come_from_the_launchers_schema(tmp_path: Path) -> None:
+    """Each flag sets the option its launcher declares; a changed one replaces the cluster
+    and is named."""
+    job = request("2 workers", sbatch="--partition=gpu --nodes=2")
+    assert (job.launcher, job.launcher_options, job.hosts) == (
+        "slurm", {"sbatch_args": ["--partition=gpu", "--nodes=2"]}, None)
+    attached = request("2 workers", connection_dir=str(tmp_path))
+    assert attached.launcher_options == {"connection_dir": str(tmp_path)}
+    here = Running(parse_spec("2 workers"), launcher="attach",
+                   line_values={"connection_dir": str(tmp_path)}, restartable=False)
+    assert plan(attached, here).action == "reuse"
+    (tmp_path / "other").mkdir()
+    moved = plan(request("2 workers", connection_dir=str(tmp_path / "other")), here)
+    assert moved.message == "restarting the cluster: --connection-dir changed"
+    assert moved.new is not None and moved.new.launcher_options == {
+        "connection_dir": str(tmp_path / "other")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tfdist_nb.errors import SpecError
@@ -63,3 +65,29 @@ def test_targets() -> None:
 def test_bad_targets(text: str, needle: str) -> None:
     with pytest.raises(SpecError, match=needle):
         parse_targets(text, parse_spec("2 workers"))
+
+
+def test_one_task_order_for_the_collectives_table_and_the_lab_panes(tmp_path: Path) -> None:
+    """``topology.task_order`` everywhere tasks are listed: chief, workers by index (worker:2
+    before worker:10), ps, evaluator; in ``cluster.collectives()`` at one position, and in
+    the lab panes of a run directory without its state file."""
+    from tfdist_nb.lab.model import ClusterWatch
+    from tfdist_nb.store.collectives import LedgerView
+    from tfdist_nb.store.ledger_frame import collectives_frame
+
+    names = ["worker:10", "ps:0", "worker:2", "chief:0"]
+    in_order = ["chief:0", "worker:2", "worker:10", "ps:0"]
+    ledgers = {}
+    for name in names:
+        ledgers[name] = view = LedgerView()
+        view.update({"issued": 2, "rows": [
+            {"seq": seq, "kind": "all_reduce", "state": "done", "entered": 1.0, "done": 2.0}
+            for seq in (1, 2)]})
+    frame = collectives_frame(ledgers, last=None, now=3.0)
+    assert list(zip(frame["seq"], frame["task"], strict=True)) == [
+        (seq, task) for seq in (1, 2) for task in in_order]
+    for name in names:
+        (tmp_path / "tasks" / name.replace(":", "-")).mkdir(parents=True)
+    summary = ClusterWatch("c1", tmp_path).summary()
+    assert [t["task"] for t in summary["tasks"]] == in_order
+    assert summary["spec"] == "1 chief 2 workers 1 ps"

@@ -45,7 +45,7 @@ from tfdist_nb.diagnostics.straggler import Straggler
 from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
-from tfdist_nb.launchers.registry import make_launcher
+from tfdist_nb.launchers.registry import launcher_class, make_launcher
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.store.logs import check_filters, logs_frame
@@ -66,6 +66,11 @@ def current() -> Cluster | None:
     return registry.current()
 
 
+def _launcher_type(launcher: str | Launcher) -> type[Launcher]:
+    """The class of ``launcher=`` (a name or a launcher), whose capabilities say what it takes."""
+    return type(launcher) if isinstance(launcher, Launcher) else launcher_class(launcher)
+
+
 class Cluster:
     """A multi-worker TensorFlow cluster whose tasks are ipykernels.
 
@@ -82,8 +87,10 @@ class Cluster:
                  launcher_options: Mapping[str, Any] | None = None,
                  warm: bool | int | None = None) -> None:
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
-        if hosts is not None and launcher == "local":
-            raise SpecError("hosts= needs launcher='ssh'; the local launcher runs on this machine")
+        kind = _launcher_type(launcher)
+        if hosts is not None and not kind.remote:
+            raise SpecError(f"hosts= needs launcher='ssh'; the {kind.name} launcher runs its "
+                            "tasks on this machine")
         if start_timeout <= 0:
             raise SpecError("start_timeout must be positive (seconds for the whole start)")
         check_env(env)
@@ -106,6 +113,8 @@ class Cluster:
         self._run_root = run_dir
         self._exposure_said = exposure.SaidOnce()
         self.id = new_cluster_id()
+        # setup, rundir, live and hub: read-only, for extensions and tests (docs/reference.md,
+        # the Cluster's attributes); set here and at the start only
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
         self.hub: EventHub | None = None

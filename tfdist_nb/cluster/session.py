@@ -1,11 +1,13 @@
 """What outlives one cluster in this process (docs/design.md, "Who owns what"): the loop thread
-every cluster's kernel channels live on, and the spare pool a stopped cluster leaves to the one
-that replaces it (a ``%%tfcluster`` resize).
+every cluster's kernel channels live on, the spare pool a stopped cluster leaves to the one
+that replaces it (a ``%%tfcluster`` resize), and which clusters run and which one the magics
+drive (:class:`Clusters`, read through :mod:`.registry`).
 
 A cluster borrows the loop and gives its pool back; nothing passes from one ``Cluster`` to
 another by hand. The loop thread is started on first use and lives as long as the process (a
 daemon thread); a kept pool is taken by the next cluster that wants spares, ended by the next one
-that does not, and at exit (the spares also die with this process, like tasks).
+that does not, and at exit (the spares also die with this process, like tasks). At exit every
+cluster still running is stopped too: no worker outlives the notebook kernel.
 """
 
 from __future__ import annotations
@@ -13,13 +15,71 @@ from __future__ import annotations
 import atexit
 import logging
 import threading
+import weakref
+from typing import TYPE_CHECKING
 
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.debuglog import swallowed
 
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.facade import Cluster
+
 logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 30.0
+
+
+class Clusters:
+    """The clusters started in this process and not yet stopped, the one the magics drive
+    (``current``), and the one they drove last, also once it stopped (``%tfdist_export``).
+
+    Only the current cluster is held: a started cluster nobody holds any more is forgotten
+    with it (weak references), as a stopped one is.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: Cluster | None = None
+        self._live: weakref.WeakSet[Cluster] = weakref.WeakSet()
+        self._last: weakref.ref[Cluster] | None = None
+
+    def current(self) -> Cluster | None:
+        """The cluster the magics drive, while it runs; else None."""
+        cluster = self._current
+        return cluster if cluster is not None and cluster.running else None
+
+    def set_current(self, cluster: Cluster | None) -> None:
+        with self._lock:
+            self._current = cluster
+            if cluster is not None:
+                self._last = weakref.ref(cluster)
+
+    def last(self) -> Cluster | None:
+        """The cluster that was current last, also after it stopped."""
+        last = self._last
+        return last() if last is not None else None
+
+    def track(self, cluster: Cluster) -> None:
+        with self._lock:
+            self._live.add(cluster)
+
+    def forget(self, cluster: Cluster) -> None:
+        """A stopped cluster: no longer live, and no longer current if it was."""
+        with self._lock:
+            self._live.discard(cluster)
+            if self._current is cluster:
+                self._current = None
+
+    def live(self) -> list[Cluster]:
+        """Clusters started in this process and not yet stopped."""
+        with self._lock:
+            return list(self._live)
+
+    def stop_all(self) -> None:
+        """Stop every live cluster (at exit, or when the extension is unloaded)."""
+        for cluster in self.live():
+            with swallowed(logger):
+                cluster.stop()
 
 
 class Session:
@@ -27,6 +87,7 @@ class Session:
         self._lock = threading.Lock()
         self._loop: LoopThread | None = None
         self._kept: SparePool | None = None
+        self.clusters = Clusters()
 
     def loop(self) -> LoopThread:
         """The loop thread, started now if there is none (or it died)."""
@@ -55,6 +116,11 @@ class Session:
         if pool is not None:
             self._close(pool)
 
+    def close(self) -> None:
+        """At exit: the kept pool ends, then every cluster still running stops."""
+        self.drop_pool()
+        self.clusters.stop_all()
+
     def _close(self, pool: SparePool) -> None:
         loop = self._loop
         if loop is not None and loop.alive:
@@ -63,4 +129,4 @@ class Session:
 
 
 SESSION = Session()
-atexit.register(SESSION.drop_pool)
+atexit.register(SESSION.close)

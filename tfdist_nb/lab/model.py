@@ -22,6 +22,7 @@ from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.safe_read import regular_stat
 from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
+from tfdist_nb.topology import task_order
 
 LINES_KEPT = 1000        # merged log tail of the cluster
 LINES_PER_MESSAGE = 500  # a flood sends only the newest lines of a poll
@@ -219,11 +220,14 @@ class ClusterWatch:
                 "lateness_floor_ms": MIN_LAG_MS}
 
     def _task_dirs(self) -> list[str]:
+        """The tasks of the run's task directories, in task order (``worker:2`` before
+        ``worker:10``, the chief first), as the cluster lists them."""
         try:
-            names = sorted(os.listdir(self.path / "tasks"))
+            names = os.listdir(self.path / "tasks")
         except OSError:
             return []
-        return [f"{m.group(1)}:{m.group(2)}" for n in names if (m := TASK_DIR.match(n))]
+        return sorted((f"{m.group(1)}:{m.group(2)}" for n in names if (m := TASK_DIR.match(n))),
+                      key=task_order)
 
 
 def _spec_of(tasks: list[dict[str, Any]]) -> str:

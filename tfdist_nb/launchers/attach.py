@@ -35,8 +35,15 @@ from jupyter_client.asynchronous import AsyncKernelClient
 
 from tfdist_nb.accounts import user_name
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.errors import ClusterStartError, SpecError
+from tfdist_nb.launchers.base import (
+    Launcher,
+    LauncherOption,
+    StopPath,
+    StopReport,
+    TaskHandle,
+    TaskLaunch,
+)
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -190,6 +197,17 @@ class AttachedTaskHandle(TaskHandle):
             await asyncio.sleep(0.05)
 
 
+def connection_dir_of_line(text: str) -> str:
+    """``--connection-dir DIR``, which must exist already: the workers are started first, and a
+    typo here would stop the running cluster for a new one that waits the whole
+    ``wait_timeout`` for workers that never come."""
+    if not Path(text).expanduser().is_dir():
+        raise SpecError(f"--connection-dir {text} is not a directory: start the workers first "
+                        f"(python -m tfdist_nb.worker --task worker:0 --connection-dir {text}), "
+                        "then run this line; the running cluster, if any, is left as it is")
+    return str(Path(text).expanduser())
+
+
 class AttachLauncher(Launcher):
     """Connects to workers that announced themselves in ``connection_dir``."""
 
@@ -197,6 +215,16 @@ class AttachLauncher(Launcher):
     remote = True  # their interpreter is whatever the scheduler ran
     env_at_launch = False
     restartable = False
+    line_options = (
+        LauncherOption("--connection-dir", "connection_dir", metavar="DIR", required=True,
+                       parse=connection_dir_of_line,
+                       help="for --launcher attach: where workers started by a scheduler with "
+                            "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' "
+                            "announce themselves",
+                       missing="--launcher attach and --connection-dir DIR go together: DIR is "
+                               "where the workers started with python -m tfdist_nb.worker "
+                               "announce themselves"),
+    )
 
     def __init__(self, connection_dir: str | os.PathLike[str] | None = None,
                  wait_timeout: float = 120.0, **_: Any) -> None:
@@ -209,6 +237,9 @@ class AttachLauncher(Launcher):
         self.wait_timeout = wait_timeout
         self.found: dict[TaskId, dict[str, Any]] = {}
         self.ignored: dict[TaskId, str] = {}  # why a sidecar there was not taken
+
+    def line_values(self) -> dict[str, Any]:
+        return {"connection_dir": str(self.dir)}
 
     def base_environment(self) -> dict[str, str]:
         return {}

@@ -11,7 +11,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,6 +139,35 @@ class TaskHandle(abc.ABC):
         return describe_exit(code)
 
 
+@dataclass(frozen=True)
+class LauncherOption:
+    """One ``%%tfcluster`` flag a launcher takes (docs/design.md, "Where a new thing goes").
+
+    The magic reads a line's launcher flags from the chosen launcher's ``line_options`` alone,
+    so a launcher added by an entry point gets its flags without the magic knowing it.
+    """
+
+    flag: str  # "--hosts"
+    #: what it sets: ``hosts`` is ``Cluster(hosts=)``, any other name a key of launcher_options
+    option: str
+    help: str = ""
+    metavar: str = "VALUE"
+    #: the launcher cannot start without it: a line that names the launcher must give it
+    required: bool = False
+    #: said when a required flag is missing ("": ``--launcher NAME needs FLAG METAVAR``)
+    missing: str = ""
+    #: the line's text as the option's value; a bad one raises SpecError (said as it is) or
+    #: ValueError (said after the flag)
+    parse: Callable[[str], Any] = str
+    #: its value may begin with "-" (sbatch's own options): the line is read as FLAG=VALUE
+    dashed: bool = False
+
+    @property
+    def dest(self) -> str:
+        """Its attribute in the parsed line: ``--connection-dir`` is ``connection_dir``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
 class Launcher(abc.ABC):
     """Chooses addresses for the tasks and starts their kernels."""
 
@@ -152,6 +181,9 @@ class Launcher(abc.ABC):
     restartable: bool = True
     #: What to do instead, said when a restart is refused (``restartable`` False).
     restart_instead: str = "restart them where they were started, then attach again"
+    #: The ``%%tfcluster`` flags it takes (docs/reference.md, Launchers): any of them on a
+    #: line without ``--launcher`` names this launcher; another launcher's flag is refused.
+    line_options: tuple[LauncherOption, ...] = ()
 
     # ------------------------------------------------------------------ capabilities
     @property
@@ -188,6 +220,12 @@ class Launcher(abc.ABC):
             raise SpecError(f"hosts= is for launcher='ssh'; the {cls.name} launcher does not "
                             "use it")
         return options
+
+    def line_values(self) -> dict[str, Any]:
+        """What it runs with for each of its ``line_options``, as the line's flags give it
+        (``option: value``): a line that changes one replaces the cluster. The default, {}:
+        the line is compared with the cluster's own arguments (``hosts=``, launcher_options)."""
+        return {}
 
     def network(self) -> str:
         """Who can reach the TensorFlow ports of the tasks it starts, one line (TensorFlow

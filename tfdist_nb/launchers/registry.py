@@ -4,12 +4,16 @@ packages add theirs through the ``tfdist_nb.launchers`` entry-point group (name 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.base import Launcher
+
+logger = logging.getLogger(__name__)
 
 BUILTIN = {
     "local": "tfdist_nb.launchers.local:LocalLauncher",
@@ -41,6 +45,18 @@ def launcher_class(name: str) -> type[Launcher]:
         raise SpecError(f"unknown launcher {name!r}; available: {', '.join(available())}")
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def launcher_classes() -> dict[str, type[Launcher]]:
+    """Every available launcher's class, the built-in ones first (each module imported now):
+    what the magic reads the launchers' flags from. One that cannot be imported is left out
+    (logged), so a broken plugin takes no other launcher's flags away; naming it still fails,
+    saying why."""
+    classes: dict[str, type[Launcher]] = {}
+    for name in [*BUILTIN, *(n for n in available() if n not in BUILTIN)]:
+        with swallowed(logger):
+            classes[name] = launcher_class(name)
+    return classes
 
 
 def get_launcher(name: str, **options: Any) -> Launcher:

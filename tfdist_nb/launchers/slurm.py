@@ -45,7 +45,13 @@ from tfdist_nb.launchers.attach import (
     AttachLauncher,
     check_connection_dir,
 )
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import (
+    Launcher,
+    LauncherOption,
+    StopReport,
+    TaskHandle,
+    TaskLaunch,
+)
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -354,6 +360,14 @@ class SlurmLauncher(Launcher):
     restartable = False
     restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
                        "new job)")
+    line_options = (
+        LauncherOption("--sbatch", "sbatch_args", metavar='"ARGS"', parse=check_sbatch_args,
+                       dashed=True,
+                       help="for --launcher slurm (implied): sbatch options of the job, quoted, "
+                            "e.g. --sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; "
+                            "SLURM_CONF and the rest of the environment configure SLURM's tools "
+                            "as usual"),
+    )
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
@@ -398,6 +412,9 @@ class SlurmLauncher(Launcher):
         self._watcher: threading.Thread | None = None
         self._said_lock = threading.Lock()
         self._last_said: tuple[str, str, str] | None = None
+
+    def line_values(self) -> dict[str, Any]:
+        return {"sbatch_args": list(self.sbatch_args)}
 
     # ------------------------------------------------------------------ submission
     def tf_addresses(self, tasks: Sequence[TaskId],

@@ -41,7 +41,14 @@ from jupyter_client.asynchronous import AsyncKernelClient
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
-from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import (
+    Launcher,
+    LauncherOption,
+    StopPath,
+    StopReport,
+    TaskHandle,
+    TaskLaunch,
+)
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
 
@@ -218,11 +225,26 @@ class SSHTaskHandle(TaskHandle):
             await asyncio.wait_for(self.proc.wait(), timeout)
 
 
+def hosts_of_line(text: str) -> list[str]:
+    """``--hosts gpu1,me@gpu2`` as ssh destinations (each is checked when the launcher is made,
+    so a refused one fails before the running cluster stops)."""
+    hosts = [h.strip() for h in text.split(",") if h.strip()]
+    if not hosts:
+        raise SpecError("--hosts needs at least one host, e.g. --hosts gpu1,gpu2")
+    return hosts
+
+
 class SSHLauncher(Launcher):
     """Tasks placed round-robin on ``hosts`` (ssh destinations), one SSH connection each."""
 
     name = "ssh"
     remote = True
+    line_options = (
+        LauncherOption("--hosts", "hosts", metavar="H1,H2", required=True, parse=hosts_of_line,
+                       help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
+                            "(implies --launcher ssh)",
+                       missing="--launcher ssh needs --hosts, e.g. --hosts gpu1,gpu2"),
+    )
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
@@ -254,6 +276,9 @@ class SSHLauncher(Launcher):
         self.probes: dict[str, HostProbe] = {}
         self._sockdir: Path | None = None
         self._token = secrets.token_hex(6)
+
+    def line_values(self) -> dict[str, Any]:
+        return {"hosts": list(self.hosts)}
 
     def base_environment(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items()

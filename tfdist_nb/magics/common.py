@@ -58,9 +58,20 @@ def user_errors(example: str = EXAMPLE, *more: type[Exception]) -> Callable[[F],
 def parse_line(magic: Any, line: str) -> Any:
     """Split like a POSIX shell (quotes group words and are removed), then parse with the
     magic's own arguments; a mistake is a UsageError with the magic's example."""
+    return _parse(magic, line, magic.parser.parse_args)
+
+
+def parse_line_and_rest(magic: Any, line: str) -> tuple[Any, list[str]]:
+    """:func:`parse_line`, leaving the words the magic's arguments do not take to the caller
+    (``%%tfcluster``: a plugin launcher's flags)."""
+    args, rest = _parse(magic, line, magic.parser.parse_known_args)
+    return args, list(rest)
+
+
+def _parse(magic: Any, line: str, parse: Callable[[list[str]], Any]) -> Any:
     example = getattr(magic, "example", EXAMPLE)
     try:
-        return magic.parser.parse_args(shlex.split(line))
+        return parse(shlex.split(line))
     except ValueError as exc:  # unbalanced quotes
         raise usage(f"cannot read the line: {exc}", example) from None
     except UsageError as exc:

@@ -1,21 +1,22 @@
 """A parsed ``%%tfcluster`` line, validated before anything is started, and what it asks for.
 
-Pure apart from looking up the worker interpreter: the magic builds a :class:`ClusterRequest`,
-then :func:`plan` says whether to start, reuse, resize or restart, so every malformed line fails
-here, with a message and an example, before a process exists.
+Pure apart from looking up the worker interpreter and reading the launchers' flags from their
+classes (:mod:`.launcher_flags`): the magic builds a :class:`ClusterRequest`, then :func:`plan`
+says whether to start, reuse, resize or restart, so every malformed line fails here, with a
+message and an example, before a process exists.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
-from tfdist_nb.launchers.registry import available, launcher_class
+from tfdist_nb.launchers.registry import launcher_class
+from tfdist_nb.magics.launcher_flags import read_launcher_line
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import SPEC_EXAMPLE, ClusterSpec, parse_spec, parse_targets
 
@@ -28,6 +29,7 @@ EXAMPLE = (
     "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42\n"
     "  %%tfcluster 2 workers --launcher slurm --sbatch \"--partition=gpu --nodes=2\""
 )
+HOSTS = "hosts"  # the launcher option that is Cluster(hosts=), not a key of launcher_options
 
 
 @dataclass(frozen=True)
@@ -40,16 +42,20 @@ class ClusterRequest:
     restart: bool = False
     python: str | None = None
     launcher: str | None = None  # None: as the running cluster, else local
-    hosts: list[str] | None = None
-    connection_dir: str | None = None
-    sbatch: list[str] | None = None  # sbatch options for --launcher slurm
+    hosts: list[str] | None = None  # Cluster(hosts=), set by a launcher's flag (--hosts)
+    #: what the launcher's other flags set (Launcher.line_options): launcher_options' keys
+    launcher_options: dict[str, Any] = field(default_factory=dict)
+    #: the flag that set each of ``hosts`` and ``launcher_options``, for the messages
+    flags: dict[str, str] = field(default_factory=dict)
     dashboard: bool = True
     verbose: bool = False
     warm: bool | None = None  # --warm / --no-warm: spare kernels; None: as the cluster has
 
 
-def build_request(args: argparse.Namespace) -> ClusterRequest:
-    """Turn magic_arguments' namespace into a request, or raise SpecError saying what is wrong."""
+def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> ClusterRequest:
+    """Turn magic_arguments' namespace into a request, or raise SpecError saying what is wrong.
+
+    ``rest``: the words the magic's parser did not take (a plugin launcher's flags)."""
     spec = parse_spec(args.spec) if args.spec else None
     try:
         env = parse_env_items(args.env)
@@ -60,68 +66,23 @@ def build_request(args: argparse.Namespace) -> ClusterRequest:
         if value is not None and not value > 0:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                             f"got {value}")
-    sbatch_line = getattr(args, "sbatch", None)
-    launcher = args.launcher or ("ssh" if args.hosts else
-                                 "attach" if args.connection_dir else
-                                 "slurm" if sbatch_line is not None else None)
-    if launcher is not None and launcher not in available():
-        raise SpecError(f"unknown launcher {launcher!r}; choose one of {', '.join(available())}")
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else None
-    if args.hosts is not None and not hosts:
-        raise SpecError("--hosts needs at least one host, e.g. --hosts gpu1,gpu2")
-    if hosts is not None and launcher != "ssh":
-        raise SpecError(f"--hosts needs --launcher ssh; the {launcher} launcher does not use it")
-    if launcher == "ssh" and hosts is None:
-        raise SpecError("--launcher ssh needs --hosts, e.g. --hosts gpu1,gpu2")
-    if (launcher == "attach") != bool(args.connection_dir):
-        raise SpecError("--launcher attach and --connection-dir DIR go together: DIR is where "
-                        "the workers started with python -m tfdist_nb.worker announce themselves")
-    if launcher == "attach" and not Path(args.connection_dir).expanduser().is_dir():
-        # the workers are started first; a typo here would stop the running cluster for a
-        # new one that waits the whole wait_timeout for workers that never come
-        raise SpecError(f"--connection-dir {args.connection_dir} is not a directory: start the "
-                        "workers first (python -m tfdist_nb.worker --task worker:0 "
-                        f"--connection-dir {args.connection_dir}), then run this line; the "
-                        "running cluster, if any, is left as it is")
-    sbatch = _sbatch_words(sbatch_line) if sbatch_line is not None else None
-    if sbatch is not None and launcher != "slurm":
-        raise SpecError(f"--sbatch needs --launcher slurm; the {launcher} launcher does not "
-                        "submit a job")
+    line = read_launcher_line(args.launcher, args, rest)
+    options = dict(line.values)
+    hosts = options.pop(HOSTS, None)
     # A remote interpreter is looked up on its hosts, a local one here.
-    python = (resolve_python(args.python) if args.python and launcher in (None, "local")
+    python = (resolve_python(args.python) if args.python and _runs_here(line.name)
               else args.python)
     return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
                           stall_timeout=args.stall_timeout, restart=args.restart, python=python,
-                          launcher=launcher, hosts=hosts, connection_dir=args.connection_dir,
-                          sbatch=sbatch, dashboard=not args.no_dashboard,
+                          launcher=line.name, hosts=hosts, launcher_options=options,
+                          flags=dict(line.flags), dashboard=not args.no_dashboard,
                           verbose=bool(getattr(args, "verbose", False)),
                           warm=getattr(args, "warm", None))
 
 
-def glue_sbatch(line: str) -> str:
-    """The magic line with ``--sbatch VALUE`` written ``--sbatch=VALUE``: argparse would take a
-    lone value that starts with ``-`` (``--sbatch "--nodes=2"``) for an option of its own."""
-    try:
-        words = shlex.split(line)
-    except ValueError:
-        return line  # the parser says what is wrong with the quotes
-    if "--sbatch" not in words[:-1]:
-        return line
-    glued: list[str] = []
-    it = iter(words)
-    for word in it:
-        glued.append(f"--sbatch={next(it)}" if word == "--sbatch" else word)
-    return shlex.join(glued)
-
-
-def _sbatch_words(line: str) -> list[str]:
-    """``--sbatch "--partition=gpu --nodes=2"`` as sbatch's words, checked as the SLURM
-    launcher checks them (options it sets itself are refused)."""
-    try:
-        options = launcher_class("slurm").cluster_options(None, None, {"sbatch_args": line})
-    except SpecError as exc:
-        raise SpecError(f"--sbatch: {str(exc).removeprefix('sbatch_args: ')}") from None
-    return list(options["sbatch_args"])
+def _runs_here(launcher: str | None) -> bool:
+    """Whether the tasks of ``launcher`` (None: local) run on this host (``remote`` False)."""
+    return not launcher_class(launcher or "local").remote
 
 
 class PlanAction(StrEnum):
@@ -144,7 +105,8 @@ class Running:
     launcher: str = "local"
     hosts: list[str] | None = None
     launcher_options: dict[str, Any] = field(default_factory=dict)
-    sbatch: list[str] | None = None
+    #: what its launcher runs with for each of its flags (Launcher.line_values)
+    line_values: dict[str, Any] = field(default_factory=dict)
     restartable: bool = True
     warm: int = 0  # its spare kernels
 
@@ -171,16 +133,19 @@ class Plan:
     message: str | None = None
     new: NewCluster | None = None  # START and REPLACE: the cluster to make
     set_warm: bool | None = None  # REUSE and RESTART: --warm / --no-warm for the running one
+    #: REPLACE: the running cluster's spare kernels go to the new one (``stop(keep_spares=)``)
+    keep_spares: bool = False
 
 
 def plan(request: ClusterRequest, running: Running | None) -> Plan:
     """What the line asks of the cluster that runs now (``running`` None: there is none).
 
     A different SPEC replaces the cluster and says ``resized: A -> B``; a changed ``--env``,
-    ``--python``, launcher, ``--hosts`` or ``--sbatch`` needs fresh kernels too (fixed at
-    launch); ``--restart`` restarts the tasks in place, or replaces the cluster when its
-    launcher cannot restart them (attach, slurm). A replacement keeps what the line does not
-    change, and its spares when the running cluster has them (docs/reference.md, Magics).
+    ``--python``, launcher or launcher flag (``--hosts``, ``--sbatch``, ...) needs fresh
+    kernels too (fixed at launch); ``--restart`` restarts the tasks in place, or replaces the
+    cluster when its launcher cannot restart them (attach, slurm). A replacement keeps what the
+    line does not change, and takes over the running cluster's spares when it keeps spares
+    itself (docs/reference.md, Magics).
     """
     if running is None:
         if request.spec is None:
@@ -194,7 +159,9 @@ def plan(request: ClusterRequest, running: Running | None) -> Plan:
     if why is None and request.restart and not running.restartable:
         why = f"restarting all tasks of {spec}"  # its launcher starts them anew
     if why is not None:
-        return Plan(PlanAction.REPLACE, spec, why, new=_new(request, spec, running))
+        new = _new(request, spec, running)
+        return Plan(PlanAction.REPLACE, spec, why, new=new,
+                    keep_spares=_spares_go_over(running, new))
     if request.restart:
         return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}",
                     set_warm=request.warm)
@@ -210,17 +177,37 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
         return "restarting the cluster: --python changed"
     if request.launcher and request.launcher != running.launcher:
         return f"restarting the cluster: launcher {running.launcher} -> {request.launcher}"
-    if request.hosts and request.hosts != running.hosts:
-        return "restarting the cluster: --hosts changed"
-    if request.sbatch is not None and request.sbatch != (running.sbatch or []):
-        return "restarting the cluster: --sbatch changed (a new SLURM job)"
+    made_with = _made_with(running)
+    for option, value in _line_values(request).items():
+        if value != made_with.get(option):
+            return f"restarting the cluster: {request.flags.get(option, option)} changed"
     return None
 
 
+def _line_values(request: ClusterRequest) -> dict[str, Any]:
+    """What the line's launcher flags set, by option."""
+    return {**request.launcher_options,
+            **({HOSTS: request.hosts} if request.hosts is not None else {})}
+
+
+def _made_with(running: Running) -> dict[str, Any]:
+    """What the running cluster was made with, by option: its arguments, and over them what
+    its launcher says it runs with (normalized as the line's flags are)."""
+    return {**running.launcher_options,
+            **({HOSTS: running.hosts} if running.hosts is not None else {}),
+            **running.line_values}
+
+
+def _spares_go_over(running: Running, new: NewCluster) -> bool:
+    """Whether the replacement takes over the running cluster's spare kernels: it has them,
+    and the new cluster runs where they are (the same launcher) and keeps spares (the line
+    does not say --no-warm). Kept spares the new cluster does not take end at its start
+    (docs/design.md, Spare kernels)."""
+    return running.warm > 0 and new.launcher == running.launcher and new.warm is not False
+
+
 def _new(request: ClusterRequest, spec: ClusterSpec, running: Running | None) -> NewCluster:
-    options: dict[str, Any] | None = (
-        {"connection_dir": request.connection_dir} if request.connection_dir else
-        {"sbatch_args": request.sbatch} if request.sbatch is not None else None)
+    options: dict[str, Any] | None = dict(request.launcher_options) or None
     launcher, hosts = request.launcher, request.hosts
     env, python = request.env, request.python
     warm = request.warm

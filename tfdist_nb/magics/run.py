@@ -18,18 +18,19 @@ from tfdist_nb.magics.common import (
     current,
     on_option,
     parse_line,
+    parse_line_and_rest,
     require,
     tasks_magic,
     usage,
     user_errors,
 )
+from tfdist_nb.magics.launcher_flags import glue_values
 from tfdist_nb.magics.mode import PersistentMode
 from tfdist_nb.magics.request import (
     ClusterRequest,
     PlanAction,
     Running,
     build_request,
-    glue_sbatch,
     plan,
 )
 
@@ -61,6 +62,10 @@ class RunMagics(Magics):
     @argument("--restart", action="store_true",
               help="start every task afresh before running (a second strategy needs this)")
     @argument("--python", metavar="PATH", help="worker interpreter (default: this kernel's)")
+    # The built-in launchers' flags, declared so that %%tfcluster? lists them; each launcher's
+    # line_options say which it takes (docs/design.md, "Where a new thing goes"), and
+    # tests/test_launcher_registry.py checks these match them. A plugin's are read from the
+    # rest of the line (magics/launcher_flags.py).
     @argument("--hosts", metavar="H1,H2",
               help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
                    "(implies --launcher ssh)")
@@ -112,8 +117,7 @@ class RunMagics(Magics):
             %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
             %%tfcluster 2 workers --sbatch "--nodes=2"  # one SLURM job, a task per node
         """
-        args = parse_line(self.tfcluster, glue_sbatch(line))
-        request = build_request(args)
+        args, request = self._read_line(line)
         cluster = self._ensure(request)
         cluster.persistent_mode = self.mode.on
         if args.from_mode:
@@ -125,6 +129,12 @@ class RunMagics(Magics):
         # mode) without one, so a task's traceback names the lines the notebook shows
         code = cell if args.from_mode else f"# %%tfcluster {line}\n{cell}"
         return self._run(cluster, code, request)
+
+    def _read_line(self, line: str) -> tuple[Any, ClusterRequest]:
+        """The parsed ``%%tfcluster`` line and the request it makes; what the magic's parser
+        does not take goes to the chosen launcher's flags."""
+        args, rest = parse_line_and_rest(self.tfcluster, glue_values(line))
+        return args, build_request(args, rest)
 
     def _ensure(self, request: ClusterRequest) -> Any:
         """Do what ``plan()`` decided for this line: reuse, restart, or start a cluster (a
@@ -152,8 +162,8 @@ class RunMagics(Magics):
                           hosts=new.hosts, env=new.env, python=new.python,
                           stall_timeout=new.stall_timeout, launcher_options=new.launcher_options,
                           warm=new.warm)
-        if active is not None:  # the new cluster takes over its spare kernels
-            active.stop(keep_spares=cluster.warm > 0)
+        if active is not None:  # the new cluster may take over its spare kernels
+            active.stop(keep_spares=decided.keep_spares)
         where = f"on {', '.join(new.hosts)}" if new.hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {new.spec} ({where}) ...", flush=True)
         cluster.start()
@@ -298,7 +308,7 @@ class RunMagics(Magics):
             print("tfdist_nb: persistent mode off: cells run in this notebook again")
             return
         options = " ".join(args.options)
-        request = build_request(parse_line(self.tfcluster, glue_sbatch(options)))
+        _, request = self._read_line(options)
         if request.spec is None and current() is None:
             raise usage("no cluster is running to send the cells to; give its SPEC, or start "
                         "it first with %%tfcluster 2 workers",
@@ -322,5 +332,5 @@ def running_of(cluster: Any) -> Running | None:
     return Running(spec=cluster.spec, env=dict(cluster.extra_env), python=cluster.python,
                    launcher=cluster.launcher.name, hosts=cluster.hosts,
                    launcher_options=dict(cluster.launcher_options),
-                   sbatch=getattr(cluster.launcher, "sbatch_args", None),
+                   line_values=cluster.launcher.line_values(),
                    restartable=cluster.launcher.restartable, warm=cluster.warm)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfdist_nb.store.collectives import LedgerView
+from tfdist_nb.topology import task_order
 
 COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
            "entered", "done", "waited_s", "called_at", "group", "index", "call"]
@@ -14,7 +15,8 @@ COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where"
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
                       now: float | None = None) -> Any:
     """The ledgers side by side (docs/reference.md, ``cluster.collectives``): each task's last
-    ``last`` rows, ordered by position so the same collective of every task lines up;
+    ``last`` rows, ordered by position so the same collective of every task lines up, and at
+    one position in task order (chief, workers, ps, evaluator: ``topology.task_order``);
     ``waited_s`` is how long the row has been (or was) open."""
     import time
 
@@ -22,7 +24,7 @@ def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
 
     now = time.time() if now is None else now
     rows = []
-    for task in sorted(ledgers):
+    for task in sorted(ledgers, key=task_order):
         for r in ledgers[task].recent(last):
             end = r.get("done") or now
             rows.append({**{c: r.get(c) for c in COLUMNS if c != "task"}, "task": task,
@@ -31,4 +33,5 @@ def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for col in ("entered", "done"):
         frame[col] = pd.to_datetime(frame[col], unit="s", utc=True)
-    return frame.sort_values(["seq", "task"], kind="stable").reset_index(drop=True)
+    # stable: at one seq the rows keep the task order they were gathered in
+    return frame.sort_values("seq", kind="stable").reset_index(drop=True)
