@@ -26,7 +26,8 @@ from tests.support.contract import check_launcher_contract
 from tests.support.processes import wait_for, worker_kernels
 from tfdist_nb import Cluster
 from tfdist_nb.errors import ClusterStartError, SpecError
-from tfdist_nb.launchers.slurm import JobState, batch_script, check_sbatch_args, task_script
+from tfdist_nb.launchers.slurm import batch_script, check_sbatch_args, task_script
+from tfdist_nb.launchers.slurm_job import JobState
 from tfdist_nb.topology import TaskId
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(150)]
