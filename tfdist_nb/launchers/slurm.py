@@ -48,7 +48,7 @@ from tfdist_nb.launchers.base import (
     TaskHandle,
     TaskLaunch,
 )
-from tfdist_nb.launchers.slurm_job import NEVER_STARTS, JobState, SlurmJob, _tail, _tool
+from tfdist_nb.launchers.slurm_job import NEVER_STARTS, JobState, SlurmJob, file_tail, slurm_tool
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -286,7 +286,7 @@ class SlurmLauncher(Launcher):
         argv = ["sbatch", "--parsable", f"--job-name=tfdist-{directory.name[6:]}",
                 *self.sbatch_args, f"--ntasks={len(tasks)}",
                 f"--output={directory}/slurm-%j.out", str(script)]
-        proc = _tool(argv, timeout=60, env=_job_environment())
+        proc = slurm_tool(argv, timeout=60, env=_job_environment())
         job_id = proc.stdout.strip().split(";")[0]
         if proc.returncode != 0 or not job_id.isdigit():
             said = (proc.stderr or proc.stdout).strip() or f"sbatch exited {proc.returncode}"
@@ -371,11 +371,11 @@ class SlurmLauncher(Launcher):
         if job is None:
             return
         if not job.state.final:  # also while COMPLETING: a TF task may outlive SIGTERM
-            _tool(["scancel", "--signal=KILL", job.id], timeout=15)
-            _tool(["scancel", job.id], timeout=15)
+            slurm_tool(["scancel", "--signal=KILL", job.id], timeout=15)
+            slurm_tool(["scancel", job.id], timeout=15)
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
-            proc = _tool(["squeue", "-h", "-j", job.id, "-o", "%T"], timeout=10)
+            proc = slurm_tool(["squeue", "-h", "-j", job.id, "-o", "%T"], timeout=10)
             gone = proc.returncode == 0 and not proc.stdout.strip()
             if gone or "Invalid job id" in proc.stderr:
                 break
@@ -400,7 +400,7 @@ def _tail_note(job: SlurmJob, task_lines: int = 0) -> str:
     note = ""
     for path, n in [(job.output, 12), *((job.task_log(t), task_lines) for t in job.tasks)]:
         with contextlib.suppress(OSError):
-            if n and (tail := _tail(path, 16384).splitlines()[-n:]):
+            if n and (tail := file_tail(path, 16384).splitlines()[-n:]):
                 note += f"\n--- last lines of {path} ---\n" + "\n".join(tail)
     return note
 

@@ -107,7 +107,7 @@ class JobState:
         return text
 
 
-def _tool(argv: list[str], timeout: float = 15.0,
+def slurm_tool(argv: list[str], timeout: float = 15.0,
           env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One run of a SLURM tool; no answer or no tool is a failed run (124, 127) saying why, so
     callers read every outcome the same way."""
@@ -146,7 +146,7 @@ class SlurmJob:
 
     def query(self) -> JobState:
         """SLURM's current word on the job; an unreachable controller keeps the last one."""
-        proc = _tool(["squeue", "-h", "--states=all", "-j", self.id, "-o", _STATE_FORMAT])
+        proc = slurm_tool(["squeue", "-h", "--states=all", "-j", self.id, "-o", _STATE_FORMAT])
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"{self.id}|")), "")
         if proc.returncode == 0 and line:
             _, state, reason, start, nodes, _elapsed = (line.split("|") + [""] * 6)[:6]
@@ -166,14 +166,14 @@ class SlurmJob:
         """The ended job's base state, reason and exit code: sacct when accounting is on, else
         scontrol (which knows the job for MinJobAge after its end); SLURM's ``***`` lines."""
         found = seen
-        proc = _tool(["sacct", "-n", "-P", "-X", "-j", self.id, "-o", "State,Reason,ExitCode,"
+        proc = slurm_tool(["sacct", "-n", "-P", "-X", "-j", self.id, "-o", "State,Reason,ExitCode,"
                       "NodeList"])
         rows = [r.split("|") for r in proc.stdout.splitlines() if r.count("|") >= 3]
         if proc.returncode == 0 and rows:
             state, reason, code, nodes = rows[0][:4]
             found = JobState(state, reason, seen.start, nodes or seen.nodes, code, "sacct")
         else:
-            proc = _tool(["scontrol", "show", "job", "-o", self.id])
+            proc = slurm_tool(["scontrol", "show", "job", "-o", self.id])
             info = _fields(proc.stdout) if proc.returncode == 0 else {}
             if info.get("JobState"):
                 found = JobState(info["JobState"], info.get("Reason", ""), seen.start,
@@ -189,13 +189,13 @@ class SlurmJob:
         said: list[str] = []
         for path in [self.output, *(self.task_log(t) for t in self.tasks)]:
             with contextlib.suppress(OSError):
-                for m in _STAR_LINE.finditer(_tail(path, 16384)):
+                for m in _STAR_LINE.finditer(file_tail(path, 16384)):
                     if m.group(0) not in said:
                         said.append(m.group(0))
         return said[:3]
 
 
-def _tail(path: Path, size: int) -> str:
+def file_tail(path: Path, size: int) -> str:
     with open(path, "rb") as f:
         f.seek(0, 2)
         f.seek(max(0, f.tell() - size))
