@@ -108,7 +108,7 @@ class JobState:
 
 
 def slurm_tool(argv: list[str], timeout: float = 15.0,
-          env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """One run of a SLURM tool; no answer or no tool is a failed run (124, 127) saying why, so
     callers read every outcome the same way."""
     try:
@@ -196,6 +196,7 @@ class SlurmJob:
 
 
 def file_tail(path: Path, size: int) -> str:
+    """The last ``size`` bytes of ``path`` as text (a job's output can be large)."""
     with open(path, "rb") as f:
         f.seek(0, 2)
         f.seek(max(0, f.tell() - size))
