@@ -97,3 +97,18 @@ def test_a_crashed_task_given_as_a_word_is_crashed_for_the_rules() -> None:
     hang = judge(ended, busy, ledgers, {"worker:0", "worker:1"}, set(), {}, now=101.0)
     # crashed: the start-up it completed counts for nothing, its process is gone
     assert hang is not None and hang.cause.startswith("worker:1 crashed (killed by SIGKILL)")
+
+
+def test_the_waiters_of_a_large_cluster_are_named_in_task_order() -> None:
+    """worker:2 before worker:10 (not as strings sort them), in the cause and the fields."""
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    members = {f"worker:{i}" for i in range(11)}
+    row = {**all_reduce(0, 3), "group_size": len(members)}  # every worker's all-reduce
+    busy = {name: ledger(row) for name in ("worker:10", "worker:2")}
+    ledgers = {**busy, "worker:1": ledger()}
+    ended = {"worker:1": Ended("worker:1", "error", "ValueError: bad", "cell 2 line 1")}
+    hang = judge(ended, busy, ledgers, members, set(), {}, now=101.0)
+    assert hang is not None and hang.waiters == ["worker:2", "worker:10"]
+    assert list(hang.waited_in) == ["worker:2", "worker:10"]
+    assert "while worker:2, worker:10 waited in a collective" in hang.cause

@@ -91,3 +91,6 @@ def test_one_task_order_for_the_collectives_table_and_the_lab_panes(tmp_path: Pa
     summary = ClusterWatch("c1", tmp_path).summary()
     assert [t["task"] for t in summary["tasks"]] == in_order
     assert summary["spec"] == "1 chief 2 workers 1 ps"
+    # the spec read from the task directories is written as a SPEC is: "2 ps", not "2 pss"
+    (tmp_path / "tasks" / "ps-1").mkdir()
+    assert ClusterWatch("c1", tmp_path).summary()["spec"] == "1 chief 2 workers 2 ps"

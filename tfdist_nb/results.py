@@ -147,8 +147,8 @@ class Hang:
 
     @property
     def waiters(self) -> list[str]:
-        """The tasks released from the hang, sorted."""
-        return sorted(self.waiting)
+        """The tasks released from the hang, in task order (chief, workers by index, ...)."""
+        return list(self.waiting)
 
     def explanation(self, task: str) -> str:
         said = [self.cause]

@@ -88,12 +88,16 @@ class ClusterSpec:
         return [TaskId(role, i) for role in ROLES for i in range(self.count(role))]
 
     def __str__(self) -> str:
-        parts = []
-        for role in ROLES:
-            n = self.count(role)
-            if n:
-                parts.append(f"{n} {role if n == 1 else _PLURALS[role]}")
-        return " ".join(parts)
+        return spec_words({role: self.count(role) for role in ROLES})
+
+
+def spec_words(counts: Mapping[str, int]) -> str:
+    """``{"chief": 1, "worker": 2, "ps": 1}`` as a SPEC is written: ``1 chief 2 workers 1 ps``
+    (roles in their order, none left out but those counted 0; another role last, as given)."""
+    roles = [r for r in ROLES if counts.get(r)] + [r for r in counts if r not in ROLES
+                                                    and counts[r]]
+    return " ".join(f"{counts[r]} {r if counts[r] == 1 else _PLURALS.get(r, r + 's')}"
+                    for r in roles)
 
 
 def parse_spec(text: str | Iterable[str]) -> ClusterSpec:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.ledger_runs import BARRIER_KINDS
 from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskStatus
+from tfdist_nb.topology import task_order
 
 
 class LedgerView(Protocol):
@@ -71,8 +72,9 @@ def collective(row: dict[str, Any]) -> Collective:
 def _waits(stuck: dict[str, tuple[dict[str, Any], str]], now: float
            ) -> tuple[dict[str, str], dict[str, Collective]]:
     """What each waiter waited in: in words (with how long), and typed."""
-    return ({w: _waited(r, now) for w, (r, _) in stuck.items()},
-            {w: collective(r) for w, (r, _) in stuck.items()})
+    order = sorted(stuck, key=task_order)
+    return ({w: _waited(stuck[w][0], now) for w in order},
+            {w: collective(stuck[w][0]) for w in order})
 
 
 def describe_row(row: dict[str, Any]) -> str:
@@ -171,7 +173,7 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     how = "crashed" if end.status is TaskStatus.CRASHED else "failed"
     what = f" ({end.error})" if end.error else ""
     at = f" at {end.where}" if end.where else ""
-    waiters = sorted(stuck)
+    waiters = sorted(stuck, key=task_order)
     row, entered = stuck[waiters[0]]
     if row.get("kind") in BARRIER_KINDS:
         cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited for it in "
@@ -201,7 +203,7 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
 
 def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
               ledgers: Mapping[str, LedgerView], steps: dict[str, int], now: float) -> Hang:
-    waiters = sorted(stuck)
+    waiters = sorted(stuck, key=task_order)
     row, _ = stuck[waiters[0]]
     group = row.get("group")
     waiting, waited_in = _waits(stuck, now)
@@ -282,8 +284,8 @@ def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],
 def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
             ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
             steps: dict[str, int], now: float) -> Hang | None:
-    for name in sorted(absent):
-        for waiter, view in sorted(busy.items()):
+    for name in sorted(absent, key=task_order):
+        for waiter, view in sorted(busy.items(), key=lambda kv: task_order(kv[0])):
             for row in view.open_rows():
                 if not _needs(row, name, ledgers.get(name), members):
                     continue
@@ -307,7 +309,7 @@ def _diverged(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
             if row.get("index") is not None:
                 slots[(str(row.get("group")), row["index"])][task] = row
     for (_, index), rows in sorted(slots.items(), key=lambda kv: kv[0][1]):
-        tasks = sorted(rows)
+        tasks = sorted(rows, key=task_order)
         if all(_same(rows[tasks[0]], rows[t]) for t in tasks[1:]):
             continue
         per_task = "; ".join(f"{t}: {describe_row(rows[t])}" for t in tasks)
@@ -348,7 +350,7 @@ def where_each_stands(ledgers: Mapping[str, LedgerView], now: float) -> dict[str
     inside = {t: v.current() for t, v in ledgers.items()}
     others = [r for r in inside.values() if r is not None and r.get("index") is not None]
     said = {}
-    for task in sorted(ledgers):
+    for task in sorted(ledgers, key=task_order):
         row = inside[task]
         if row is not None:
             said[task] = f"in {_waited(row, now)}"

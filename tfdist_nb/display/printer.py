@@ -15,6 +15,7 @@ from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
 from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.store.logs import KNOWN_NOISE, known_noise, level_of, tensorflow_info
+from tfdist_nb.topology import task_order
 
 _COLOURS = ["34", "35", "36", "32", "33", "94", "95", "96"]
 RESET = "\x1b[0m"
@@ -112,7 +113,7 @@ class LivePrinter:
             if key in self.noise_said:
                 continue
             self.noise_said.add(key)
-            names = ", ".join(sorted(tasks))
+            names = ", ".join(sorted(tasks, key=task_order))
             notes.append("tfdist_nb: " + KNOWN_NOISE[key][1].format(n=len(tasks), tasks=names))
         return notes
 

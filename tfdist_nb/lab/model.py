@@ -22,7 +22,7 @@ from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.safe_read import regular_stat
 from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
-from tfdist_nb.topology import task_order
+from tfdist_nb.topology import spec_words, task_order
 
 LINES_KEPT = 1000        # merged log tail of the cluster
 LINES_PER_MESSAGE = 500  # a flood sends only the newest lines of a poll
@@ -235,4 +235,4 @@ def _spec_of(tasks: list[dict[str, Any]]) -> str:
     for t in tasks:
         role = str(t.get("task", "")).partition(":")[0]
         counts[role] = counts.get(role, 0) + 1
-    return " ".join(f"{n} {role}{'s' if n > 1 else ''}" for role, n in counts.items())
+    return spec_words(counts)
