@@ -69,12 +69,12 @@ def collective(row: dict[str, Any]) -> Collective:
                       called_at=row.get("called_at") or None)
 
 
-def _waits(stuck: dict[str, tuple[dict[str, Any], str]], now: float
+def _waits(rows: Mapping[str, dict[str, Any]], now: float
            ) -> tuple[dict[str, str], dict[str, Collective]]:
-    """What each waiter waited in: in words (with how long), and typed."""
-    order = sorted(stuck, key=task_order)
-    return ({w: _waited(stuck[w][0], now) for w in order},
-            {w: collective(stuck[w][0]) for w in order})
+    """What each waiter (task -> the row it waits in) waited in: in words (with how long), and
+    typed; in task order."""
+    order = sorted(rows, key=task_order)
+    return ({w: _waited(rows[w], now) for w in order}, {w: collective(rows[w]) for w in order})
 
 
 def describe_row(row: dict[str, Any]) -> str:
@@ -195,7 +195,7 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
                   "size or data); every task must reduce tensors of the same shape")
     else:
         advice = f"fix {end.task}'s error; the other tasks only waited for it"
-    waiting, waited_in = _waits(stuck, now)
+    waiting, waited_in = _waits({w: r for w, (r, _) in stuck.items()}, now)
     return Hang(HangRule.FAILED, end.task, cause, waiting, advice, likely, waited_in,
                 culprit_error=end.error, culprit_at=end.where,
                 culprit_in=collective(mine) if mine is not None else None)
@@ -206,7 +206,7 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
     waiters = sorted(stuck, key=task_order)
     row, _ = stuck[waiters[0]]
     group = row.get("group")
-    waiting, waited_in = _waits(stuck, now)
+    waiting, waited_in = _waits({w: r for w, (r, _) in stuck.items()}, now)
     if row.get("kind") == "check":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
                  f"reach tf.function '{row.get('function')}' at {row.get('where')}, which "
@@ -293,10 +293,11 @@ def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
                     continue
                 cause = (f"{waiter} waits in {describe_row(row)} for {name}, which is not "
                          "running this cell")
-                return Hang(HangRule.ABSENT, name, cause, {waiter: _waited(row, now)},
+                waiting, waited_in = _waits({waiter: row}, now)
+                return Hang(HangRule.ABSENT, name, cause, waiting,
                             "a cell that runs collectives must run on every task of the "
                             "strategy (drop --on, or run it with %%tfcluster on all tasks)",
-                            LikelyCause.CELL_ON_SOME_TASKS, {waiter: collective(row)})
+                            LikelyCause.CELL_ON_SOME_TASKS, waited_in)
     return None
 
 
@@ -315,11 +316,11 @@ def _diverged(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
         per_task = "; ".join(f"{t}: {describe_row(rows[t])}" for t in tasks)
         cause = (f"the tasks wait in different collectives at position {index + 1}: "
                  f"{per_task}")
-        return Hang(HangRule.DIVERGED, tasks[-1], cause,
-                    {t: _waited(rows[t], now) for t in tasks},
+        waiting, waited_in = _waits(rows, now)
+        return Hang(HangRule.DIVERGED, tasks[-1], cause, waiting,
                     "a branch or a shape that depends on the task pairs different "
                     "collectives: every task must issue the same collectives in the same order",
-                    LikelyCause.COLLECTIVES_PER_TASK, {t: collective(rows[t]) for t in tasks})
+                    LikelyCause.COLLECTIVES_PER_TASK, waited_in)
     return None
 
 
