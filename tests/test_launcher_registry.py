@@ -149,3 +149,32 @@ def test_a_dashed_flags_value_is_glued_and_a_missing_value_is_left_to_the_parser
     assert glue_values("2 workers --sbatch") == "2 workers --sbatch"
     assert magic_line('2 workers --sbatch "--nodes=2"').launcher_options == {
         "sbatch_args": ["--nodes=2"]}
+
+
+def test_a_launcher_installed_after_the_first_line_is_found_when_named(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry points are read once (not on every line); a name not among them is looked up
+    again, so a plugin installed while the notebook runs works once it is named."""
+    registry.available()  # the group as it was before the install
+    (tmp_path / "later_launcher.py").write_text(
+        "from tfdist_nb.launchers.base import Launcher\n\n"
+        "class Later(Launcher):\n"
+        "    name = 'later'\n"
+        "    def tf_addresses(self, tasks, avoid=None):\n"
+        "        return {}\n"
+        "    async def start(self, launch):\n"
+        "        raise NotImplementedError\n")
+    info = tmp_path / "later_launcher-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: later-launcher\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[tfdist_nb.launchers]\nlater = later_launcher:Later\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert "later" not in registry.available()  # the scan made before the install
+        assert magic_line("2 workers --launcher later").launcher == "later"
+        assert registry.launcher_class("later").name == "later"
+        assert "later" in registry.available()
+    finally:
+        monkeypatch.undo()
+        registry.available(fresh=True)

@@ -29,18 +29,27 @@ def register(name: str, cls: type[Launcher]) -> None:
     _added[name] = cls
 
 
-def _plugins() -> dict[str, str]:
-    return {ep.name: ep.value for ep in entry_points(group="tfdist_nb.launchers")}
+_scanned: list[dict[str, str]] = []  # the entry-point group, as last read
 
 
-def available() -> list[str]:
-    return sorted({*BUILTIN, *_plugins(), *_added})
+def _plugins(fresh: bool = False) -> dict[str, str]:
+    """The launchers other packages add (name -> ``module:Class``), read once per process:
+    reading every installed package's metadata takes milliseconds, and ``%%tfcluster`` asks on
+    every line (every cell in persistent mode). ``fresh``: read again (a name not found may be
+    a plugin installed since)."""
+    if fresh or not _scanned:
+        _scanned[:] = [{ep.name: ep.value for ep in entry_points(group="tfdist_nb.launchers")}]
+    return _scanned[0]
+
+
+def available(fresh: bool = False) -> list[str]:
+    return sorted({*BUILTIN, *_plugins(fresh), *_added})
 
 
 def launcher_class(name: str) -> type[Launcher]:
     if name in _added:
         return _added[name]
-    target = BUILTIN.get(name) or _plugins().get(name)
+    target = BUILTIN.get(name) or _plugins().get(name) or _plugins(fresh=True).get(name)
     if target is None:
         raise SpecError(f"unknown launcher {name!r}; available: {', '.join(available())}")
     module, _, attr = target.partition(":")

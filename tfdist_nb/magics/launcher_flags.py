@@ -48,7 +48,7 @@ def read_launcher_line(named: str | None, args: argparse.Namespace,
     """The launcher ``--launcher`` names (or the line's flags imply) and the options its flags
     set; SpecError for an unknown launcher, a flag it does not take, a missing required one,
     or a value its ``parse`` refuses."""
-    if named and named not in available():
+    if named and named not in available() and named not in available(fresh=True):
         raise SpecError(f"unknown launcher {named!r}; choose one of {', '.join(available())}")
     known = schemas()
     given = _given(args, rest, known)
