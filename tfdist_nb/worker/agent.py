@@ -24,6 +24,7 @@ from tfdist_nb.worker import state
 
 logger = logging.getLogger(__name__)
 
+
 def _version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
