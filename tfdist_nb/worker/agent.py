@@ -109,6 +109,7 @@ def start(kernel: Any) -> None:
 
     _tag_log_records()
     _flush_output_sooner()
+    _reply_sooner(kernel)
     from tfdist_nb.worker import ordered_output
 
     ordered_output.install()  # before any cell: every write numbered and stamped
@@ -170,6 +171,25 @@ def _flush_output_sooner() -> None:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = interval
+
+
+def _reply_sooner(kernel: Any) -> None:
+    """Two waits ipykernel makes on every request that a task's controller does not need.
+
+    - It sleeps 0.5 ms before each execute reply, "on rare occasions" for output flushed just
+      before to reach the clients first. Nothing orders the shell and IOPub sockets anyway: the
+      controller takes a cell's output as complete at its idle status, which the IO thread
+      sends after that output.
+    - Its logger passes every record down to a handler that drops all below WARNING; four
+      DEBUG records are built per request. The logger now drops what its handlers would.
+
+    Measured in docs/performance.md (the round trip after issue 22)."""
+    if isinstance(getattr(kernel, "_execute_sleep", None), float):
+        kernel._execute_sleep = 0.0
+    log = getattr(kernel, "log", None)
+    levels = [h.level for h in getattr(log, "handlers", ())]
+    if isinstance(log, logging.Logger) and levels:
+        log.setLevel(max(logging.DEBUG, min(levels)))
 
 
 _log_task = "?"

@@ -18,6 +18,8 @@ Here every write gets a sequence number and the time it was made, under one lock
   (``transport/ordering.py``);
 - ``flush()`` reads the pipes first, so a cell's reply (which ipykernel sends after flushing
   both streams) comes after every line native code wrote before it: the cell-end barrier.
+  When every write so far is already out on IOPub, a flush returns at once instead of waiting
+  for ipykernel's IO thread (four such waits per cell otherwise, about 1 ms of a round trip).
 
 What a forked child writes carries its own pid and is passed on as it comes. The cost is a lock
 and two non-blocking reads per write (measured in bench/, part d).
@@ -67,6 +69,7 @@ class OrderedOutput:
         write, flush, name = stream.write, stream.flush, stream.name
         self._raw[id(stream)] = write
         stream._tfdist_marks = defaultdict(list)
+        stream._tfdist_written = stream._tfdist_sent = 0  # writes made; of them, sent on IOPub
 
         def ordered_write(text: str) -> int | None:
             if not isinstance(text, str) or os.getpid() != self.pid:
@@ -79,24 +82,31 @@ class OrderedOutput:
             if os.getpid() == self.pid:
                 with self.lock:
                     self._drain()
+                    if self._all_sent(stream):
+                        return  # nothing to wait for on the IO thread
             flush()
 
-        def rotate() -> dict[Any, Any]:
+        def rotate() -> tuple[dict[Any, Any], int]:
             """ipykernel's buffer swap, with this stream's marks swapped under the same lock."""
             with stream._buffer_lock:
                 buffers, stream._buffers = stream._buffers, defaultdict(StringIO)
                 marks, stream._tfdist_marks = stream._tfdist_marks, defaultdict(list)
+                taken = stream._tfdist_written
             self._outgoing[name] = None
             for frozen, buffer in buffers.items():
                 buffer.tfdist_marks = marks.get(frozen)  # read by the hook, message by message
-            return buffers
+            return buffers, taken
 
         def flush_buffers() -> Any:
-            for frozen, buffer in rotate().items():
+            buffers, taken = rotate()
+            for frozen, buffer in buffers.items():
                 data = buffer.getvalue()
                 self._outgoing[name] = buffer.tfdist_marks
                 buffer.close()
                 yield dict(frozen), data
+            # ipykernel's _flush resumes this after sending the last message: all is out
+            with stream._buffer_lock:
+                stream._tfdist_sent = taken
 
         def hook(msg: dict[str, Any]) -> dict[str, Any]:
             marks = self._outgoing.get(name)
@@ -126,7 +136,20 @@ class OrderedOutput:
             self.seq += 1
             key = frozenset(stream.parent_header.items())
             stream._tfdist_marks[key].append([self.seq, round(time.time(), 6), len(text)])
+            stream._tfdist_written += 1
             return write(text)
+
+    @staticmethod
+    def _all_sent(stream: Any) -> bool:
+        """Every write so far is out on IOPub, so a flush has nothing to wait for.
+
+        ipykernel's flush hands the IO thread two events and waits for the second, whether or
+        not anything was written; it flushes both streams before every reply and again before
+        every idle status, four thread round trips per cell (docs/performance.md)."""
+        if getattr(stream, "echo", None) is not None:
+            return False  # the echo's own flush is ipykernel's to make
+        with stream._buffer_lock:
+            return bool(stream._tfdist_sent == stream._tfdist_written)
 
     def _drain(self) -> None:
         """Number what native code has written so far (call with ``self.lock`` held)."""
