@@ -249,6 +249,41 @@ def test_variables_bounds_are_honest_when_only_summaries_travel() -> None:
     assert "differ on worker:2 (the others agree)" in odd.summary
 
 
+def _rows(*names: str, mirrored: bool = True, shape: int = 3) -> dict[str, Any]:
+    """One task's answer: a variable of zeros per name."""
+    rows = [summarise(n, np.zeros(shape, np.float32), [10**6], FULL_VALUES) for n in names]
+    return {"variables": [r | {"mirrored": mirrored} for r in rows],
+            "strategy": "MultiWorkerMirroredStrategy"}
+
+
+def test_variables_name_a_likely_cause_only_when_every_differing_variable_shares_it() -> None:
+    """Each differing variable carries a typed cause; the summary names one only when all
+    share it, in its own words when they are the same for all, in general words otherwise."""
+    VC = variables_check.VariableCause
+    # both missing, on different tasks: the same cause, other details
+    missing = variables_check.analyse({"worker:0": _rows("a", "b"), "worker:1": _rows("b"),
+                                       "worker:2": _rows("a")})
+    assert missing.cause_kinds == {"a": VC.MISSING, "b": VC.MISSING}
+    assert missing.causes == {"a": "missing on worker:1", "b": "missing on worker:2"}
+    assert missing.summary.endswith(
+        "likely cause: a per-task code path: the variables exist on some tasks only")
+    # both missing on the same task: that task is the cause for both
+    same = variables_check.analyse({"worker:0": _rows("a", "b"), "worker:1": _rows()})
+    assert same.summary.endswith("likely cause: missing on worker:1")
+    # a shape and a missing variable: no one cause
+    mixed = variables_check.analyse({"worker:0": _rows("a", "b"),
+                                     "worker:1": _rows("a", shape=4)})
+    assert mixed.cause_kinds == {"a": VC.SHAPE_DTYPE, "b": VC.MISSING}
+    assert "likely cause" not in mixed.summary
+    # plain variables under a strategy that differ in value: created outside its scope
+    a, b = _rows("w", mirrored=False), _rows("w", mirrored=False)
+    b["variables"][0] = summarise("w", np.ones(3, np.float32), [10**6], FULL_VALUES) | {
+        "mirrored": False}
+    scope = variables_check.analyse({"worker:0": a, "worker:1": b})
+    assert scope.cause_kinds == {"w": VC.OUTSIDE_SCOPE}
+    assert "likely cause: created outside strategy.scope()" in scope.summary
+
+
 def test_sharding_analysis_names_overlap_missing_and_empty_tasks() -> None:
     described = {t: {"kind": "distributed", "made_by": "experimental_distribute_dataset",
                      "policy": "DATA", "workers": 2, "pipeline": {"file_based": False}}

@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
 
 ATOL = 1e-6
@@ -40,6 +41,34 @@ CAUSES = [
 ]
 
 
+class VariableCause(StrEnum):
+    """Why one variable differs between tasks (``report.cause_kinds[name]``). Each variable's
+    line says it with that variable's details; the summary names a likely cause only when
+    every differing variable has the same one."""
+
+    SHAPE_DTYPE = "shape_dtype"  # shapes or dtypes differ
+    BYTES_DIFFER = "bytes_differ"  # a non-numeric dtype whose bytes differ
+    NONFINITE_WHERE = "nonfinite_where"  # NaN/Inf on some tasks, or in other numbers
+    NONFINITE_BYTES = "nonfinite_bytes"  # NaN/Inf on each task: only the bytes compared
+    MISSING = "missing"  # the variable exists on some tasks only
+    MIXED_MIRRORING = "mixed_mirroring"  # mirrored on some tasks, a plain variable on others
+    OUTSIDE_SCOPE = "outside_scope"  # plain variables while a strategy exists
+    NO_STRATEGY = "no_strategy"  # no tf.distribute strategy in the tasks' namespace
+    DIVERGED_AFTER_CREATION = "diverged_after_creation"  # mirrored, then diverged
+
+
+#: The summary's words for a cause that every differing variable shares with other details.
+SHARED_WORDS = {
+    VariableCause.SHAPE_DTYPE: "shapes or dtypes differ between the tasks",
+    VariableCause.BYTES_DIFFER: "non-numeric values differ (bytes)",
+    VariableCause.NONFINITE_WHERE: "NaN/Inf on some tasks only",
+    VariableCause.NONFINITE_BYTES: "they hold NaN/Inf, so only their bytes were compared",
+    VariableCause.MISSING: "a per-task code path: the variables exist on some tasks only",
+    VariableCause.MIXED_MIRRORING: "a per-task code path: mirrored on some tasks, plain "
+                                   "variables on others",
+}
+
+
 def _floats(values: list[Any]) -> list[float]:
     return [float(v) for v in values]  # "nan" / "inf" / "-inf" came as text
 
@@ -55,15 +84,16 @@ def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[
     if all("values" in r for r in rows.values()):
         diff = _max_abs_diff([_floats(rows[t]["values"]) for t in tasks])
         return {"verdict": "within tolerance" if diff <= tol else "diverged",
-                "max_abs_diff": diff, "exact": True, "tolerance": tol, "why": ""}
+                "max_abs_diff": diff, "exact": True, "tolerance": tol, "why": None}
     if any(r.get("nonfinite", 0) for r in rows.values()):
         return {"verdict": "differs", "max_abs_diff": None, "exact": False,
-                "why": f"holds NaN/Inf ({first.get('nonfinite')} on each task), so only its "
-                       f"bytes were compared"}
+                "why": (VariableCause.NONFINITE_BYTES,
+                        f"holds NaN/Inf ({first.get('nonfinite')} on each task), so only its "
+                        f"bytes were compared")}
     lo, hi = _bounds(rows, tasks)
     verdict = "diverged" if lo > tol else "within tolerance" if hi <= tol else "differs"
     return {"verdict": verdict, "max_abs_diff": lo, "exact": False, "bound": (lo, hi),
-            "tolerance": tol, "why": ""}
+            "tolerance": tol, "why": None}
 
 
 def _by_bytes(rows: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any] | None:
@@ -74,19 +104,20 @@ def _by_bytes(rows: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, An
     dtypes = {t: r["dtype"] for t, r in rows.items()}
     if len(set(shapes.values())) > 1 or len(set(dtypes.values())) > 1:
         return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                "why": "shape/dtype differ: " + ", ".join(
-                    f"{t} {dtypes[t]}{list(shapes[t])}" for t in tasks)}
+                "why": (VariableCause.SHAPE_DTYPE, "shape/dtype differ: " + ", ".join(
+                    f"{t} {dtypes[t]}{list(shapes[t])}" for t in tasks))}
     shas = {t: r["sha"] for t, r in rows.items()}
     if len(set(shas.values())) == 1:
-        return {"verdict": "equal", "max_abs_diff": 0.0, "exact": True, "why": ""}
+        return {"verdict": "equal", "max_abs_diff": 0.0, "exact": True, "why": None}
     if "sum" not in first and "values" not in first:
         return {"verdict": "diverged", "max_abs_diff": None, "exact": False,
-                "why": f"{first['dtype']} values differ (bytes; no numeric difference)"}
+                "why": (VariableCause.BYTES_DIFFER,
+                        f"{first['dtype']} values differ (bytes; no numeric difference)")}
     nonfinite = {t: r.get("nonfinite", 0) for t, r in rows.items()}
     if len(set(nonfinite.values())) > 1:
         return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                "why": "NaN/Inf on " + ", ".join(f"{t} ({n})" for t, n in nonfinite.items()
-                                                  if n)}
+                "why": (VariableCause.NONFINITE_WHERE, "NaN/Inf on " + ", ".join(
+                    f"{t} ({n})" for t, n in nonfinite.items() if n))}
     return None
 
 
@@ -145,7 +176,7 @@ def _verdict(rows: dict[str, dict[str, Any]], good: list[str], atol: float,
     absent = [t for t in good if t not in rows]
     if absent:
         return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                "why": f"missing on {name_tasks(absent)}"}
+                "why": (VariableCause.MISSING, f"missing on {name_tasks(absent)}")}
     return _compare(rows, atol, rtol)
 
 
@@ -177,6 +208,7 @@ class _Tally:
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     within: list[str] = field(default_factory=list)
     causes: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, VariableCause] = field(default_factory=dict)
     odd_tasks: set[str] = field(default_factory=set)
 
     def add(self, name: str, rows: dict[str, dict[str, Any]], got: Mapping[str, Any]) -> None:
@@ -187,8 +219,8 @@ class _Tally:
             if not got["exact"] and "bound" in got:
                 self.bounds[name] = got["bound"]
             mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
-            absent = [t for t in self.good if t not in rows]
-            self.causes[name] = got["why"] or _cause(mirrored, self.strategies, absent)
+            self.kinds[name], self.causes[name] = got["why"] or _cause(mirrored,
+                                                                       self.strategies)
             self.odd_tasks.update(_odd_ones(rows, self.good))
         elif got["verdict"] == "within tolerance":
             self.within.append(name)
@@ -213,7 +245,7 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
     table = pd.DataFrame(tally.records).set_index("variable") if tally.records else pd.DataFrame()
     details = [*errors, *_within_note(tally.within, atol, rtol)]
     fields.update(diverged=tally.diverged, within_tolerance=tally.within, bounds=tally.bounds,
-                  causes=tally.causes,
+                  causes=tally.causes, cause_kinds=tally.kinds,
                   mirrored={name: {t: bool(r.get("mirrored")) for t, r in rows.items()}
                             for name, rows in by_name.items()})
     if not by_name:
@@ -267,7 +299,7 @@ def _diverged_summary(tally: _Tally, variables: int, errors: list[str]) -> str:
                else f"on {name_tasks(who)} (the others agree)")
     quoted = ", ".join(f"{n} ({_amount(n, diverged[n], tally.bounds)})"
                        for n in list(diverged)[:QUOTED])
-    common = _common_cause(tally.causes)
+    common = _common_cause(tally)
     summary = (f"{len(diverged)} of {variables} variable(s) differ {between}: {quoted}"
                + (" ..." if len(diverged) > QUOTED else "")
                + (f"; likely cause: {common}" if common else ""))
@@ -283,31 +315,37 @@ def _mirrored_text(mirrored: Mapping[str, bool]) -> str:
     return "only on " + name_tasks([t for t, m in mirrored.items() if m])
 
 
-def _cause(mirrored: Mapping[str, bool], strategies: Mapping[str, Any],
-           absent: list[str]) -> str:
-    if absent:
-        return "a per-task code path: the variable exists on some tasks only"
+def _cause(mirrored: Mapping[str, bool],
+           strategies: Mapping[str, Any]) -> tuple[VariableCause, str]:
+    """The likely cause of a variable present on every task whose values differ."""
     values = set(mirrored.values())
     if len(values) > 1:
-        return ("a per-task code path: mirrored on " +
-                name_tasks([t for t, m in mirrored.items() if m]) + ", a plain variable on " +
-                name_tasks([t for t, m in mirrored.items() if not m]))
+        return VariableCause.MIXED_MIRRORING, (
+            "a per-task code path: mirrored on " + name_tasks([t for t, m in mirrored.items() if m])
+            + ", a plain variable on " + name_tasks([t for t, m in mirrored.items() if not m]))
     if values == {False}:
         if any(strategies.values()):
-            return ("created outside strategy.scope(): a plain variable on every task, each "
-                    "initialised on its own (unseeded random initial values differ) and "
-                    "never all-reduced")
-        return ("no tf.distribute strategy in the tasks' namespace: each task's variables are "
-                "its own (unseeded random initial values differ)")
-    return ("mirrored, so the copies diverged after creation: a per-task code path (an "
-            "assign or update on some tasks only) or a task that skipped a step")
+            return VariableCause.OUTSIDE_SCOPE, (
+                "created outside strategy.scope(): a plain variable on every task, each "
+                "initialised on its own (unseeded random initial values differ) and never "
+                "all-reduced")
+        return VariableCause.NO_STRATEGY, (
+            "no tf.distribute strategy in the tasks' namespace: each task's variables are its "
+            "own (unseeded random initial values differ)")
+    return VariableCause.DIVERGED_AFTER_CREATION, (
+        "mirrored, so the copies diverged after creation: a per-task code path (an assign or "
+        "update on some tasks only) or a task that skipped a step")
 
 
-def _common_cause(causes: Mapping[str, str]) -> str | None:
-    heads = {why.split(":")[0] for why in causes.values()}
-    if len(heads) == 1:
-        return next(iter(causes.values()))
-    return None
+def _common_cause(tally: _Tally) -> str | None:
+    """The cause every differing variable shares: its own words when they are the same for
+    all, the cause's general words when only the kind is; None when the kinds differ."""
+    if len(set(tally.kinds.values())) != 1:
+        return None
+    texts = set(tally.causes.values())
+    if len(texts) == 1:
+        return texts.pop()
+    return SHARED_WORDS.get(next(iter(tally.kinds.values())))
 
 
 def _odd_ones(rows: Mapping[str, Mapping[str, Any]], good: list[str]) -> list[str]:
