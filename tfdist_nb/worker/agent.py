@@ -174,7 +174,7 @@ def _flush_output_sooner() -> None:
 
 
 def _reply_sooner(kernel: Any) -> None:
-    """Two waits ipykernel makes on every request that a task's controller does not need.
+    """What ipykernel spends on every request that a task's controller does not need.
 
     - It sleeps 0.5 ms before each execute reply, "on rare occasions" for output flushed just
       before to reach the clients first. Nothing orders the shell and IOPub sockets anyway: the
