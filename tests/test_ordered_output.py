@@ -43,10 +43,13 @@ def iopub() -> Iterator[tuple[OutStream, IOPubThread, zmq.Socket[Any], Session]]
     try:
         yield stream, thread, sub, session
     finally:
+        # stop the IO loop as thread.stop() does, but before it marks the thread stopped, so
+        # the thread cancels its own pending task (no "Task was destroyed" at exit)
+        thread.io_loop.add_callback(thread.io_loop.stop)
+        thread.thread.join(20)
         thread.stop()
         thread.close()
-        sub.close(linger=0)
-        context.term()
+        context.destroy(linger=0)  # the event pipes the test threads opened, and the SUB
 
 
 def received(sub: zmq.Socket[Any], session: Session) -> dict[str, Any]:
