@@ -340,12 +340,10 @@ def _cause(mirrored: Mapping[str, bool],
 def _common_cause(tally: _Tally) -> str | None:
     """The cause every differing variable shares: its own words when they are the same for
     all, the cause's general words when only the kind is; None when the kinds differ."""
-    if len(set(tally.kinds.values())) != 1:
+    kinds, texts = set(tally.kinds.values()), set(tally.causes.values())
+    if len(kinds) != 1:
         return None
-    texts = set(tally.causes.values())
-    if len(texts) == 1:
-        return texts.pop()
-    return SHARED_WORDS.get(next(iter(tally.kinds.values())))
+    return texts.pop() if len(texts) == 1 else SHARED_WORDS.get(kinds.pop())
 
 
 def _odd_ones(rows: Mapping[str, Mapping[str, Any]], good: list[str]) -> list[str]:
