@@ -7,6 +7,7 @@ healthy runs where tasks wait for each other or finish at different times stay s
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 
@@ -16,7 +17,7 @@ from tests.support.cells import CELLS
 from tfdist_nb import Cluster
 from tfdist_nb.results import Collective, HangRule, LikelyCause, RunResult
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.compat]
 
 STALL_S = 120
 NAMED_WITHIN_S = 15
@@ -75,6 +76,31 @@ def test_a_task_that_raises_releases_the_others_and_is_the_root_cause(cluster: C
     # the ledger says the same: worker:0's last collective was aborted, at line 4
     led = cluster.collectives(on="worker:0", last=1).iloc[0]
     assert (led["kind"], led["where"], led["state"]) == ("all_reduce", "cell 2 line 4", "aborted")
+
+
+SAME_LINE = """x = strategy.reduce("SUM", tf.constant(1.0), axis=None); bad = 1 / (tw.task[1] - 1)
+y = strategy.reduce("SUM", tf.constant(2.0), axis=None)
+"""
+
+
+def test_a_hang_report_names_the_cell_and_line_of_the_tasks_own_traceback(
+        cluster: Cluster) -> None:
+    """One cell, one name: worker:1 raises on the line of a collective it completed, so its own
+    traceback (``Cell In[k], line L``, the kernel's count), its ledger row for that collective and
+    the hang report name the same cell and line, whatever order the installed IPython counts a
+    cell and fires ``pre_run_cell`` in (IPython 9 counts first, 8.x last)."""
+    result = cluster.run(SAME_LINE)
+    failed = result.tasks["worker:1"]
+    assert failed.status == "error" and failed.error.ename == "ZeroDivisionError"
+    traceback = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(failed.error.traceback))
+    cell, line = re.findall(r"Cell In\[(\d+)\], line (\d+)", traceback)[-1]
+    assert (int(cell), int(line)) == (result.cell, 1)
+    row = cluster.collectives(on="worker:1", last=1).iloc[0]
+    assert (row["kind"], row["where"]) == ("all_reduce", f"cell {cell} line {line}")
+    hang = result.hang
+    assert hang is not None and (hang.rule, hang.culprit) == (HangRule.FAILED, "worker:1")
+    assert hang.culprit_at == f"cell {cell} line {line}"
+    assert hang.waited_in["worker:0"].where == f"cell {cell} line {int(line) + 1}"
 
 
 UNEVEN = """n = 5 if tw.task[1] == 0 else 4   # worker:0 has one batch more

@@ -28,6 +28,8 @@ import pytest
 from tests.support.jupyter_server import jupyter_server
 from tests.support.processes import wait_for
 
+pytestmark = pytest.mark.compat
+
 TICKS = ("import time, tfdist_nb.worker as tw\n"
          "for i in range(10):\n"
          "    with tw.step():\n"

@@ -114,7 +114,10 @@ def _tool_or_skip(cmd: list[str], what: str) -> None:
 @pytest.mark.timeout(420)
 def test_rebuild_from_yarn_lock_gives_the_committed_output(tmp_path: Path) -> None:
     """A clean ``jlpm install --immutable`` (the lock must be current) and build."""
-    jlpm = shutil.which("jlpm")
+    # this interpreter's scripts first (jlpm, and jupyter-builder that the build runs): the
+    # README's test command runs the venv's python without activating the venv
+    path = os.pathsep.join([sysconfig.get_path("scripts"), os.environ.get("PATH", "")])
+    jlpm = shutil.which("jlpm", path=path)
     if jlpm is None:
         if in_ci():
             pytest.fail("jlpm missing: the test extra installs jupyterlab, which brings it")
@@ -127,7 +130,7 @@ def test_rebuild_from_yarn_lock_gives_the_committed_output(tmp_path: Path) -> No
         shutil.copy(SOURCE / name, work / name)
     for name in ("src", "style"):
         shutil.copytree(SOURCE / name, work / name)
-    env = {**os.environ, "YARN_ENABLE_PROGRESS_BARS": "false"}
+    env = {**os.environ, "PATH": path, "YARN_ENABLE_PROGRESS_BARS": "false"}
     for cmd in ([jlpm, "install", "--immutable"], [jlpm, "build:lib"],
                 [sys.executable, "-m", "jupyter", "labextension", "build", "."]):
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300,

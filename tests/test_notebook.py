@@ -14,7 +14,7 @@ import pytest
 
 from tests.notebooks import ANSI, cell_text, run_notebook
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.compat]
 REPO = Path(__file__).resolve().parents[1]
 
 

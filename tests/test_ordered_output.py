@@ -17,7 +17,7 @@ from jupyter_client.session import Session
 
 from tfdist_nb.worker.ordered_output import MARKS, OrderedOutput
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.compat, pytest.mark.timeout(60)]
 
 
 @pytest.fixture

@@ -72,3 +72,32 @@ def test_quickstart_notebook_runs_the_tested_training_cells() -> None:
               if c.cell_type == "code" and c.source.startswith("%%tfcluster 2 workers")]
     cells = REPO / "tests" / "cells"
     assert bodies == [(cells / "mwms_loop.py").read_text(), (cells / "tf_keras_fit.py").read_text()]
+
+
+def test_the_oldest_leg_pins_every_lower_bound_pyproject_claims() -> None:
+    """.ci/oldest.txt (CI's oldest leg, docs/reference.md "Supported versions") pins each
+    dependency at the lower bound pyproject.toml admits: a floor raised in one place only
+    would leave a claimed version untested."""
+    import tomllib
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    claimed = [Requirement(r) for r in
+               [*project["dependencies"], *project["optional-dependencies"]["lab"]]]
+    floors = {}
+    for req in claimed:
+        low = [s.version for s in req.specifier if s.operator == ">="]
+        assert len(low) == 1, f"{req}: one lower bound, tested in .ci/oldest.txt"
+        floors[req.name] = low[0]
+    pinned = {}
+    for line in (REPO / ".ci" / "oldest.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pinned[name.strip()] = version.strip()
+    assert set(pinned) == set(floors)
+    for name, floor in floors.items():
+        # the floor itself, or a release of it where the floor names none (tensorflow 2.16 was
+        # first released as 2.16.1)
+        low, pin = Version(floor), Version(pinned[name])
+        assert pin.release[:len(low.release)] == low.release, (name, floor, pinned[name])

@@ -13,7 +13,7 @@ from nbclient.exceptions import CellExecutionError
 
 from tests.notebooks import cell_text, run_notebook
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, pytest.mark.compat, pytest.mark.timeout(300)]
 
 SETUP = ["%load_ext tfdist_nb",
          "%%tfcluster 2 workers --no-dashboard --no-warm\nprint('up')"]

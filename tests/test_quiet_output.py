@@ -71,3 +71,7 @@ def test_continuation_lines_of_a_held_record_are_held_with_it() -> None:
     assert tensorflow_info("stdout", "INFO:tensorflow:Using MirroredStrategy")
     assert not tensorflow_info("stdout", "INFO:root:my own record")
     assert not tensorflow_info("stderr", warning)
+    # absl's line before the first C++ record (a task's first cell prints it with TF 2.16)
+    assert tensorflow_info("stderr", "WARNING: All log messages before absl::InitializeLog() "
+                                     "is called are written to STDERR")
+    assert not tensorflow_info("stderr", "WARNING: my own warning about absl::InitializeLog()")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -34,11 +34,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 def writes_files(what: str, replaced: str, example: str) -> Callable[[F], F]:
     """The line magic of a command that writes ``what`` into a directory (``DIR [--force]``)."""
     def wrap(fn: F) -> F:
-        fn = user_errors(example)(fn)
-        fn = line_magic(fn)
-        fn = argument("--force", action="store_true", help=f"replace {replaced}")(fn)
-        fn = argument("directory", help=f"where {what} go (created if missing)")(fn)
-        return magic_arguments()(fn)
+        # Any: IPython 9 types line_magic's result as "F | Callable[[F], F]", 8.x as F
+        magic: Any = line_magic(user_errors(example)(fn))
+        magic = argument("--force", action="store_true", help=f"replace {replaced}")(magic)
+        magic = argument("directory", help=f"where {what} go (created if missing)")(magic)
+        return cast(F, magic_arguments()(magic))
     return wrap
 
 

@@ -19,6 +19,10 @@ _PY = re.compile(r"^(?:\S*:)?\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b[: ]")
 _CPP_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "FATAL"}
 # TensorFlow's Python logger in a kernel: "INFO:tensorflow:..." (logging's basic format)
 _TF_PY_INFO = re.compile(r"^(?:INFO|DEBUG):tensorflow:")
+# what absl says once before TensorFlow's first C++ log record (in a task's first cell with
+# TensorFlow 2.16; at import, before any cell, with 2.21): about the log, not about the job
+ABSL_PREAMBLE = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+                 "to STDERR")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", "FATAL")
 
 
@@ -35,14 +39,15 @@ def level_of(stream: str, text: str) -> str | None:
 
 def tensorflow_info(stream: str, text: str) -> bool:
     """Whether a line is one of TensorFlow's own INFO (or DEBUG) log records: its C++ runtime's
-    (``I0000 00:00:... file.cc:12] ...``) or its Python logger's (``INFO:tensorflow:...``).
+    (``I0000 00:00:... file.cc:12] ...``), its Python logger's (``INFO:tensorflow:...``), or
+    absl's preamble to them.
     These are held back from the cell by default (docs/reference.md, Output in the cell)."""
     if stream not in ("stdout", "stderr"):
         return False
     m = _CPP.match(text)
     if m:
         return (m.group(1) or text[0]) == "I"
-    return _TF_PY_INFO.match(text) is not None
+    return _TF_PY_INFO.match(text) is not None or text == ABSL_PREAMBLE
 
 
 # Native lines that every task of a machine without an NVIDIA driver prints, harmless there:

@@ -55,10 +55,12 @@ class KernelChannel:
         self._order = StreamOrder()
         self._pumps: list[asyncio.Task] = []
         self.iopub_alive = asyncio.Event()  # set by the first iopub message: that channel works
+        self.subshells = False  # whether the kernel runs subshells: known once started
 
     async def start(self, timeout: float) -> None:
         self.client.start_channels()
         await self.client.wait_for_ready(timeout=timeout)
+        self.subshells = await self._supports_subshells(timeout)
         self._pumps = [asyncio.ensure_future(self._pump_iopub()),
                        asyncio.ensure_future(self._pump_shell())]
 
@@ -75,9 +77,22 @@ class KernelChannel:
                     fut.cancel()
         self._pending.clear()
 
+    async def _supports_subshells(self, timeout: float) -> bool:
+        """Whether the kernel's ``kernel_info_reply`` lists "kernel subshells" (JEP 91;
+        ipykernel >= 7), so a kernel without them is not asked and waited for."""
+        msg_id = self.client.kernel_info()
+        deadline = time.monotonic() + timeout
+        while True:  # replies to wait_for_ready's own requests may come first
+            reply = await self.client.get_shell_msg(
+                timeout=max(deadline - time.monotonic(), 0.01))
+            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+                return "kernel subshells" in reply["content"].get("supported_features", ())
+
     async def create_subshell(self, timeout: float) -> str | None:
         """A kernel subshell (ipykernel >= 7): a second thread that runs requests while the main
         thread is blocked, e.g. inside a collective. None when the kernel has no subshells."""
+        if not self.subshells:
+            return None
         self.client.control_channel.send(self.client.session.msg("create_subshell_request", {}))
         try:
             reply = await self.client.get_control_msg(timeout=timeout)

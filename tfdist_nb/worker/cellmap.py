@@ -2,24 +2,21 @@
 
 A worker kernel counts its own executions (``Cell In[k]`` in its tracebacks), which equals the
 controller's cell number only while every cell ran on every task. The controller puts its number
-in each execute request's metadata (``tfdist_cell``); this module remembers, per execution, which
-number it was, so the collective ledger says ``cell N line L`` in the notebook's numbering with the
-magic line as line 1 (docs/reference.md, "Collectives and hangs").
+in each execute request's metadata (``tfdist_cell``); this module remembers, per cell file the
+kernel compiled, which number it was, so the collective ledger says ``cell N line L`` in the
+notebook's numbering with the magic line as line 1 (docs/reference.md, "Collectives and hangs").
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import sys
 import sysconfig
 from collections.abc import Iterable
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
-_by_count: dict[int, int] = {}  # the kernel's execution_count -> the controller's cell number
+_by_name: dict[str, int] = {}  # a cell file the compiler cached -> the controller's cell number
 _shell: Any = None
 _own = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}",
         f"{os.sep}tfdist_nb{os.sep}", f"{os.sep}IPython{os.sep}", f"{os.sep}ipykernel{os.sep}",
@@ -28,30 +25,38 @@ _stdlib = sysconfig.get_paths()["stdlib"]
 
 
 def install(kernel: Any) -> None:
-    """Remember each execution's cell number as it starts (``pre_run_cell``)."""
+    """Remember, for each cell file the shell's compiler caches, the controller's cell number of
+    the execute request it came in.
+
+    The compiler's ``cache`` is where a cell gets the file name its frames and tracebacks carry,
+    so the mapping holds whatever order ``run_cell`` counts and fires its events in (IPython 9
+    advances ``execution_count`` before ``pre_run_cell``, 8.x after the cell)."""
     global _shell
     _shell = kernel.shell
+    compiler = kernel.shell.compile
+    if getattr(compiler.cache, "_tfdist", False):
+        return
+    cache = compiler.cache
 
-    def remember(_info: Any = None) -> None:
-        try:
-            parent = kernel.get_parent("shell") or {}
-        except Exception:  # an older ipykernel: the kernel's own count is all there is
-            logger.debug("no parent message to read the cell number from", exc_info=True)
-            return
-        cell = (parent.get("metadata") or {}).get("tfdist_cell")
+    def cache_and_remember(transformed_code: str, number: int = 0,
+                           raw_code: str | None = None) -> str:
+        name: str = cache(transformed_code, number, raw_code)
+        cell = (kernel.get_parent("shell").get("metadata") or {}).get("tfdist_cell")
         if isinstance(cell, int):
-            _by_count[kernel.shell.execution_count] = cell
+            _by_name[name] = cell
+        return name
 
-    kernel.shell.events.register("pre_run_cell", remember)
+    cache_and_remember._tfdist = True  # type: ignore[attr-defined]
+    compiler.cache = cache_and_remember
 
 
 def cell_of(filename: str) -> int | None:
-    """The controller's cell number for a cell file of this kernel, or None for other files."""
+    """The controller's cell number for a cell file of this kernel (the kernel's own count for a
+    cell that did not come from the controller), or None for other files."""
+    if filename in _by_name:
+        return _by_name[filename]
     compiled = getattr(getattr(_shell, "compile", None), "_filename_map", None)
-    if not compiled or filename not in compiled:
-        return None
-    count = compiled[filename]
-    return _by_count.get(count, count)
+    return compiled.get(filename) if compiled else None
 
 
 def site(frames: Iterable[tuple[str, int]]) -> str:

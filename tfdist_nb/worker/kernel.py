@@ -43,10 +43,13 @@ def watch_parent(app: object) -> None:
 
     from tfdist_nb.worker.lifeline import ParentWatch
 
+    # the parent's pid is the app's parent_handle (JPY_PARENT_PID): ipykernel 6.29's poller
+    # does not keep it
     poller = getattr(app, "poller", None)
-    if isinstance(poller, ParentPollerUnix) and poller.parent_pid:
+    parent = getattr(app, "parent_handle", 0)
+    if isinstance(poller, ParentPollerUnix) and parent:
         path = getattr(app, "abs_connection_file", None) or app.connection_file  # type: ignore[attr-defined]
-        app.poller = ParentWatch(poller.parent_pid, os.path.abspath(path))  # type: ignore[attr-defined]
+        app.poller = ParentWatch(parent, os.path.abspath(path))  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":
