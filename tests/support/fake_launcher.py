@@ -80,6 +80,10 @@ class FakeKernel:
     async def on_shell(self, msg: dict[str, Any]) -> None:
         if self.exit_code is not None:
             return
+        if msg["msg_type"] == "kernel_info_request":  # it runs subshells, as ipykernel 7 does
+            self.reply(self.shell_q, msg, "kernel_info_reply",
+                       {"supported_features": ["kernel subshells"]})
+            return
         content = msg["content"]
         self.status(msg, "busy")
         expressions = content.get("user_expressions") or {}

@@ -80,12 +80,13 @@ class KernelChannel:
     async def _supports_subshells(self, timeout: float) -> bool:
         """Whether the kernel's ``kernel_info_reply`` lists "kernel subshells" (JEP 91;
         ipykernel >= 7), so a kernel without them is not asked and waited for."""
-        msg_id = self.client.kernel_info()
+        request = self.client.session.msg("kernel_info_request", {})
+        self.client.shell_channel.send(request)
         deadline = time.monotonic() + timeout
         while True:  # replies to wait_for_ready's own requests may come first
-            reply = await self.client.get_shell_msg(
-                timeout=max(deadline - time.monotonic(), 0.01))
-            if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            reply = await asyncio.wait_for(self.client.get_shell_msg(),
+                                           max(deadline - time.monotonic(), 0.01))
+            if reply.get("parent_header", {}).get("msg_id") == request["header"]["msg_id"]:
                 return "kernel subshells" in reply["content"].get("supported_features", ())
 
     async def create_subshell(self, timeout: float) -> str | None:
