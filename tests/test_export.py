@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -95,14 +96,18 @@ def test_export_keeps_the_users_own_files_and_follows_no_symlink(tmp_path: Path)
     assert _export(tmp_path) == out  # its own files it replaces without --force
     modes = {n: stat.S_IMODE(os.stat(out / n).st_mode) for n in ("train.py", "launch.sh")}
     assert modes == {"train.py": 0o600, "launch.sh": 0o700}
-    # a symlink planted in its place (to a file of someone else's) is never written through
+    # a symlink planted in its place (to a file of someone else's) is never written through:
+    # kept without --force, replaced by a file of its own with it
     target = tmp_path / "elsewhere.sh"
     target.write_text("untouched\n")
     (out / "launch.sh").unlink()
     (out / "launch.sh").symlink_to(target)
-    with pytest.raises(ExportError, match="it is a symbolic link"):
-        _export(tmp_path, force=True)
+    with pytest.raises(ExportError, match=r"launch\.sh exists and was not written by"):
+        _export(tmp_path)
+    _export(tmp_path, force=True)
     assert target.read_text() == "untouched\n"
+    assert not (out / "launch.sh").is_symlink() and stat.S_IMODE(
+        os.stat(out / "launch.sh").st_mode) == 0o700
     with pytest.raises(ExportError, match=r"cannot make the directory .*Not a directory"):
         _export(target / "repro")
 
@@ -117,3 +122,42 @@ def test_export_names_what_look_like_secrets_without_showing_them(tmp_path: Path
     for name in ("launch.sh: HF_TOKEN", "cell 1: api_key", "WANDB_API_KEY"):
         assert name in text, text
     assert "sk-123" not in text and "hf-1" not in text and "lr" not in text
+
+
+OTHER_UID = 65534  # nobody
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's files needs root (as in a "
+                    "root notebook, the case this guards)")
+def test_files_and_directories_of_another_user_are_never_written(tmp_path: Path) -> None:
+    """A root notebook writing into a directory another user can write: that user's planted
+    train.py (starting with tfdist's own header) is not "ours", a directory of theirs (or a
+    link of theirs to one of ours) is refused, and nothing of the cells reaches their files."""
+    from tfdist_nb.cluster.export import OURS, ExportError
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    os.chown(shared, OTHER_UID, OTHER_UID)
+    planted = shared / "train.py"
+    planted.write_text(OURS["train.py"] + " (planted)\n")
+    os.chown(planted, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExportError, match=r"not yours to write into \(it belongs to uid 65534"):
+        _export(shared, force=True)
+    assert planted.read_text().endswith("(planted)\n") and sorted(
+        p.name for p in shared.iterdir()) == ["train.py"]
+    # their link to a directory of ours: refused too (they choose where it points)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    os.lchown(link, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExportError, match="it belongs to uid 65534"):
+        _export(link)
+    assert list(mine.iterdir()) == []
+    # in a directory of ours, their file with our header is not ours: kept
+    theirs = mine / "train.py"
+    theirs.write_text(OURS["train.py"] + " (theirs)\n")
+    os.chown(theirs, OTHER_UID, OTHER_UID)
+    with pytest.raises(ExportError, match=r"train\.py exists and was not written by"):
+        _export(mine)
+    assert theirs.read_text().endswith("(theirs)\n")

@@ -10,8 +10,8 @@ import pytest
 
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.export import SecretsWarning
-from tfdist_nb.cluster.report import redact
 from tfdist_nb.errors import SpecError
+from tfdist_nb.redaction import redact
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,13 +15,15 @@ import json
 import os
 import re
 import shlex
+import stat
 import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.store.rundir import open_private
+from tfdist_nb import redaction
+from tfdist_nb.store.rundir import foreign, replace_private
 from tfdist_nb.topology import ClusterSpec
 
 _MAGIC = re.compile(r"^(\s*)([%!].*)$")
@@ -56,9 +58,6 @@ OURS = {"train.py": '#!/usr/bin/env python\n"""Reproducer exported by tfdist_nb'
         "launch.sh": "#!/usr/bin/env bash\n# Exported by tfdist_nb",
         "report.md": "# tfdist_nb report"}  # written by cluster/report.py
 MODES = {"train.py": 0o600, "launch.sh": 0o700}  # the cells (and their secrets) stay private
-_SECRET = re.compile(r"(?i)(api[_-]?key|token|secret|passw(or)?d|credential|private[_-]?key)")
-_ASSIGNED = re.compile(r"""(?i)\b([\w.\[\]'"-]*?(?:api[_-]?key|token|secret|passw(?:or)?d|"""
-                       r"""credential|private[_-]?key)[\w'"\]-]*)\s*[=:]\s*(?:f?['"]|\d)""")
 
 
 class ExportError(ValueError):
@@ -85,6 +84,9 @@ def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterS
         out.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         raise ExportError(f"cannot make the directory {out}: {exc.strerror or exc}") from None
+    if (why := foreign(out)) is not None:
+        raise ExportError(f"{out} is not yours to write into ({why}): give a directory of "
+                          "your own")
     if not force:
         for name in texts:
             if not ours_or_absent(out / name):
@@ -92,7 +94,7 @@ def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterS
                                   "give another directory, or --force (force=True) to replace "
                                   "it")
     for name, text in texts.items():
-        _write_private(out / name, text, MODES[name])
+        write_private(out / name, text, MODES[name])
     found = secrets(cells, env)
     if found:
         warnings.warn(SecretsWarning(
@@ -102,36 +104,42 @@ def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterS
 
 
 def ours_or_absent(path: Path) -> bool:
-    """Whether ``path`` is free to (re)write: absent, or a regular file tfdist_nb wrote
-    (``OURS``); a link or anything else in the way is not."""
+    """Whether ``path`` is free to (re)write: absent, or a regular file of this user that
+    tfdist_nb wrote (``OURS``); a link, another user's file (whatever it begins with) or
+    anything else in the way is not."""
     try:
-        if path.is_symlink() or not path.is_file():
-            return not os.path.lexists(path)
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        return False
+    try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read(200).startswith(OURS[path.name])
     except OSError:
         return False
 
 
-def _write_private(path: Path, text: str, mode: int) -> None:
-    """Replace ``path`` with ``text`` at ``mode`` whatever the umask, never through a
-    symlink (one in its place is an ExportError)."""
+def write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """Replace ``path`` with a new file of ``text`` at ``mode`` whatever the umask: never
+    written into a file that is there, never through a link (ExportError if it cannot be)."""
     try:
-        f = open_private(path, "w", permissions=mode)
+        replace_private(path, text, mode)
     except OSError as exc:
-        why = "it is a symbolic link" if os.path.islink(path) else exc.strerror or str(exc)
-        raise ExportError(f"cannot write {path}: {why}") from None
-    with f:
-        f.write(text)
+        raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def secrets(cells: list[dict[str, Any]], env: Mapping[str, str]) -> list[str]:
-    """Where the exported files would carry a secret: ``env`` names that look like one, and
-    cell lines that assign a literal to such a name (``cell 3: api_key``); values never."""
-    found = [f"launch.sh: {k}" for k in sorted(env) if _SECRET.search(k)]
+    """Where the exported files would carry a secret (docs/reference.md, Reproduce): ``env``
+    names or values that look like one, and what a cell assigns to a secret name or holds in a
+    secret's shape (``cell 3: api_key``, ``cell 4: URL credentials``); values never."""
+    found = [f"launch.sh: {k}" for k in sorted(env)
+             if redaction.secret_name(k) or redaction.shapes_in(env[k])]
     for number, cell in enumerate(cells, 1):
-        for m in _ASSIGNED.finditer(str(cell.get("code", ""))):
-            said = f"cell {cell.get('cell', number)}: {m.group(1)}"
+        for what in redaction.assignments(str(cell.get("code", ""))):
+            said = f"cell {cell.get('cell', number)}: {what}"
             if said not in found:
                 found.append(said)
     return found

@@ -440,11 +440,12 @@ class Cluster:
         except ExportError as exc:
             raise SpecError(str(exc)) from None
 
-    def report(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
+    def report(self, directory: str | os.PathLike[str], force: bool = False,
+               show_env: bool = False) -> Path:
         """``%tfdist_report``: ``DIR/report.md`` (tasks and their software, TF_CONFIGs, alerts,
         the last failing cell per task, the last lines of each task, the collective ledger;
-        secrets redacted) beside the reproducer :meth:`export` writes there. Works on a
-        stopped cluster too."""
+        secrets redacted, ``--env`` values hidden unless ``show_env``) beside the reproducer
+        :meth:`export` writes there. Works on a stopped cluster too."""
         report.check_target(Path(directory), force)  # before anything is written there
         out = self.export(directory, force=force)
         assert self.rundir is not None  # export() needs it
@@ -452,7 +453,7 @@ class Cluster:
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
             failure=self.last_failure, logs=self.logs(), live=self.live,
-            cells=self.rundir.cells())
+            cells=self.rundir.cells(), show_env=show_env)
 
     def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
                 warm: bool | None = None,

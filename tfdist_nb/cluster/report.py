@@ -13,16 +13,16 @@ tasks, merged log and live store; ``markdown`` makes the text.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfdist_nb.cluster.export import ours_or_absent
+from tfdist_nb import redaction
+from tfdist_nb.cluster.export import ExportError, ours_or_absent, write_private
 from tfdist_nb.errors import SpecError
+from tfdist_nb.redaction import REDACTED
 from tfdist_nb.results import RunResult
-from tfdist_nb.store.rundir import open_private
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,43 +33,18 @@ if TYPE_CHECKING:
 REPORT = "report.md"
 LAST_LINES = 15
 LEDGER_ROWS = 8
-#: a name that ends with a secret's word (``WANDB_API_KEY``, ``hf_token``, ``db_password``; not
-#: ``max_tokens``), possibly quoted or subscripted (``os.environ["API_KEY"]``)
-_KEY = (r"[\w.\-'\"\[]*?(?:api[_-]?key|token|secret|passw(?:or)?d|credentials?|private[_-]?key)"
-        r"\b['\"\]]*")
-_QUOTED = re.compile(rf"(?i)({_KEY}\s*[=:]\s*f?)(['\"])(.*?)(\2)")
-_BARE = re.compile(rf"(?i)\b({_KEY}\s*=\s*)([^\s'\"]+)")
-REDACTED = "<redacted>"
+HIDDEN = "<hidden>"  # an --env value that is no secret, left out unless show_env
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-#: shorter values are not hunted for elsewhere in the text (they would match everywhere)
-MIN_SECRET_LEN = 4
+def env_lines(env: Mapping[str, str], show_env: bool) -> list[str]:
+    """The ``--env`` variables: names always, values only when ``show_env`` and never a
+    secret's."""
+    def shown(name: str, value: str) -> str:
+        if redaction.secret_name(name) or redaction.shapes_in(value):
+            return REDACTED
+        return value if show_env else HIDDEN
 
-
-def redact(text: str, values: Iterable[str] = ()) -> str:
-    """``api_key = 'abc'`` -> ``api_key = '<redacted>'``; ``WANDB_API_KEY=abc`` likewise; and
-    every occurrence of ``values`` (secrets found where they were set), wherever they turn up
-    (an error message, a printed line). Terminal colours are dropped."""
-    text = _ANSI.sub("", text)
-    for value in sorted(values, key=len, reverse=True):
-        if len(value) >= MIN_SECRET_LEN:
-            text = text.replace(value, REDACTED)
-    text = _QUOTED.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}{m.group(4)}", text)
-    return _BARE.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
-
-
-def secret_values(codes: Iterable[str], env: Mapping[str, str]) -> set[str]:
-    """The values given to secret-looking names in the cells and the environment."""
-    found = {v for k, v in env.items() if re.search(_KEY, k, re.I) and v}
-    for code in codes:
-        found.update(m.group(3) for m in _QUOTED.finditer(code) if m.group(3))
-        found.update(m.group(2) for m in _BARE.finditer(code) if m.group(2))
-    return found
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if re.search(_KEY, k, re.I) else v) for k, v in env.items()}
+    return [f"- `{k}={shown(k, v)}`" for k, v in env.items()]
 
 
 def check_target(directory: Path, force: bool) -> None:
@@ -83,10 +58,12 @@ def check_target(directory: Path, force: bool) -> None:
 
 def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRuntime],
           env: Mapping[str, str], alerts: Iterable[str], failure: tuple[RunResult, str] | None,
-          logs: pd.DataFrame, live: LiveStore, cells: Iterable[Mapping[str, Any]]) -> Path:
+          logs: pd.DataFrame, live: LiveStore, cells: Iterable[Mapping[str, Any]],
+          show_env: bool = False) -> Path:
     """Write the report of a cluster's ``tasks`` to ``path`` (owner-only): ``failure`` the last
     failing run and its code, ``logs`` the merged log, ``live`` the live store (the ledgers),
-    ``cells`` the cells run (where secrets are set). SpecError if it cannot be written."""
+    ``cells`` the cells run (where secrets are set), ``show_env`` whether the ``--env`` values
+    that are no secrets are shown. SpecError if it cannot be written."""
     failed, code = failure if failure else (None, None)
     names = [rt.name for rt in tasks]
     last = {n: list(logs[logs["task"] == n]["text"].tail(LAST_LINES)) if len(logs) else []
@@ -96,13 +73,12 @@ def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRunti
     text = markdown(
         cluster_id=cluster_id, spec=spec, tasks=task_rows(tasks),
         tf_configs=tf_config_lines(tasks), env=env, alerts=alerts, failure=failed,
-        failed_code=code, last_lines=last, ledger=ledger,
-        secrets=secret_values([c.get("code", "") for c in cells], env))
+        failed_code=code, last_lines=last, ledger=ledger, show_env=show_env,
+        secrets=redaction.secret_values([c.get("code", "") for c in cells], env))
     try:
-        with open_private(path, "w") as f:
-            f.write(text)
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot write the report ({exc.strerror or exc})") from None
+        write_private(path, text)
+    except ExportError as exc:
+        raise SpecError(str(exc)) from None
     return path
 
 
@@ -110,32 +86,30 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
              tf_configs: Mapping[str, str], env: Mapping[str, str], alerts: Iterable[str],
              failure: RunResult | None, failed_code: str | None,
              last_lines: Mapping[str, list[str]], ledger: list[dict[str, Any]],
-             secrets: Iterable[str] = ()) -> str:
+             secrets: Iterable[str] = (), show_env: bool = False) -> str:
     """The report's text. ``tasks``: one dict per task (task, host, pid, state, python,
     tensorflow, keras); ``failure``: the last run that failed, with its cell's code;
-    ``secrets``: values to hide wherever they appear (``secret_values``)."""
-    hidden = set(secrets)
-
-    def hide(text: str) -> str:
-        return redact(text, hidden)
-
+    ``secrets``: values to hide wherever they appear (``redaction.secret_values``). Every
+    field goes through the redaction: the whole text does, once it is made."""
+    shown = ("values that look like secrets as" if show_env else "`--env` values as "
+             f"`{HIDDEN}` (`--show-env` shows those that are no secret), secrets as")
     out = [f"# tfdist_nb report: cluster {cluster_id} ({spec})", "",
-           f"Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Secrets in the cells, lines and "
-           f"environment are shown as `{REDACTED}`.", ""]
+           f"Made {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. In the cells, lines and environment, "
+           f"{shown} `{REDACTED}`.", ""]
     out += ["## What failed", ""]
     if failure is None:
         out += ["No cell failed on this cluster.", ""]
     else:
-        out += [f"Cell {failure.cell}: {hide(failure.summary().splitlines()[0])}", "",
-                "```python", hide(failed_code or "").rstrip(), "```", "",
+        out += [f"Cell {failure.cell}: {failure.summary().splitlines()[0]}", "",
+                "```python", (failed_code or "").rstrip(), "```", "",
                 "| task | status | error |", "|---|---|---|"]
         for name, r in failure.tasks.items():
             error = r.error.short() if r.error else ""
-            out.append(f"| {name} | {r.status} | {_cell(hide(error))} |")
+            out.append(f"| {name} | {r.status} | {_cell(error)} |")
         out.append("")
         for name, r in failure.tasks.items():
             if r.explanation:
-                out += [f"**{name}**: {hide(r.explanation)}", ""]
+                out += [f"**{name}**: {r.explanation}", ""]
     out += ["## Tasks", "", "| task | host | pid | state | python | TensorFlow | Keras |",
             "|---|---|---|---|---|---|---|"]
     for t in tasks:
@@ -146,12 +120,12 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     for name, cfg in tf_configs.items():
         out += [f"- {name}: `{cfg}`"]
     out += ["", "## Environment given to every task (`--env`)", ""]
-    out += [f"- `{k}={v}`" for k, v in redact_env(env).items()] or ["(none)"]
+    out += env_lines(env, show_env) or ["(none)"]
     out += ["", "## Alerts", ""]
-    out += [f"- {hide(a)}" for a in alerts] or ["(none)"]
+    out += [f"- {a}" for a in alerts] or ["(none)"]
     out += ["", f"## The last {LAST_LINES} lines of each task", ""]
     for name, lines in last_lines.items():
-        out += [f"### {name}", "", "```", *(hide(line) for line in lines), "```", ""]
+        out += [f"### {name}", "", "```", *lines, "```", ""]
     if ledger:
         out += ["## Collective ledger (the last rows of each task)", "",
                 "| task | kind | tensor | where | state |", "|---|---|---|---|---|"]
@@ -162,7 +136,7 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
         out.append("")
     out += ["## Reproduce", "", "`bash launch.sh` beside this file runs the cells the cluster "
             "ran (`train.py`) on the same tasks of one machine.", ""]
-    return "\n".join(out)
+    return redaction.redact("\n".join(out), secrets)
 
 
 def _cell(text: str) -> str:

@@ -23,7 +23,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
 from tfdist_nb.magics.request import EXAMPLE
-from tfdist_nb.store.rundir import open_private
+from tfdist_nb.store.rundir import replace_private
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: What the Cluster API raises for what the user asked; the magics answer it as a UsageError.
@@ -32,8 +32,17 @@ USER_ERRORS: tuple[type[Exception], ...] = (SpecError, ClusterNotRunningError, C
 NO_CLUSTER = "no cluster is running; start one with\n  %%tfcluster 2 workers"
 
 
+#: words of a message that already says what to type: the examples would bury it
+_SAYS_THE_FIX = ("did you mean", "e.g.", "choose ")
+
+
 def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
-    return UsageError(f"{exc}\n{example}")
+    """The UsageError a user sees: the message, then ``example`` unless the message already
+    names the fix (a typo's "did you mean", a list to choose from)."""
+    text = str(exc)
+    if any(words in text for words in _SAYS_THE_FIX):
+        return UsageError(text)
+    return UsageError(f"{text}\n{example}")
 
 
 def user_errors(example: str = EXAMPLE, *more: type[Exception]) -> Callable[[F], F]:
@@ -116,11 +125,11 @@ def tasks_magic(example: str) -> Callable[[F], F]:
 
 
 def save_private(path: str, text: str, example: str) -> None:
-    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through
-    a symlink; a path that cannot be written is a UsageError naming why."""
+    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed) as a new file,
+    never into one that is there nor through a symlink; a path that cannot be written is a
+    UsageError naming why."""
     try:
-        with open_private(Path(path), "w") as f:
-            f.write(text)
+        replace_private(Path(path), text)
     except OSError as exc:
         raise usage(f"--save: cannot write {path}: {exc.strerror or exc}", example) from None
 

@@ -203,23 +203,27 @@ class DiagnoseMagics(Magics):
         print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
               f"bash {out / 'launch.sh'}")
 
+    @argument("--show-env", action="store_true",
+              help="show the --env values that do not look like secrets (hidden by default)")
     @writes_files("report.md (and the reproducer)",
                   "a report.md, train.py or launch.sh there that tfdist_nb did not write",
                   "example: %tfdist_report issue/")
     def tfdist_report(self, line: str) -> None:
         """A report to share: ``DIR/report.md`` with the tasks and their software, every
         task's TF_CONFIG, the alerts, the last failing cell with each task's result, the last
-        lines of each task and the collective ledger, secrets redacted; beside it the
-        reproducer ``%tfdist_export`` writes. Paste report.md into an issue.
+        lines of each task and the collective ledger, secrets redacted and ``--env`` values
+        hidden; beside it the reproducer ``%tfdist_export`` writes. Paste report.md into an
+        issue.
 
         Example::
 
             %tfdist_report issue/
         """
         args = parse_line(self.tfdist_report, line)
-        path = require_any().report(args.directory, force=args.force)
-        print(f"tfdist_nb: wrote {path} (secrets redacted) with train.py and launch.sh beside "
-              "it: paste the report into an issue")
+        path = require_any().report(args.directory, force=args.force, show_env=args.show_env)
+        print(f"tfdist_nb: wrote {path} (secrets redacted"
+              f"{'' if args.show_env else ', --env values hidden'}) with train.py and launch.sh "
+              "beside it: paste the report into an issue")
 
     @magic_arguments()
     @argument("--cell", type=POSITIVE_N, default=None, metavar="N",

@@ -99,6 +99,39 @@ def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
     return os.fdopen(_private_fd(path, mode, permissions), mode, encoding="utf-8")
 
 
+def replace_private(path: Path, text: str, permissions: int = 0o600) -> None:
+    """Replace ``path`` with ``text`` at ``permissions``: written to a fresh name opened with
+    O_EXCL|O_NOFOLLOW (never into a file or through a link someone planted there), then
+    renamed into place, so a reader sees the old file or the new one, whole."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                 permissions)
+    try:
+        os.fchmod(fd, permissions)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def foreign(path: Path) -> str | None:
+    """Why ``path`` (a directory to write into) is not this user's: a link, or the directory
+    it names, owned by someone else; None when it is ours."""
+    try:
+        link, target = os.lstat(path), os.stat(path)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    me = os.geteuid()
+    if link.st_uid != me:
+        return f"it belongs to uid {link.st_uid}"
+    if target.st_uid != me:
+        return f"it is a link to a directory of uid {target.st_uid}"
+    return None
+
+
 def _private_fd(path: Path, mode: str = "a", permissions: int = 0o600) -> int:
     flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
              | (os.O_APPEND if mode == "a" else os.O_TRUNC))

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any
 import psutil
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.store.rundir import replace_private
 from tfdist_nb.store.safe_read import read_regular
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore
@@ -69,18 +69,7 @@ def _own_create_time() -> float | None:
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
     """Replace ``path`` with ``data`` as JSON: a reader sees the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    replace_private(path, json.dumps(data, default=str))
 
 
 class StateFile:
