@@ -154,6 +154,26 @@ def test_a_start_that_times_out_while_the_server_imports_leaves_nothing_and_the_
         assert probe(c)["worker:0"]["ppid"] == server.pid
 
 
+def test_a_preload_that_hangs_once_does_not_hang_every_later_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An import that never returns: the start gives up at its start_timeout; once the module
+    is mended, the next start does not wait on the hung server again (it is ended, a new one
+    imports the module as it is now)."""
+    module = tmp_path / "hangs_once.py"
+    module.write_text("import time\ntime.sleep(3600)\n")
+    env = {"PYTHONPATH": str(tmp_path)}
+    with pytest.raises(ClusterStartError, match="start_timeout=2s"):
+        Cluster(workers=1, env=env, preload=("hangs_once",), run_dir=tmp_path / "a",
+                start_timeout=2).start()
+    [hung] = [s for s in forkserver.live_servers() if s.key.preload == ("hangs_once",)]
+    module.write_text("MENDED = True\n")
+    monkeypatch.setattr(forkserver, "HUNG_AFTER_S", 1.0)  # a minute in use: not waited out here
+    with Cluster(workers=1, env=env, preload=("hangs_once",), run_dir=tmp_path / "b",
+                 start_timeout=60) as c:
+        assert probe(c)["worker:0"]["ppid"] != hung.pid
+    assert not hung.alive()
+
+
 def test_a_fork_given_up_in_flight_is_killed_when_it_comes(tmp_path: Path) -> None:
     key = forkserver.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
     server = forkserver.ForkServer(key, dict(os.environ))

@@ -49,6 +49,7 @@ y = strategy.reduce("SUM", tf.constant(2.0), axis=None)
 """
 
 
+@pytest.mark.user
 def test_a_task_that_raises_releases_the_others_and_is_the_root_cause(cluster: Cluster) -> None:
     result, took = timed(cluster, RAISES)
     assert took < NAMED_WITHIN_S

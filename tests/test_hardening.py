@@ -104,6 +104,7 @@ def test_a_cluster_dir_someone_else_made_first_is_refused(tmp_path: Path) -> Non
     assert not list((tmp_path / "elsewhere").iterdir())
 
 
+@pytest.mark.user
 @pytest.mark.cluster
 def test_a_real_run_leaves_only_owner_only_files_in_a_0755_run_dir(tmp_path: Path) -> None:
     base = tmp_path / "project"

@@ -39,6 +39,8 @@ BAD_LINES = [
     ("2 workers --timeout soon", "invalid float value: 'soon'"),
     ("2 workers --python /no/such/python", "not found"),
     ("2 workers --launcher nomad", "unknown launcher 'nomad'"),
+    ("2 workers --launcher sshh", "unknown launcher 'sshh' (did you mean 'ssh'?)"),
+    ("2 workers --net lan", "--net: choose auto, private, host, not 'lan'"),
     ("2 workers --launcher local --sbatch '--nodes=2'", "--sbatch needs --launcher slurm"),
     ("2 workers --sbatch '--ntasks=4'", "sbatch option '--ntasks=4' is not allowed: the "
                                         "cluster's SPEC sets the number of tasks"),
@@ -56,6 +58,17 @@ BAD_LINES = [
 ]
 
 
+def test_a_typo_gets_its_fix_alone_and_a_line_it_cannot_read_gets_the_examples(
+        ip: Any) -> None:
+    with pytest.raises(UsageError) as typo:
+        ip.run_cell_magic("tfcluster", "2 workers --launcher sshh", "x = 1")
+    assert str(typo.value) == ("unknown launcher 'sshh' (did you mean 'ssh'?); choose one of "
+                               "attach, local, slurm, ssh")
+    with pytest.raises(UsageError) as unread:
+        ip.run_cell_magic("tfcluster", "2 workerz", "x = 1")
+    assert "examples:\n  %%tfcluster 2 workers\n" in str(unread.value)
+
+
 @pytest.mark.parametrize(("line", "needle"), BAD_LINES)
 def test_bad_line_is_usage_error_and_starts_nothing(ip: Any, line: str, needle: str) -> None:
     children = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -64,7 +77,10 @@ def test_bad_line_is_usage_error_and_starts_nothing(ip: Any, line: str, needle: 
         ip.run_cell_magic("tfcluster", line, "print('never runs')")
     message = str(info.value)
     assert needle in message
-    assert "%%tfcluster 2 workers" in message  # every message carries an example
+    # every message carries an example, or is one: it names the fix (a typo's closest word,
+    # the values to choose from, an e.g.)
+    assert "%%tfcluster 2 workers" in message or any(
+        words in message for words in ("did you mean", "e.g.", "choose ")), message
     assert current() is None
     assert worker_kernels() == workers
     assert {p.pid for p in psutil.Process().children(recursive=True)} == children

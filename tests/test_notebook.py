@@ -26,6 +26,7 @@ def errors_of(cell: Any) -> list[str]:
     return [out.ename for out in cell.outputs if out.output_type == "error"]
 
 
+@pytest.mark.user
 def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: Path) -> None:
     saved = tmp_path / "executed.ipynb"
     env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs")}
@@ -44,6 +45,12 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
     summary = out[out.index(">>> %tfdist_status --table"):]
     assert "worker:0" in summary and "worker:1" in summary and "idle" in summary
     assert "stopped 2 task(s) of 2 workers" in out
+    code_cells = sum(c.cell_type == "code" for c in nbformat.read(
+        REPO / "examples" / "01_quickstart.ipynb", as_version=4).cells)
+    assert f"tfdist-nb: quickstart ran {code_cells} code cells in " in out
+    python = (os.path.relpath(sys.executable, REPO) if sys.executable.startswith(f"{REPO}/")
+              else sys.executable)  # as the README's commands name it: .venv/bin/python
+    assert "What next:" in out and f"  {python} -m tfdist_nb lab " in out
     # a healthy run: no warning about any task, and nothing from the notebook's own kernel
     # (it runs on ipc sockets, so ipykernel has no plain-TCP warning to print)
     assert "] tfdist_nb: " not in out, out
@@ -65,6 +72,18 @@ def test_quickstart_command_runs_the_notebook_and_prints_the_summary(tmp_path: P
         losses = [i for i, ln in enumerate(lines) if ln.startswith(f"[{task}] loss ")]
         final = next(i for i, ln in enumerate(lines) if ln.startswith(f"[{task}] {task} final"))
         assert len(losses) == 20 and max(losses) < final, lines
+
+
+def test_quickstart_lab_passes_jupyter_labs_own_options_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfdist_nb import cli
+
+    opened: list[tuple[Path, list[str]]] = []
+    monkeypatch.setattr(cli, "lab", lambda where, extra: opened.append((where, extra)) or 0)
+    assert cli.main(["quickstart", "--lab", "--no-browser", "--port", "8899"]) == 0
+    assert opened == [(cli.examples_dir(), ["--no-browser", "--port", "8899"])]
+    with pytest.raises(SystemExit):  # without --lab, an unknown option is refused
+        cli.main(["quickstart", "--no-browser"])
 
 
 def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:

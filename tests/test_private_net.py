@@ -180,5 +180,118 @@ def test_the_tasks_keep_their_outbound_network(confined: Cluster,
 def test_a_private_network_with_tcp_kernel_channels_is_refused_with_why() -> None:
     with pytest.raises(SpecError, match="net='private' cannot be used with transport='tcp'"):
         Cluster(workers=2, launcher_options={"net": "private", "transport": "tcp"})
-    with pytest.raises(SpecError, match="net must be one of auto, private, host, not 'lan'"):
+    with pytest.raises(SpecError, match="net='lan': choose one of auto, private, host"):
         Cluster(workers=2, launcher_options={"net": "lan"})
+
+
+SERVE = b"a data set from the host's network"
+FETCH = ("import urllib.request\n"
+         "try:\n"
+         "    print(urllib.request.urlopen({url!r}, timeout=10).read().decode())\n"
+         "except OSError as exc:\n"
+         "    print('unreachable', exc)\n")
+
+
+@pytest.fixture
+def host_server() -> Iterator[str]:
+    """An HTTP server on this host's own non-loopback address (what a task downloading a data
+    set reaches through the host's network), serving ``SERVE``."""
+    import http.server
+    import threading
+
+    import psutil
+
+    address = next((a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                    if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
+    if address is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(SERVE)))
+            self.end_headers()
+            self.wfile.write(SERVE)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((address, 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{address}:{server.server_address[1]}/data.csv"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.user
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_without_slirp4netns_the_default_keeps_the_tasks_network_and_says_how_to_confine(
+        host_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine most users have (no slirp4netns): net=auto puts the tasks on the host's
+    network, where a download works, and the ready line says so and the one step that
+    confines them; --net private still confines them, and says they have no outbound network."""
+    from tests.support.processes import path_without
+
+    if private_net._missing_tools():
+        pytest.skip("no unshare/nsenter/ip: the private network is never chosen here")
+    monkeypatch.setenv("PATH", path_without("slirp4netns", tmp_path / "bin"))
+    private_net.close_shared()  # a namespace with slirp4netns from an earlier test is not ours
+    fetch = FETCH.format(url=host_server)
+    with Cluster(workers=2, preload=(), warm=False) as c:
+        said = c.network()
+        assert said.startswith("host network (slirp4netns not found, and a private network "
+                               "without it would cost the tasks their outbound network"), said
+        assert "install slirp4netns" in said and "--net private" in said
+        result = c.run(fetch)
+        assert {r.stdout.strip() for r in result.tasks.values()} == {SERVE.decode()}
+    if why := private_net_missing_namespace():
+        pytest.skip(f"no network namespace here: {why}")
+    with Cluster(workers=1, preload=(), warm=False,
+                 launcher_options={"net": "private"}) as c:
+        assert c.network().startswith("private network: the TF ports are reachable by these "
+                                      "tasks alone (a network namespace of their own; no "
+                                      "outbound network (slirp4netns not found))")
+        out = c.run(fetch).tasks["worker:0"].stdout
+        assert out.startswith("unreachable") and "Network is unreachable" in out, out
+    private_net.close_shared()
+
+
+def private_net_missing_namespace() -> str | None:
+    try:
+        private_net.create(outbound=False).close()
+    except private_net.PrivateNetUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_with_slirp4netns_the_default_confines_the_ports_and_keeps_the_download(
+        host_server: str) -> None:
+    """Beside the test above: where slirp4netns is, net=auto confines the TF ports and the
+    task still downloads from the host's address."""
+    if why := private_net_missing():
+        pytest.skip(f"this machine cannot make the private network: {why}")
+    with Cluster(workers=1, preload=(), warm=False) as c:
+        assert c.network().startswith("private network: the TF ports are reachable by these "
+                                      "tasks alone (a network namespace of their own; outbound "
+                                      "through slirp4netns)")
+        out = c.run(FETCH.format(url=host_server)).tasks["worker:0"].stdout
+        assert out.strip() == SERVE.decode()
+
+
+def test_a_misspelt_environment_switch_is_refused_naming_the_variable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFDIST_NET", "bogus")
+    with pytest.raises(SpecError, match="TFDIST_NET=bogus: choose one of auto, private, host"):
+        Cluster(workers=2)
+    monkeypatch.delenv("TFDIST_NET")
+    monkeypatch.setenv("TFDIST_FORK", "disable")  # it used to leave forking on, unsaid
+    with pytest.raises(SpecError, match="TFDIST_FORK=disable: choose on or off"):
+        Cluster(workers=2)
+    monkeypatch.setenv("TFDIST_FORK", "off")
+    assert not Cluster(workers=2).launcher.fork

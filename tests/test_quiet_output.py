@@ -75,3 +75,27 @@ def test_continuation_lines_of_a_held_record_are_held_with_it() -> None:
     assert tensorflow_info("stderr", "WARNING: All log messages before absl::InitializeLog() "
                                      "is called are written to STDERR")
     assert not tensorflow_info("stderr", "WARNING: my own warning about absl::InitializeLog()")
+
+
+def test_known_harmless_lines_are_said_once_per_cluster_not_per_task() -> None:
+    """The quickstart's Dataset.from_generator makes every task print TensorFlow's
+    GeneratorDatasetOp warning: one closing line names the tasks, once; the task's own
+    warning, and a real TensorFlow warning, are shown."""
+    out = io.StringIO()
+    printer = LivePrinter(stdout=out, stderr=out, colour=False)
+    noise = ("2026-12-06 22:59:58.033510: W tensorflow/core/framework/dataset.cc:959] Input of "
+             "GeneratorDatasetOp::Dataset will not be optimized because the dataset does not "
+             "implement the AsGraphDefInternal() method needed to apply optimizations.")
+    real = "W0000 00:00:1.0   1 collective_ops.cc:12] all-reduce group size differs"
+    for task in ("worker:1", "worker:0"):
+        printer(OutputLine(1.0, task, "stderr", noise, 1))
+    printer(OutputLine(2.0, "worker:0", "stderr", real, 1))
+    printer(OutputLine(3.0, "worker:0", "stdout", "my own warning: lr too high", 1))
+    shown = out.getvalue()
+    assert "GeneratorDatasetOp" not in shown
+    assert real in shown and "my own warning: lr too high" in shown
+    [said] = printer.noise_notes()
+    assert said.startswith("tfdist_nb: TensorFlow noted on 2 task(s) (worker:0, worker:1) that "
+                           "a Dataset.from_generator input is not graph-optimized: harmless")
+    printer(OutputLine(4.0, "worker:0", "stderr", noise, 2))  # the next cell: not said again
+    assert printer.noise_notes() == []

@@ -102,4 +102,4 @@ def test_a_flood_of_100k_lines_per_task_is_kept_whole_and_bounded() -> None:
         assert dashboard.updates <= took / dashboard.refresh_s + 3
         footer = dashboard.panels["worker:0"].footer.value
         total = c.live.view("worker:0").lines_total
-        assert f"newest first: 30 of {total} lines" in footer and "events.jsonl" in footer
+        assert f"newest last: 30 of {total} lines" in footer and "events.jsonl" in footer

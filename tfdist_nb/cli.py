@@ -79,8 +79,26 @@ def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) 
     if failed is not None:
         print(f"\ntfdist-nb: the quickstart failed after {took:.0f}s", file=sys.stderr)
         return 1
-    print(f"\ntfdist-nb: quickstart ran {len(nb.cells)} cells in {took:.0f}s")
+    code = sum(cell.cell_type == "code" for cell in nb.cells)
+    print(f"\ntfdist-nb: quickstart ran {code} code cells in {took:.0f}s")
+    print(next_steps(notebook.parent))
     return 0
+
+
+def next_steps(examples: Path) -> str:
+    """What to try after the quickstart, with commands that run as they are printed."""
+    python = sys.executable
+    if os.path.commonpath([os.path.abspath(python), os.getcwd()]) == os.getcwd():
+        python = os.path.relpath(python)  # .venv/bin/python, as the README's commands say
+    names = sorted(p.stem for p in examples.glob("[0-9][0-9]_*.ipynb"))[1:]
+    listed = ", ".join(n.split("_", 1)[0] + " " + n.split("_", 1)[1].replace("_", " ")
+                       for n in names)
+    return ("\nWhat next:\n"
+            f"  {python} -m tfdist_nb lab    JupyterLab on examples/: {listed or 'the notebooks'}\n"
+            f"  {python} -m tfdist_nb lab --no-browser --ip 127.0.0.1    on a remote machine; "
+            "then ssh -L 8888:127.0.0.1:8888 THAT_MACHINE here and open the URL it prints\n"
+            "  in a notebook of your own: %load_ext tfdist_nb, then a cell that begins with "
+            "%%tfcluster 2 workers")
 
 
 def lab(directory: Path, extra: list[str]) -> int:
@@ -95,16 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tfdist-nb", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quickstart", help="run the quickstart notebook headless and summarise")
-    q.add_argument("--lab", action="store_true", help="open JupyterLab on examples/ instead")
+    q.add_argument("--lab", action="store_true",
+                   help="open JupyterLab on examples/ instead (jupyter lab's own options, "
+                        "e.g. --no-browser, may follow)")
     q.add_argument("--notebook", type=Path, help="another notebook to run")
     q.add_argument("--timeout", type=float, default=600, help="per-cell timeout (seconds)")
     q.add_argument("--save", type=Path, help="write the executed notebook here")
     q.add_argument("--no-colour", action="store_true", help="strip ANSI colours")
     lb = sub.add_parser("lab", help="open JupyterLab on examples/")
     lb.add_argument("extra", nargs=argparse.REMAINDER, help="arguments for jupyter lab")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "quickstart" and rest and not args.lab:
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (jupyter lab's own options go "
+                     "after --lab)")
     if args.command == "lab" or (args.command == "quickstart" and args.lab):
-        return lab(examples_dir(), getattr(args, "extra", []) or [])
+        return lab(examples_dir(), [*(getattr(args, "extra", None) or []), *rest])
     notebook = args.notebook or examples_dir() / "01_quickstart.ipynb"
     colour = not args.no_colour and sys.stdout.isatty() and "NO_COLOR" not in os.environ
     return quickstart(notebook, args.timeout, colour, args.save)

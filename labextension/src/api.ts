@@ -50,6 +50,8 @@ export interface ILatest {
   rss_mb?: Num;
   gpu_util_percent?: Num;
   gpu_mem_mb?: Num;
+  /** how many GPUs the task sees (0 on a host without GPUs) */
+  gpus?: Num;
   step?: Num;
   total_steps?: Num;
   /** the collective the task is in (from its ledger), and since when */
@@ -73,6 +75,21 @@ export interface IClusterDetail extends IClusterSummary {
   series: { [task: string]: ISeries };
   /** the smallest lag a task is flagged a straggler for (ms): the lateness chart's floor */
   lateness_floor_ms?: number;
+  /** the charts' axes as the notebook widget draws them (tfdist_nb/chart_axes.py) */
+  charts?: IChartAxes[];
+  /** time charts: the whole run while shorter, else its last window_s seconds */
+  window_s?: number;
+  /** what the GPU chart says on a host without GPUs */
+  no_gpu?: string;
+}
+
+export interface IChartAxes {
+  key: string;
+  title: string;
+  /** the y axis starts at 0 and reaches at least this (100 for a percentage) */
+  top_at_least: number;
+  /** what the chart says while it has no data */
+  empty: string;
 }
 
 export interface ISample extends ILatest {

@@ -43,8 +43,16 @@ function fmt(v: number): string {
 
 /** Draw ``lines`` into ``host`` (replacing what was there). ``yFloor``: the y axis reaches at
  * least this high, drawn as a dashed line (a threshold that matters), so noise far below it is
- * not magnified into a trend by an axis scaled to the noise. */
-export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean, yFloor = 0): void {
+ * not magnified into a trend by an axis scaled to the noise. ``yTop``: the y axis reaches at
+ * least this high, without a line (100 for a percentage). ``empty``: said without data. */
+export function drawChart(
+  host: HTMLElement,
+  lines: ILine[],
+  xIsTime: boolean,
+  yFloor = 0,
+  yTop = 0,
+  empty = 'no data yet'
+): void {
   host.textContent = '';
   const pts = lines.flatMap(l => l.points);
   const svg = el('svg', {
@@ -55,7 +63,7 @@ export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean, y
   host.appendChild(svg);
   if (pts.length === 0) {
     const t = el('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle', class: 'tfdist-lab-empty' });
-    t.textContent = 'no data yet';
+    t.textContent = empty;
     svg.appendChild(t);
     return;
   }
@@ -67,7 +75,7 @@ export function drawChart(host: HTMLElement, lines: ILine[], xIsTime: boolean, y
     x0 -= 1;
     x1 += 1;
   }
-  y1 = Math.max(y1, yFloor);
+  y1 = Math.max(y1, yFloor, yTop);
   if (y1 === y0) {
     y1 = y0 + 1;
   }

@@ -121,6 +121,7 @@ export class ClusterPanel extends Widget {
   private _rows: HTMLTableSectionElement;
   private _charts: HTMLElement;
   private _chartHosts = new Map<string, HTMLElement>();
+  private _chartTitles = new Map<string, HTMLElement>();
   private _legend: HTMLElement;
   private _log: HTMLElement;
   private _taskFilter: HTMLSelectElement;
@@ -173,7 +174,9 @@ export class ClusterPanel extends Widget {
     for (const def of CHARTS) {
       const box = h('div', 'tfdist-lab-chart');
       box.dataset.chart = def.key;
-      box.appendChild(h('div', 'tfdist-lab-chart-title', def.title));
+      const title = h('div', 'tfdist-lab-chart-title', def.title);
+      box.appendChild(title);
+      this._chartTitles.set(def.key, title);
       const host = h('div', 'tfdist-lab-chart-body');
       box.appendChild(host);
       this._chartHosts.set(def.key, host);
@@ -466,20 +469,43 @@ export class ClusterPanel extends Widget {
       this._legend.appendChild(item);
     });
     const now = Date.now() / 1000;
+    // the axes the notebook widget draws too (one home: tfdist_nb/chart_axes.py)
+    const served = new Map((this._detail?.charts ?? []).map(c => [c.key, c]));
+    const windowS = this._detail?.window_s ?? 300;
+    const gpus = tasks.some(name => ((this._series.get(name) || emptySeries()).latest.gpus ?? 0) > 0);
     for (const def of CHARTS) {
+      const axes = served.get(def.key);
       const lines: ILine[] = tasks.map((name, i) => {
         let points = def.points(this._series.get(name) || emptySeries());
         if (def.xIsTime) {
-          points = points.map(([x, y]) => [x - now, y] as [number, number]);
+          points = points
+            .map(([x, y]) => [x - now, y] as [number, number])
+            .filter(([x]) => x >= -windowS);
         }
         return { name, color: PALETTE[i % PALETTE.length], points };
       });
       const host = this._chartHosts.get(def.key)!;
-      if (def.key === 'gpu' && lines.every(l => l.points.length === 0)) {
-        host.textContent = 'no GPU readings';
+      const title = this._chartTitles.get(def.key)!;
+      if (axes && title.textContent !== axes.title) {
+        title.textContent = axes.title;
+      }
+      const empty =
+        def.key === 'gpu' && !gpus
+          ? this._detail?.no_gpu ?? 'no GPU on this host'
+          : axes?.empty ?? 'no data yet';
+      if (lines.every(l => l.points.length === 0)) {
+        host.textContent = '';
+        host.appendChild(h('div', 'tfdist-lab-chart-empty', empty));
         continue;
       }
-      drawChart(host, lines, def.xIsTime, def.floor ? def.floor(this._detail) : 0);
+      drawChart(
+        host,
+        lines,
+        def.xIsTime,
+        def.floor ? def.floor(this._detail) : 0,
+        axes?.top_at_least ?? 0,
+        empty
+      );
     }
   }
 

@@ -68,3 +68,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
         if time.monotonic() >= deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def path_without(tool: str, bindir: os.PathLike[str] | str) -> str:
+    """A ``PATH`` with ``tool`` hidden, as on a machine that lacks it: ``bindir`` (made here)
+    holds a link to every other program of the directories where ``tool`` is."""
+    bindir = os.fspath(bindir)
+    os.makedirs(bindir, exist_ok=True)
+    parts = []
+    for part in os.environ.get("PATH", "").split(os.pathsep):
+        if not os.path.exists(os.path.join(part, tool)):
+            parts.append(part)
+            continue
+        for name in os.listdir(part):
+            if name != tool and not os.path.lexists(os.path.join(bindir, name)):
+                os.symlink(os.path.join(part, name), os.path.join(bindir, name))
+        if bindir not in parts:
+            parts.append(bindir)
+    return os.pathsep.join(parts)

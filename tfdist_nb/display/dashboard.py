@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tfdist_nb import chart_axes as axes
+from tfdist_nb.chart_axes import CHARTS, NO_GPU
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.display.compact import (
     COMPACT_AT,
@@ -58,7 +60,10 @@ class TaskPanel:
         self.stream = w.Dropdown(options=["all", "stdout", "stderr"], value="all",
                                  layout=w.Layout(width="90px"))
         self.grep = w.Text(placeholder="regex filter", layout=w.Layout(width="160px"))
-        self.log = w.HTML()
+        # oldest first, held at the newest line: the scroll container is the widget itself (it
+        # outlives each update of its text), laid out bottom up so it starts at the bottom
+        self.log = w.HTML(layout=w.Layout(max_height="260px", overflow="auto", display="flex",
+                                          flex_flow="column-reverse"))
         self.footer = w.HTML()
         self.box = w.VBox([self.title, self.progress, self.stats,
                            w.HBox([self.stream, self.grep]), self.log, self.footer],
@@ -95,15 +100,13 @@ class TaskPanel:
         self.progress.description = f"{view.step_count}" + (f"/{total}" if total else "")
         self.stats.value = _stats_html(view) + _collective_html(inside)
         lines = self._filtered(view)
-        # newest first: the line that matters is in view without scrolling
-        self.log.value = ("<div style='max-height:260px;overflow:auto'><pre class='tfdist-log' "
-                          "style='font-size:11px;margin:0;white-space:pre-wrap'>"
-                          + "\n".join(html.escape(ANSI.sub("", x)) for x in reversed(lines))
-                          + "</pre></div>")
+        self.log.value = ("<pre class='tfdist-log' style='font-size:11px;margin:0;"
+                          "white-space:pre-wrap'>"
+                          + "\n".join(html.escape(ANSI.sub("", x)) for x in lines) + "</pre>")
         kept = (f"all are on disk in {html.escape(self.run_dir)}/events.jsonl" if not disk_trouble
                 else f"the run directory cannot be written now ({html.escape(disk_trouble)}): "
                 "the lines not on disk yet are held in memory")
-        self.footer.value = (f"<small>newest first: {len(lines)} of {view.lines_total} lines; "
+        self.footer.value = (f"<small>newest last: {len(lines)} of {view.lines_total} lines; "
                              f"{kept} (<code>%tfdist_logs --on {self.task}</code>)</small>")
         return True
 
@@ -165,14 +168,13 @@ def _stats_html(view: TaskView) -> str:
 class Charts(RevisionCharts):
     """bqplot charts, one line per task: step time and input wait over steps (a straggler's
     slow input stands out there even when synchronous training evens out the step times), and
-    CPU / RSS / GPU over time.
+    CPU / RSS / GPU over time, on the axes :mod:`tfdist_nb.chart_axes` chooses (from 0; the
+    whole run while short). A chart without data is left out of ``row`` and says why in
+    ``empty``.
 
     One Lines mark per task (tasks have different numbers of points; bqplot wants a rectangle
     per mark), sharing the figure's scales.
     """
-
-    SERIES = (("step time (ms)", "steps", 2), ("input wait (ms)", "steps", 3),
-              ("CPU %", "time", 1), ("RSS (MB)", "time", 2), ("GPU %", "time", 3))
 
     def __init__(self, tasks: list[str]) -> None:
         import bqplot as bq
@@ -181,37 +183,76 @@ class Charts(RevisionCharts):
         self.tasks = tasks
         self.figures: list[Any] = []
         self.marks: list[list[Any]] = []
-        for title, xkind, _ in self.SERIES:
-            xs, ys = bq.LinearScale(), bq.LinearScale()
+        self.scales: list[tuple[Any, Any]] = []
+        for chart in CHARTS:
+            xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
             marks = [bq.Lines(x=[0.0], y=[0.0], colors=[colour_of(t)], labels=[t],
                               display_legend=True, scales={"x": xs, "y": ys}) for t in tasks]
-            label = "step" if xkind == "steps" else "seconds"
-            fig = bq.Figure(marks=marks, title=title,
-                            axes=[bq.Axis(scale=xs, label=label),
+            fig = bq.Figure(marks=marks, title=chart.title,
+                            axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
+                                          "seconds since the first sample"),
                                   bq.Axis(scale=ys, orientation="vertical")],
                             layout=w.Layout(width="49%", height="240px"),
                             fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
             fig.add_class("tfdist-chart")
+            fig.add_class(f"tfdist-chart-{chart.key}")
             self.figures.append(fig)
             self.marks.append(marks)
-        self.box = w.Box(self.figures, layout=w.Layout(flex_flow="row wrap"))
+            self.scales.append((xs, ys))
+        self.empty = w.HTML()
+        self.empty.add_class("tfdist-chart-empty")
+        # a chart joins the row when it first has data: drawn then, at its size (bqplot lays
+        # out a figure when it is shown; one drawn hidden stays without size)
+        self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
+        self.box = w.VBox([self.row, self.empty])
 
     def update(self, views: list[TaskView], revision: int) -> bool:
         if not self.due(revision):
             return False
         t0 = self.first_sample(views)
-        for (_, xkind, col), marks in zip(self.SERIES, self.marks, strict=True):
-            for v, mark in zip(views, marks, strict=True):
-                if xkind == "steps":
-                    pts = [p for p in list(v.steps)[-CHART_POINTS:] if p[col] is not None]
-                    x, y = [p[0] for p in pts], [p[col] for p in pts]
-                else:
-                    pts = [s for s in list(v.samples)[-CHART_POINTS:] if s[col] is not None]
-                    x, y = [s[0] - t0 for s in pts], [s[col] for s in pts]
+        now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
+        gpus = any(v.latest.get("gpus") for v in views)
+        said: list[str] = []
+        shown_now: list[Any] = []
+        for chart, fig, marks, (xs, ys) in zip(CHARTS, self.figures, self.marks, self.scales,
+                                               strict=True):
+            shown = [self._points(chart, v, t0, now) for v in views]
+            values = [y for _, line in shown for y in line]
+            if not values:
+                why = NO_GPU if chart.key == "gpu" and not gpus else chart.empty
+                said.append(f"<b>{html.escape(chart.title)}</b>: {html.escape(why)}")
+                continue
+            shown_now.append(fig)
+            for (x, y), mark in zip(shown, marks, strict=True):
                 if x and (len(x) != len(mark.x) or x[-1] != mark.x[-1]):
                     with mark.hold_sync():
                         mark.x, mark.y = x, y
+            xs_all = [x for line, _ in shown for x in line]
+            x_first, x_last = ((0.0, now - t0) if chart.x == "time"
+                               else (min(xs_all), max(xs_all)))
+            x_range, y_range = axes.x_range(chart, x_first, x_last), axes.y_range(chart, values)
+            if (xs.min, xs.max) != x_range:
+                xs.min, xs.max = x_range
+            if (ys.min, ys.max) != y_range:
+                ys.min, ys.max = y_range
+        if tuple(shown_now) != tuple(self.row.children):
+            self.row.children = shown_now
+        text = "<small>" + "<br>".join(said) + "</small>" if said else ""
+        if text != self.empty.value:
+            self.empty.value = text
         return True
+
+    @staticmethod
+    def _points(chart: axes.Chart, view: TaskView, t0: float,
+                now: float) -> tuple[list[float], list[float]]:
+        """A task's points of ``chart``: its last CHART_POINTS steps, or its samples of the
+        time window (seconds since ``t0``)."""
+        if chart.x == "steps":
+            rows = [r for r in list(view.steps)[-CHART_POINTS:] if r[chart.column] is not None]
+            return [r[0] for r in rows], [r[chart.column] for r in rows]
+        since = now - axes.WINDOW_S
+        rows = [s for s in view.samples if s[chart.column] is not None and s[0] >= since]
+        return [s[0] - t0 for s in rows], [s[chart.column] for s in rows]
 
 
 def _box_class() -> type:

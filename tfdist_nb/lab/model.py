@@ -15,6 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb import chart_axes
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
 from tfdist_nb.events import gpu_summary
@@ -149,7 +150,8 @@ class ClusterWatch:
         util, mem = gpu_summary(data.get("gpus"))
         latest = {"time": t, "cpu_percent": _num(data.get("cpu_percent")),
                   "rss_mb": _num(data.get("rss_mb")), "gpu_util_percent": util,
-                  "gpu_mem_mb": mem, "step": data.get("step"),
+                  "gpu_mem_mb": mem, "gpus": len(data.get("gpus") or ()),
+                  "step": data.get("step"),
                   "total_steps": data.get("total_steps"), **series.collective()}
         series.latest = latest
         series.samples.append([t, latest["cpu_percent"], latest["rss_mb"], util, mem])
@@ -213,11 +215,14 @@ class ClusterWatch:
                 "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
 
     def detail(self) -> dict[str, Any]:
-        """The summary, the log tail, every task's series, and the lateness chart's floor:
-        the smallest lag the straggler detector speaks for (diagnostics/straggler.py)."""
+        """The summary, the log tail, every task's series, the lateness chart's floor (the
+        smallest lag the straggler detector speaks for, diagnostics/straggler.py) and the
+        charts' axes as the notebook widget draws them (chart_axes.py)."""
         return {**self.summary(alert_list=True), "logs": list(self.lines),
                 "series": {name: s.to_json() for name, s in self.series.items()},
-                "lateness_floor_ms": MIN_LAG_MS}
+                "lateness_floor_ms": MIN_LAG_MS,
+                "charts": [c.to_json() for c in chart_axes.CHARTS],
+                "window_s": chart_axes.WINDOW_S, "no_gpu": chart_axes.NO_GPU}
 
     def _task_dirs(self) -> list[str]:
         """The tasks of the run's task directories, in task order (``worker:2`` before

@@ -18,7 +18,8 @@ A server lives until this process exits (its end of the socket closes, and the s
 at most ``MAX_SERVERS`` are kept, the oldest with no live kernel closed first. One whose imported
 code outside the Python installation changed on disk (a module of the user's in ``preload``, an
 editable install) is retired: the next kernel comes from a new server, as a spawned one would
-import the new code, and the old server ends once its kernels have.
+import the new code, and the old server ends once its kernels have. So is one still importing
+after ``HUNG_AFTER_S`` (an import that hangs): the next start does not wait on it again.
 """
 
 from __future__ import annotations
@@ -60,12 +61,24 @@ PROVISIONER = "tfdist-fork-provisioner"
 MAX_SERVERS = 3
 #: how long a server may take to import ``preload`` before kernels are spawned without it
 READY_TIMEOUT_S = 300.0
+#: a server still importing ``preload`` after this long is taken for hung (an import that waits
+#: forever) and ended when a start asks for it again: the next start makes a new one, which
+#: imports the code as it is now (TensorFlow takes 3-10 s)
+HUNG_AFTER_S = 60.0
 #: ``TFDIST_FORK=off`` starts every kernel as its own process (docs/reference.md)
 ENV_SWITCH = "TFDIST_FORK"
 
 
 def enabled_by_default() -> bool:
-    return os.environ.get(ENV_SWITCH, "on").strip().lower() not in ("off", "0", "no", "false")
+    """``$TFDIST_FORK``: on (unset too) or off; ValueError, naming the variable, for anything
+    else (a misspelt "disable" must not leave forking on unsaid)."""
+    raw = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if raw in ("off", "0", "no", "false"):
+        return False
+    if raw in ("", "on", "1", "yes", "true"):
+        return True
+    raise ValueError(f"{ENV_SWITCH}={raw}: choose on or off (off spawns every task's kernel "
+                     "instead of forking it)")
 
 
 class ForkServerError(RuntimeError):
@@ -98,7 +111,7 @@ class ForkServer:
         self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         self.gone = False
         self.children: set[int] = set()
-        self.used = time.monotonic()
+        self.used = self.began = time.monotonic()
         self._exits: dict[int, int] = {}
         self._pending: dict[int, concurrent.futures.Future[int]] = {}
         self._ids = itertools.count(1)
@@ -134,6 +147,10 @@ class ForkServer:
 
     def exit_code(self, pid: int) -> int | None:
         return self._exits.get(pid)
+
+    def hung(self) -> bool:
+        """Whether it has been importing ``preload`` for longer than ``HUNG_AFTER_S``."""
+        return not self.ready.done() and time.monotonic() - self.began > HUNG_AFTER_S
 
     def stale(self) -> bool:
         """Whether a file of the code it imported (outside the Python installation: the user's
@@ -334,11 +351,15 @@ def server_for(key: ServerKey, env: Mapping[str, str],
     with _registry_lock:
         _close_retired()
         server = _servers.get(name)
-        if server is not None and server.alive() and not server.stale():
+        if server is not None and server.alive() and not server.stale() and not server.hung():
             return name
         if name in _failed:
             return None
-        if server is not None:  # dead, or its code changed: a new one for the next kernels
+        if server is not None:  # dead, hung, or its code changed: a new one for the next kernels
+            if server.hung():
+                logger.warning("the fork server (pid %s) was still importing %s after %.0f s: "
+                               "ended; a new one imports it afresh", server.pid,
+                               ", ".join(key.preload), time.monotonic() - server.began)
             _drop(server)
         _make_room()
         try:
@@ -347,7 +368,7 @@ def server_for(key: ServerKey, env: Mapping[str, str],
             logger.debug("no fork server: %s", exc)
             _failed.add(name)
             return None
-        server.ready.add_done_callback(functools.partial(_note_failure, name))
+        server.ready.add_done_callback(functools.partial(_note_failure, name, server))
         _servers[name] = server
         return name
 
@@ -370,8 +391,11 @@ def _close_retired() -> None:
         server.close()
 
 
-def _note_failure(name: str, ready: concurrent.futures.Future[Any]) -> None:
-    if not ready.cancelled() and ready.exception() is not None:
+def _note_failure(name: str, server: ForkServer,
+                  ready: concurrent.futures.Future[Any]) -> None:
+    """A server that could not import ``preload``: its key's kernels are spawned from now on.
+    Not one this module ended itself (hung, or dropped for another reason)."""
+    if not ready.cancelled() and ready.exception() is not None and _servers.get(name) is server:
         logger.debug("fork server %s failed: %s", name, ready.exception())
         _failed.add(name)
 

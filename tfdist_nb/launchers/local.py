@@ -7,8 +7,11 @@ connection file. ``transport="tcp"`` (loopback, ports from ``bind(0)``) remains 
 without Unix sockets.
 
 TensorFlow's own ports are kept from everyone else by a private network namespace the tasks
-share (``net=``, :mod:`.private_net`): ``"auto"`` (default, ``$TFDIST_NET``) uses it where this
-machine can make one, ``"private"`` insists, ``"host"`` leaves the tasks on the host's network.
+share (``net=``, ``--net``, :mod:`.private_net`): ``"auto"`` (default, ``$TFDIST_NET``) uses it
+where this machine can make one that keeps the tasks' outbound network (slirp4netns), else the
+host's network is used and said, with the one step that confines; ``"private"`` insists (without
+slirp4netns the tasks then have no outbound network); ``"host"`` leaves the tasks on the host's
+network.
 """
 
 from __future__ import annotations
@@ -32,7 +35,14 @@ from jupyter_client.manager import AsyncKernelManager
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers import forkserver, ports, private_net
-from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
+from tfdist_nb.launchers.base import (
+    Launcher,
+    LauncherOption,
+    StopPath,
+    StopReport,
+    TaskHandle,
+    TaskLaunch,
+)
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -139,20 +149,37 @@ class LocalTaskHandle(TaskHandle):
                 os.killpg(pgid, signal.SIGKILL)
 
 
+def net_of_line(text: str) -> str:
+    """``--net``'s value: one of ``private_net.NET_MODES`` (ValueError says which there are)."""
+    if text not in private_net.NET_MODES:
+        raise ValueError(f"choose {', '.join(private_net.NET_MODES)}, not {text!r}")
+    return text
+
+
 class LocalLauncher(Launcher):
     """Every task on this machine; TensorFlow servers on ``localhost:<free port>``."""
 
     name = "local"
+    line_options = (
+        LauncherOption("--net", "net", metavar="auto|private|host", parse=net_of_line,
+                       help="where the tasks' TF ports listen: auto (default) a private "
+                            "network where slirp4netns keeps the tasks' outbound network, "
+                            "else the host's; private: always (no outbound network without "
+                            "slirp4netns); host: the host's network"),
+    )
 
     def __init__(self, host: str = "localhost", transport: str = "ipc",
                  net: str | None = None, fork: bool | None = None) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not "
                              f"{transport!r}")
+        from_env = not net and bool(os.environ.get("TFDIST_NET"))
         net = net or os.environ.get("TFDIST_NET") or "auto"
         if net not in private_net.NET_MODES:
-            raise ValueError(f"net must be one of {', '.join(private_net.NET_MODES)}, not "
-                             f"{net!r} (e.g. launcher_options={{'net': 'host'}})")
+            said = f"TFDIST_NET={net}" if from_env else f"net={net!r}"
+            raise ValueError(f"{said}: choose one of {', '.join(private_net.NET_MODES)} (e.g. "
+                             "%%tfcluster 2 workers --net host, or launcher_options={'net': "
+                             "'host'})")
         why_not = (f"transport={transport!r}: kernel channels over TCP would be inside it"
                    if transport != "ipc" else
                    f"host={host!r}: TF_CONFIG names an address of the host's network"
@@ -172,6 +199,9 @@ class LocalLauncher(Launcher):
         #: why the tasks are on the host's network although they could be confined, if so
         self.net_note: str | None = why_not if net == "auto" else None
         self._net_decided = net == "host" or why_not is not None
+
+    def line_values(self) -> dict[str, Any]:
+        return {"net": self.net_mode}
 
     @property
     def spares(self) -> bool:
@@ -204,7 +234,7 @@ class LocalLauncher(Launcher):
         thread by :meth:`start`)."""
         if not self._net_decided:
             try:
-                self._net = private_net.shared()
+                self._net = private_net.shared(outbound=self.net_mode == "auto")
             except private_net.PrivateNetUnavailable as exc:
                 if self.net_mode == "private":
                     raise ClusterStartError(f"net='private': {exc}") from None

@@ -195,13 +195,25 @@ _lock = threading.Lock()
 _shared: PrivateNetwork | None = None
 
 
-def shared() -> PrivateNetwork:
+#: why ``net="auto"`` keeps the tasks on the host's network where slirp4netns is missing, and
+#: the one step that confines them (docs/security.md)
+NO_OUTBOUND = ("slirp4netns not found, and a private network without it would cost the tasks "
+               "their outbound network (downloads, DNS); to confine the TF ports and keep it, "
+               "install slirp4netns (apt install slirp4netns, dnf install slirp4netns); "
+               "--net private confines them without it")
+
+
+def shared(outbound: bool = False) -> PrivateNetwork:
     """This process's private network, made on first use (again if its holder ended);
     ``PrivateNetUnavailable`` where this machine cannot make one (asked again next time: a
-    tool installed meanwhile counts)."""
+    tool installed meanwhile counts), or, with ``outbound``, one with the outbound network
+    (``net="auto"``: the default never costs the tasks their network)."""
     global _shared
     with _lock:
-        if _shared is not None and _shared.alive():
+        if outbound and shutil.which("slirp4netns") is None and (
+                _shared is None or _shared.slirp is None):
+            raise PrivateNetUnavailable(NO_OUTBOUND)
+        if _shared is not None and _shared.alive() and (_shared.slirp or not outbound):
             return _shared
         if _shared is not None:
             _shared.close()

@@ -3,6 +3,7 @@ packages add theirs through the ``tfdist_nb.launchers`` entry-point group (name 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 from collections.abc import Mapping
@@ -46,12 +47,19 @@ def available(fresh: bool = False) -> list[str]:
     return sorted({*BUILTIN, *_plugins(fresh), *_added})
 
 
+def unknown(name: str) -> SpecError:
+    """The error for a launcher name no launcher has: the closest name, and all of them."""
+    close = difflib.get_close_matches(str(name), available(), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return SpecError(f"unknown launcher {name!r}{hint}; choose one of {', '.join(available())}")
+
+
 def launcher_class(name: str) -> type[Launcher]:
     if name in _added:
         return _added[name]
     target = BUILTIN.get(name) or _plugins().get(name) or _plugins(fresh=True).get(name)
     if target is None:
-        raise SpecError(f"unknown launcher {name!r}; available: {', '.join(available())}")
+        raise unknown(name)
     module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 

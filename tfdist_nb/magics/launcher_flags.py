@@ -18,7 +18,7 @@ from typing import Any
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.base import LauncherOption
-from tfdist_nb.launchers.registry import available, launcher_class, launcher_classes
+from tfdist_nb.launchers.registry import available, launcher_class, launcher_classes, unknown
 
 #: The attributes of a parsed ``%%tfcluster`` line that are the magic's own: a launcher's flag
 #: with one of these names is not read as the launcher's (it would take the magic's value).
@@ -49,7 +49,7 @@ def read_launcher_line(named: str | None, args: argparse.Namespace,
     set; SpecError for an unknown launcher, a flag it does not take, a missing required one,
     or a value its ``parse`` refuses."""
     if named and named not in available() and named not in available(fresh=True):
-        raise SpecError(f"unknown launcher {named!r}; choose one of {', '.join(available())}")
+        raise unknown(named)
     known = schemas()
     given = _given(args, rest, known)
     name = named or _implied(given, known)

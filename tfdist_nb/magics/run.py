@@ -66,6 +66,11 @@ class RunMagics(Magics):
     # line_options say which it takes (docs/design.md, "Where a new thing goes"), and
     # tests/test_launcher_registry.py checks these match them. A plugin's are read from the
     # rest of the line (magics/launcher_flags.py).
+    @argument("--net", metavar="auto|private|host",
+              help="where the tasks' TF ports listen: auto (default) a private "
+                   "network where slirp4netns keeps the tasks' outbound network, "
+                   "else the host's; private: always (no outbound network without "
+                   "slirp4netns); host: the host's network")
     @argument("--hosts", metavar="H1,H2",
               help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
                    "(implies --launcher ssh)")

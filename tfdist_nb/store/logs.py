@@ -50,12 +50,18 @@ def tensorflow_info(stream: str, text: str) -> bool:
     return _TF_PY_INFO.match(text) is not None or text == ABSL_PREAMBLE
 
 
-# Native lines that every task of a machine without an NVIDIA driver prints, harmless there:
-# said once per cluster instead of once per task and cell (docs/reference.md, Output in the cell)
+# Native lines known to be harmless, which every task prints (a machine without an NVIDIA
+# driver; a dataset made from a Python generator, as the quickstart's): said once per cluster
+# instead of once per task and cell (docs/reference.md, Output in the cell)
 KNOWN_NOISE = {
     "no-gpu": (re.compile(r"failed call to cuInit"),
                "TensorFlow found no GPU on {n} task(s) ({tasks}): no NVIDIA driver here "
                "(its 'failed call to cuInit' line is kept on disk: %tfdist_logs --grep cuInit)"),
+    "generator-dataset": (
+        re.compile(r"Input of GeneratorDatasetOp::Dataset will not be optimized"),
+        "TensorFlow noted on {n} task(s) ({tasks}) that a Dataset.from_generator input is not "
+        "graph-optimized: harmless, the generator runs in Python as written (its line is kept "
+        "on disk: %tfdist_logs --grep GeneratorDatasetOp)"),
 }
 
 

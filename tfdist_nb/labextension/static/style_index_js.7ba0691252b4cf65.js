@@ -118,6 +118,11 @@
   color: var(--jp-ui-font-color2);
 }
 
+.tfdist-lab-chart-empty {
+  padding: 8px;
+  font-size: var(--jp-ui-font-size0);
+}
+
 .tfdist-lab-svg {
   width: 100%;
   height: 100%;
