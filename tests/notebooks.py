@@ -21,16 +21,22 @@ RAISES = "raises-exception"
 
 
 def cell_text(cell: Any, errors: bool = False) -> str:
-    """Streams and the text form of results, colours stripped; ``errors``: also ename: evalue."""
+    """Streams and the text form of results, colours stripped; ``errors``: also ename: evalue.
+    A result is a block of its own, as the notebook shows it: the line after it starts anew
+    (a widget's one-line repr must not run into the task line printed next)."""
     parts = []
     for out in cell.outputs:
         if out.output_type == "stream":
             parts.append(out.text)
         elif out.output_type in ("execute_result", "display_data"):
-            parts.append(out.data.get("text/plain", ""))
+            parts.append(_block(out.data.get("text/plain", "")))
         elif errors and out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}")
+            parts.append(_block(f"{out.ename}: {out.evalue}"))
     return ANSI.sub("", "".join(parts))
+
+
+def _block(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
 
 
 def cell_html(cell: Any) -> str:

@@ -12,6 +12,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,9 +29,25 @@ def lab(tmp_path: Path) -> Iterator[str]:
         yield f"{server['base']}/lab/tree/01_quickstart.ipynb?token={server['token']}"
 
 
+def run_all(page: Any, url: str) -> None:
+    """Open the notebook at ``url`` in JupyterLab, take the kernel it offers, and Run All."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import expect
+
+    page.goto(url)
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    select = page.locator(".jp-Dialog button", has_text="Select")
+    with contextlib.suppress(PlaywrightTimeout):  # JupyterLab may ask for the kernel
+        select.wait_for(timeout=10_000)
+        select.click()
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+           ).to_have_count(1, timeout=60_000)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
 @pytest.mark.timeout(420)
 def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path: Path) -> None:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
 
     chromium = ensure_chromium()
@@ -38,16 +55,7 @@ def test_dashboard_shows_both_tasks_and_charts_in_jupyterlab(lab: str, tmp_path:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.goto(lab)
-            page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-            select = page.locator(".jp-Dialog button", has_text="Select")
-            with contextlib.suppress(PlaywrightTimeout):  # JupyterLab may ask for the kernel
-                select.wait_for(timeout=10_000)
-                select.click()
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-                   ).to_have_count(1, timeout=60_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            run_all(page, lab)
             first = page.locator(".tfdist-dashboard").first
             first.wait_for(timeout=60_000)
             panels = first.locator(".tfdist-task-panel")
@@ -84,7 +92,6 @@ def test_the_compact_dashboard_at_32_tasks_in_jupyterlab(lab: str, tmp_path: Pat
     """32 tasks (no TensorFlow: 32 TF imports do not fit a small machine): one grid row each,
     a full panel for the task the alerts name, aggregated charts."""
     import nbformat
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import expect, sync_playwright
 
     nb = nbformat.v4.new_notebook()
@@ -103,16 +110,7 @@ def test_the_compact_dashboard_at_32_tasks_in_jupyterlab(lab: str, tmp_path: Pat
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.goto(url)
-            page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-            select = page.locator(".jp-Dialog button", has_text="Select")
-            with contextlib.suppress(PlaywrightTimeout):
-                select.wait_for(timeout=10_000)
-                select.click()
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-                   ).to_have_count(1, timeout=60_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            run_all(page, url)
             dash = page.locator(".tfdist-dashboard").first
             dash.wait_for(timeout=240_000)
             rows = dash.locator(".tfdist-task-grid tr.tfdist-grid-row")
@@ -165,8 +163,7 @@ def test_the_widgets_charts_and_logs_read_as_the_numbers_are(lab: str, tmp_path:
     import json
 
     import nbformat
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import sync_playwright
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(src)
@@ -178,16 +175,7 @@ def test_the_widgets_charts_and_logs_read_as_the_numbers_are(lab: str, tmp_path:
         browser = p.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1400})
-            page.goto(url)
-            page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-            select = page.locator(".jp-Dialog button", has_text="Select")
-            with contextlib.suppress(PlaywrightTimeout):
-                select.wait_for(timeout=10_000)
-                select.click()
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")
-                   ).to_have_count(1, timeout=60_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            run_all(page, url)
             wait_for(lambda: (tmp_path / "axes.json").is_file(), 240, "the axes read")
             said = json.loads((tmp_path / "axes.json").read_text())
             dash = page.locator(".tfdist-dashboard").first
