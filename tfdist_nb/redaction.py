@@ -66,6 +66,12 @@ def secret_name(name: str) -> bool:
     return SECRET_NAME.search(name) is not None
 
 
+def secret_setting(name: str, value: str) -> bool:
+    """Whether an environment variable (``--env NAME=VALUE``) holds a secret: by its name or
+    its value's shape."""
+    return secret_name(name) or bool(shapes_in(value))
+
+
 def shapes_in(text: str) -> list[str]:
     """What kinds of well-known secret shapes ``text`` holds (``["URL credentials"]``)."""
     return [what for what, pattern in SHAPES if pattern.search(text)]
@@ -96,7 +102,7 @@ def _hide_match(m: re.Match[str]) -> str:
 def secret_values(codes: Iterable[str], env: Mapping[str, str]) -> set[str]:
     """The values a secret name is given in the cells and the environment, and every value
     there with a secret's shape: hidden wherever else they appear."""
-    found = {v for k, v in env.items() if v and (secret_name(k) or shapes_in(v))}
+    found = {v for k, v in env.items() if v and secret_setting(k, v)}
     for code in codes:
         found.update(m["v"] for pattern in (_QUOTED, _BARE) for m in pattern.finditer(code)
                      if m["v"])

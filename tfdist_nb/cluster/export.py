@@ -135,8 +135,7 @@ def secrets(cells: list[dict[str, Any]], env: Mapping[str, str]) -> list[str]:
     """Where the exported files would carry a secret (docs/reference.md, Reproduce): ``env``
     names or values that look like one, and what a cell assigns to a secret name or holds in a
     secret's shape (``cell 3: api_key``, ``cell 4: URL credentials``); values never."""
-    found = [f"launch.sh: {k}" for k in sorted(env)
-             if redaction.secret_name(k) or redaction.shapes_in(env[k])]
+    found = [f"launch.sh: {k}" for k in sorted(env) if redaction.secret_setting(k, env[k])]
     for number, cell in enumerate(cells, 1):
         for what in redaction.assignments(str(cell.get("code", ""))):
             said = f"cell {cell.get('cell', number)}: {what}"

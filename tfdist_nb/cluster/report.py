@@ -40,7 +40,7 @@ def env_lines(env: Mapping[str, str], show_env: bool) -> list[str]:
     """The ``--env`` variables: names always, values only when ``show_env`` and never a
     secret's."""
     def shown(name: str, value: str) -> str:
-        if redaction.secret_name(name) or redaction.shapes_in(value):
+        if redaction.secret_setting(name, value):
             return REDACTED
         return value if show_env else HIDDEN
 
