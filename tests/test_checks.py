@@ -77,6 +77,42 @@ def test_a_missing_tf_config_file_is_said_so_not_called_bad_json(tmp_path: Path)
     assert not any("not valid JSON" in e for e in report.errors), report.errors
 
 
+OUT_OK = {"ok": True, "ms": 0.4, "error": None}
+OUT_GONE = {"ok": False, "ms": None, "error": "Network is unreachable"}
+REACH = {"worker:0": {"worker:1": OUT_OK}, "worker:1": {"worker:0": OUT_OK}}
+
+
+def test_the_way_out_is_checked_and_its_loss_explained_with_the_launchers_cause() -> None:
+    from tfdist_nb.diagnostics.network_check import analyse
+
+    healthy = analyse(REACH, {}, None, {"worker:0": OUT_OK, "worker:1": OUT_OK}, "10.0.0.5")
+    assert healthy.ok and not [d for d in healthy.details if "no way out" in d]
+    assert healthy.table.loc["worker:1", "outside"] == 0.4
+    cut = analyse(REACH, {}, None, {"worker:0": OUT_OK, "worker:1": OUT_GONE}, "10.0.0.5",
+                  "slirp4netns (pid 7) killed by SIGKILL. Fix: %tfdist_restart")
+    assert not cut.ok
+    assert cut.summary == ("1 task(s) cannot reach this host's address 10.0.0.5: no outbound "
+                           "network (downloads, DNS)")
+    assert ("no way out: worker:1 cannot reach 10.0.0.5 (Network is unreachable). Cause: "
+            "slirp4netns (pid 7) killed by SIGKILL. Fix: %tfdist_restart") in cut.details
+    assert "outside" not in analyse(REACH, {}).table.columns  # remote tasks: not tried
+
+
+@pytest.mark.parametrize(("evalue", "gone"), [
+    ("<urlopen error [Errno 101] Network is unreachable>", True),
+    ("URL fetch failure on https://x/mnist.npz: None -- [Errno -3] Temporary failure in name "
+     "resolution", True),
+    ("<urlopen error [Errno -2] Name or service not known>", True),
+    ("<urlopen error [Errno 111] Connection refused>", False),  # a server's answer: not ours
+    ("HTTP Error 404: Not Found", False),
+])
+def test_a_network_error_is_recognised_by_its_errno_not_its_exception_type(
+        evalue: str, gone: bool) -> None:
+    from tfdist_nb.diagnostics.explain import network_gone
+
+    assert network_gone(evalue) is gone
+
+
 def test_a_valid_tf_config_passes() -> None:
     report = check_tf_config(GOOD)
     assert report.ok and report.errors == [] and "valid and consistent" in report.summary

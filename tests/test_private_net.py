@@ -190,6 +190,8 @@ FETCH = ("import urllib.request\n"
          "    print(urllib.request.urlopen({url!r}, timeout=10).read().decode())\n"
          "except OSError as exc:\n"
          "    print('unreachable', exc)\n")
+#: a download as a tutorial's first cell does it: its error is the cell's
+DOWNLOAD = "import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
 
 
 @pytest.fixture
@@ -230,10 +232,13 @@ def host_server() -> Iterator[str]:
 @pytest.mark.cluster
 @pytest.mark.timeout(180)
 def test_without_slirp4netns_the_default_keeps_the_tasks_network_and_says_how_to_confine(
-        host_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        host_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """The machine most users have (no slirp4netns): net=auto puts the tasks on the host's
-    network, where a download works, and the ready line says so and the one step that
-    confines them; --net private still confines them, and says they have no outbound network."""
+    network, where a download works, and the ready line (logged for a script) says so and the
+    one step that confines them; --net private still confines them, says they have no outbound
+    network, and a download's error there is explained with the cause and the fix, as is the
+    network check's way out."""
     from tests.support.processes import path_without
 
     if private_net._missing_tools():
@@ -241,22 +246,47 @@ def test_without_slirp4netns_the_default_keeps_the_tasks_network_and_says_how_to
     monkeypatch.setenv("PATH", path_without("slirp4netns", tmp_path / "bin"))
     private_net.close_shared()  # a namespace with slirp4netns from an earlier test is not ours
     fetch = FETCH.format(url=host_server)
-    with Cluster(workers=2, preload=(), warm=False) as c:
+    with caplog.at_level("INFO", logger="tfdist_nb"), \
+            Cluster(workers=2, preload=(), warm=False) as c:
         said = c.network()
         assert said.startswith("host network (slirp4netns not found, and a private network "
                                "without it would cost the tasks their outbound network"), said
         assert "install slirp4netns" in said and "--net private" in said
+        # what a script sees: the same line, as a warning (the TF ports are open to the host's
+        # network)
+        logged = [r for r in caplog.records if r.name.startswith("tfdist_nb")
+                  and said in r.getMessage()]
+        assert [r.levelname for r in logged] == ["WARNING"], caplog.text
         result = c.run(fetch)
         assert {r.stdout.strip() for r in result.tasks.values()} == {SERVE.decode()}
+        check = c.check("network")
+        assert check.ok, str(check)  # the way out is there: nothing said against it
+        assert list(check.table.columns) == ["worker:0", "worker:1", "outside"]
+        assert check.table["outside"].notna().all(), str(check)
     if why := private_net_missing_namespace():
         pytest.skip(f"no network namespace here: {why}")
-    with Cluster(workers=1, preload=(), warm=False,
-                 launcher_options={"net": "private"}) as c:
+    caplog.clear()
+    with caplog.at_level("INFO", logger="tfdist_nb"), Cluster(
+            workers=1, preload=(), warm=False, launcher_options={"net": "private"}) as c:
         assert c.network().startswith("private network: the TF ports are reachable by these "
                                       "tasks alone (a network namespace of their own; no "
                                       "outbound network (slirp4netns not found))")
+        assert "no outbound network" in caplog.text and "WARNING" in caplog.text
         out = c.run(fetch).tasks["worker:0"].stdout
         assert out.startswith("unreachable") and "Network is unreachable" in out, out
+        failed = c.run(DOWNLOAD.format(url=host_server)).tasks["worker:0"]
+        assert "Network is unreachable" in failed.error.evalue  # type: ignore[union-attr]
+        assert failed.explanation == (
+            "This task has no outbound network here: the tasks run in a private network "
+            "without a path out (net='private' and slirp4netns not found). Fix: start the "
+            "cluster with --net auto (the host's network here) or install slirp4netns (apt "
+            "install slirp4netns, dnf install slirp4netns).")
+        check = c.check("network")
+        assert not check.ok and check.summary.startswith(
+            "1 task(s) cannot reach this host's address"), str(check)
+        assert any(d.startswith("no way out: worker:0 cannot reach") and
+                   "Network is unreachable" in d and "slirp4netns not found" in d
+                   for d in check.details), check.details
     private_net.close_shared()
 
 
@@ -282,6 +312,48 @@ def test_with_slirp4netns_the_default_confines_the_ports_and_keeps_the_download(
                                       "through slirp4netns)")
         out = c.run(FETCH.format(url=host_server)).tasks["worker:0"].stdout
         assert out.strip() == SERVE.decode()
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(180)
+def test_slirp4netns_ending_is_said_once_and_the_next_restart_brings_the_network_back(
+        host_server: str) -> None:
+    """slirp4netns killed under a running cluster: an alert names it at once (and only once),
+    a download's error is explained by it, and a restart gives the tasks a new one."""
+    import signal
+    import time
+
+    from tests.support.processes import wait_for
+
+    if why := private_net_missing():
+        pytest.skip(f"this machine cannot make the private network: {why}")
+    private_net.close_shared()
+    with Cluster(workers=1, preload=(), warm=False) as c:
+        assert c.check("network").ok
+        assert not [a for a in c.alerts() if "slirp4netns" in a]  # silent while it runs
+        net = private_net._shared
+        assert net is not None and net.slirp is not None
+        pid = net.slirp.pid
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: [a for a in c.alerts() if "slirp4netns" in a], 10,
+                 "an alert naming slirp4netns")
+        failed = c.run(DOWNLOAD.format(url=host_server)).tasks["worker:0"]
+        assert failed.explanation == (
+            f"This task has no outbound network here: slirp4netns (pid {pid}) killed by "
+            "SIGKILL: it was the tasks' path out of their private network. Fix: "
+            "%tfdist_restart (or cluster.restart()) starts a new one.")
+        assert f"no outbound network: slirp4netns (pid {pid}) killed by SIGKILL" in c.network()
+        time.sleep(2 * 1.0)  # two more rounds of the watch (exitwatch.WATCH_S): still one alert
+        said = [a for a in c.alerts() if "slirp4netns" in a]
+        assert len(said) == 1 and said[0].endswith(
+            "the tasks have no outbound network now (downloads and DNS fail): %tfdist_restart "
+            "(or cluster.restart()) starts a new one"), said
+        c.restart()
+        assert net.slirp is not None and net.slirp.pid != pid and net.slirp.poll() is None
+        assert c.network().endswith("outbound through slirp4netns)")
+        out = c.run(FETCH.format(url=host_server)).tasks["worker:0"].stdout
+        assert out.strip() == SERVE.decode()
+    private_net.close_shared()
 
 
 def test_a_misspelt_environment_switch_is_refused_naming_the_variable(

@@ -20,9 +20,11 @@ from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, next_state
 from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.diagnostics.explain import explain_network, network_gone
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.errors import ClusterNotRunningError
 from tfdist_nb.events import Event
+from tfdist_nb.launchers.base import NetTrouble
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.rundir import RunDirectory
 
@@ -48,7 +50,8 @@ class Cells:
     def run(self, targets: list[TaskRuntime], code: str, timeout: float | None,
             stall_timeout: float, on_event: Callable[[Event], None] | None, *,
             rundir: RunDirectory, hub: EventHub, loop: LoopThread, inspector: Inspector,
-            alive: Callable[[], bool]) -> RunResult:
+            alive: Callable[[], bool],
+            network: Callable[[], NetTrouble | None] = lambda: None) -> RunResult:
         """Run ``code`` on ``targets`` and wait for every task; ``on_event`` gets the events in
         this thread, and an interrupt here interrupts the tasks. ClusterNotRunningError if a
         task cannot take the cell (one still stalled in an earlier cell)."""
@@ -87,8 +90,19 @@ class Cells:
             result.profile = self._profiler.finish(profiling)
         if origin := first_nan(result.failed):
             hub.note("cluster", origin.splitlines()[0], "WARNING")
+        self._explain_network(result, network)
         self._remember(result, code)
         return result
+
+    @staticmethod
+    def _explain_network(result: RunResult, network: Callable[[], NetTrouble | None]) -> None:
+        """A task's download or DNS error explained where the launcher's choice of network
+        (``network``, asked only then) took the tasks' outbound path."""
+        lost = [r for r in result.failed if r.error is not None and r.explanation is None
+                and network_gone(r.error.evalue)]
+        if lost and (trouble := network()) is not None:
+            for r in lost:
+                r.explanation = explain_network(trouble.cause, trouble.cure)
 
     def stop_all(self, loop: LoopThread) -> None:
         """The cluster stops: a cell still running ends now, not later."""

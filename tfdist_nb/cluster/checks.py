@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from tfdist_nb.diagnostics import (
 )
 from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
+from tfdist_nb.launchers.base import Launcher
 from tfdist_nb.worker import consistency, probes
 
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
@@ -48,9 +50,25 @@ def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
     return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
 
 
+def outside_address() -> str | None:
+    """This host's address on its default route (the way out a task's download takes), or
+    its first address beyond loopback; None: it has none. No packet is sent."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # TEST-NET-1: a route lookup only
+        address = str(s.getsockname()[0])
+        if not address.startswith("127."):
+            return address
+    import psutil
+
+    return next((a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                 if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
+
+
 class CheckRunner:
-    def __init__(self, targets: list[TaskRuntime]) -> None:
+    def __init__(self, targets: list[TaskRuntime], launcher: Launcher | None = None) -> None:
         self.targets = [rt for rt in targets if rt.agent is not None]
+        #: a local launcher: the network check also tries the tasks' way out
+        self.launcher = launcher if launcher is not None and not launcher.remote else None
 
     async def _ask(self, ask: Ask, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
         """``{task: answer}``, every task at once; a task that fails or does not answer in
@@ -99,13 +117,31 @@ class CheckRunner:
                 reach.update(await self._reach_from(rt, others))
         finally:
             await self._ask(lambda agent, limit: agent.close_stand_ins(timeout=limit))
+        outbound, outside, trouble = await self._outbound()
         bandwidth = await self._ask(
             lambda agent, limit: agent.allreduce_bandwidth(sizes_mb=list(BANDWIDTH_SIZES_MB),
                                                            timeout=limit),
             BANDWIDTH_TIMEOUT_S)
         first = next(iter(bandwidth.values()), None) if bandwidth else None
         return network_check.analyse(reach, {t: _text(s) for t, s in stand_ins.items()},
-                                     first if isinstance(first, dict) else None)
+                                     first if isinstance(first, dict) else None,
+                                     outbound, outside, trouble)
+
+    async def _outbound(self) -> tuple[dict[str, Any] | None, str, str | None]:
+        """Each local task's connect to a listener on this host's address beyond loopback:
+        ``({task: {"ok", "ms", "error"}}, address, the launcher's cause and cure)``."""
+        if self.launcher is None or (address := outside_address()) is None:
+            return None, "", None
+        with socket.socket() as listener:
+            listener.bind((address, 0))
+            listener.listen(len(self.targets) + 1)  # a connect completes in the backlog
+            where = f"{address}:{listener.getsockname()[1]}"
+            reached = {}
+            for rt in self.targets:
+                got = await self._reach_from(rt, {network_check.OUTSIDE: where})
+                reached[rt.name] = got[rt.name][network_check.OUTSIDE]
+        trouble = self.launcher.network_trouble()
+        return reached, address, (f"{trouble.cause}. Fix: {trouble.cure}" if trouble else None)
 
     async def _reach_from(self, rt: TaskRuntime, others: dict[str, str]) -> dict[str, Any]:
         """``{rt: {peer: {"ok", "ms", "error"}}}`` for each of ``others`` (name -> address);

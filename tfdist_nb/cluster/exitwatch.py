@@ -16,6 +16,7 @@ from collections.abc import Callable
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.launchers.base import NetTrouble
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -26,12 +27,17 @@ WATCH_S = 1.0
 class ExitWatch:
     """Says an idle task's exit: it waits on the exit futures of the idle tasks' processes
     (each process has one watcher, :meth:`TaskHandle.exit_future`), looking again every
-    ``WATCH_S`` for tasks that became idle."""
+    ``WATCH_S`` for tasks that became idle. ``network``: the launcher's
+    :meth:`~tfdist_nb.launchers.base.Launcher.network_trouble`, looked at as often, so the
+    tasks' outbound network going (slirp4netns ending) is said once, during a cell too."""
 
     def __init__(self, tasks: dict[TaskId, TaskRuntime],
-                 note: Callable[[str, str, str], None]) -> None:
+                 note: Callable[[str, str, str], None],
+                 network: Callable[[], NetTrouble | None] = lambda: None) -> None:
         self._tasks = tasks
         self._note = note
+        self._network = network
+        self._trouble_said: NetTrouble | None = None
         self._job: asyncio.Future[None] | None = None
 
     def start(self) -> None:
@@ -55,6 +61,16 @@ class ExitWatch:
                 await asyncio.sleep(WATCH_S)
             for rt in list(self._tasks.values()):
                 await self.check(rt)
+            self.check_network()
+
+    def check_network(self) -> None:
+        """Say a sudden loss of the tasks' outbound network once (again only after a cure)."""
+        with swallowed(logger):
+            trouble = self._network()
+            if trouble is not None and trouble.sudden and trouble != self._trouble_said:
+                self._note("cluster", f"{trouble.cause}; the tasks have no outbound network now "
+                           f"(downloads and DNS fail): {trouble.cure}", "ERROR")
+            self._trouble_said = trouble
 
     async def check(self, rt: TaskRuntime) -> bool:
         """Whether ``rt`` was found dead now (an idle task whose process is gone)."""

@@ -152,8 +152,11 @@ class Cluster:
         return self._cells.failed
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self) -> Cluster:
-        """Start every task in parallel; ``start_timeout`` bounds the whole start."""
+    def start(self, *, announce: bool = True) -> Cluster:
+        """Start every task in parallel; ``start_timeout`` bounds the whole start.
+        ``announce``: log the network the tasks got (logger ``tfdist_nb``; WARNING when their
+        TF ports are open on the host's network or they have no outbound network, else INFO),
+        what a script sees; ``%%tfcluster`` prints it in its own start lines instead."""
         if self.running:
             return self
         self.rundir = RunDirectory(self._run_root, self.id)
@@ -176,7 +179,16 @@ class Cluster:
         self._state.mark("running")
         registry.set_current(self)
         self._warn_mismatch()
+        if announce:
+            self._announce_network()
         return self
+
+    def _announce_network(self) -> None:
+        trouble = self.launcher.network_trouble()
+        level = logging.WARNING if trouble is not None or (
+            not self.launcher.remote and not self.launcher.confined) else logging.INFO
+        logger.log(level, "tfdist_nb: %s ready; %s%s", self.spec, self.network(),
+                   f"; {trouble.cause}: {trouble.cure}" if trouble is not None else "")
 
     def stop(self, *, keep_spares: bool = False) -> list[StopReport]:
         """End every task and spare at once (shutdown request, short grace, then SIGKILL).
@@ -360,7 +372,8 @@ class Cluster:
         return self._cells.run(targets, code, timeout, stall_timeout or self.stall_timeout,
                                on_event, rundir=self.rundir, hub=self.hub,
                                loop=self._require_loop(), inspector=self._inspector(),
-                               alive=lambda: self._loop is not None)
+                               alive=lambda: self._loop is not None,
+                               network=self.launcher.network_trouble)
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
@@ -399,7 +412,8 @@ class Cluster:
         ``options`` (``reference``, ``max_elements``, ``max_seconds``; ``atol``, ``rtol``)."""
         targets = self._runtimes(on)
         limit = CHECK_TIMEOUT_S + 2 * float(options.get("max_seconds", 0))
-        return self._require_loop().run(CheckRunner(targets).run(kind, expr, **options), limit)
+        return self._require_loop().run(
+            CheckRunner(targets, self.launcher).run(kind, expr, **options), limit)
 
     def numerics(self, on: bool, dump_dir: str | os.PathLike[str] | None = None) -> str:
         """NaN/Inf checking on every task (``%tfdist_numerics``): the first op whose output

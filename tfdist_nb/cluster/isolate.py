@@ -268,7 +268,7 @@ class Isolation:
             warm=len(user.spec.tasks) if self.warm else False)
         try:
             try:
-                side.start()
+                side.start(announce=False)
             except ClusterStartError as exc:
                 yield None, str(exc).splitlines()[0]
                 return

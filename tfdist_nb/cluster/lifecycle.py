@@ -105,7 +105,7 @@ class Lifecycle:
         self.tasks = tasks
         self.spares = spares
         #: finds tasks that die between cells (started once the cluster is up)
-        self.exits = ExitWatch(tasks, hub.note)
+        self.exits = ExitWatch(tasks, hub.note, setup.launcher.network_trouble)
         #: how the last start or restart used spares (why a task started cold); None: no pool
         self.warm: WarmOutcome | None = None
         #: how long the cluster's own start took (what a spare still warming is measured by)
@@ -162,6 +162,7 @@ class Lifecycle:
 
     async def _restart(self, targets: list[TaskRuntime]) -> None:
         deadline = time.monotonic() + self.setup.start_timeout
+        await asyncio.to_thread(self.setup.launcher.prepare)  # spares do not start anew
         spares = await self.take_spares(targets)
         old = [(rt.handle, rt.channel) for rt in targets]
         for rt in targets:

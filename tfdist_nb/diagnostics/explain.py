@@ -33,6 +33,24 @@ PORT_TAKEN = (
     "allows it) never clash.")
 
 
+#: what a task's error says when it had no route out or no resolver (errno 101, EAI_AGAIN,
+#: EAI_NONAME, EAI_NODATA), in Python's and in Keras' ``get_file`` wording
+NETWORK_GONE = ("Network is unreachable", "[Errno 101]", "Temporary failure in name resolution",
+                "[Errno -3]", "Name or service not known", "[Errno -2]",
+                "No address associated with hostname", "[Errno -5]")
+
+
+def network_gone(evalue: str) -> bool:
+    """Whether an error is the task's outbound network missing (no route, no resolver)."""
+    return any(sign in evalue for sign in NETWORK_GONE)
+
+
+def explain_network(cause: str, cure: str) -> str:
+    """A network error's explanation, when the launcher's choice took the tasks' outbound
+    network (``Launcher.network_trouble``): the cause first, then the cure."""
+    return f"This task has no outbound network here: {cause}. Fix: {cure}."
+
+
 def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | None:
     """A short explanation with the fix for a recognised error, else None."""
     if "aborted by: tfdist_nb" in evalue:

@@ -11,15 +11,23 @@ import pandas as pd
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.topology import task_order
 
+#: the latency table's column for the outbound path (a listener on this host's address)
+OUTSIDE = "outside"
+
 
 def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
             stand_ins: Mapping[str, str],
-            bandwidth: Mapping[str, Any] | None = None) -> CheckReport:
+            bandwidth: Mapping[str, Any] | None = None,
+            outbound: Mapping[str, Mapping[str, Any]] | None = None,
+            outside: str = "", trouble: str | None = None) -> CheckReport:
     """``reach[src][dst]``: ``{"ok", "ms", "error"}``; ``stand_ins[task]``: whether its TF port
     was served or listened on for the check (or why not); ``bandwidth``: one task's
-    all-reduce measurement."""
+    all-reduce measurement; ``outbound[task]``: its connect to ``outside`` (this host's
+    address beyond loopback: the way out a download takes), with ``trouble`` the launcher's
+    cause and cure when its choice of network took that way."""
     tasks = sorted({*reach, *stand_ins}, key=task_order)
-    latency = pd.DataFrame(index=tasks, columns=tasks, dtype="float64")
+    latency = pd.DataFrame(index=tasks, columns=tasks + ([OUTSIDE] if outbound else []),
+                           dtype="float64")
     failures: list[tuple[str, str, str]] = []
     for src, row in reach.items():
         for dst, got in row.items():
@@ -27,8 +35,21 @@ def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
                 latency.loc[src, dst] = round(float(got["ms"]), 3)
             else:
                 failures.append((src, dst, str(got.get("error"))))
+    cut_off = []
+    for src, got in (outbound or {}).items():
+        if got.get("ok"):
+            latency.loc[src, OUTSIDE] = round(float(got["ms"]), 3)
+        else:
+            cut_off.append((src, str(got.get("error"))))
     latency.index.name = "from \\ to"
     details = [f"{src} -> {dst}: {why}" for src, dst, why in failures]
+    if cut_off:
+        details.append("no way out: " + "; ".join(f"{src} cannot reach {outside} ({why})"
+                                                  for src, why in cut_off) +
+                       (f". Cause: {trouble}" if trouble else ""))
+    elif outbound:
+        details.append(f"outbound: every task reaches {outside} (this host's address beyond "
+                       "loopback, the way out a download takes)")
     for task, state in stand_ins.items():
         if state not in ("served", "listening"):
             details.append(f"{task}: its TF port could not be opened for the check: {state}")
@@ -44,7 +65,10 @@ def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
                            for r in bandwidth["rows"]))
     elif bandwidth and bandwidth.get("skipped"):
         details.append(f"bandwidth not measured: {bandwidth['skipped']}")
-    if failures:
+    if cut_off and not failures:
+        summary = (f"{len(cut_off)} task(s) cannot reach this host's address {outside}: no "
+                   "outbound network (downloads, DNS)")
+    elif failures:
         worst = _most_named(failures)
         summary = (f"{len(failures)} unreachable pair(s): " +
                    "; ".join(f"{s} -> {d} ({w})" for s, d, w in failures[:3]) +
@@ -54,7 +78,9 @@ def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
         worst_ms = latency.max().max()
         summary = ("every task reaches every other task's TF address"
                    + (f" (slowest connect {worst_ms:.1f} ms)" if pd.notna(worst_ms) else ""))
-    return CheckReport("network", not failures, summary, table, details=details, fields=fields)
+    fields["outbound"] = dict(outbound or {})
+    return CheckReport("network", not failures and not cut_off, summary, table, details=details,
+                       fields=fields)
 
 
 def _most_named(failures: list[tuple[str, str, str]]) -> str | None:

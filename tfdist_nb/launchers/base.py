@@ -168,6 +168,17 @@ class LauncherOption:
         return self.flag.lstrip("-").replace("-", "_")
 
 
+@dataclass(frozen=True)
+class NetTrouble:
+    """Why the tasks' outbound network (downloads, DNS) is gone because of where the launcher
+    placed them, and the cure. ``sudden``: it went while they ran (said once as an alert);
+    else it was so from the start (said in the start line, and beside a network error)."""
+
+    cause: str
+    cure: str
+    sudden: bool = False
+
+
 class Launcher(abc.ABC):
     """Chooses addresses for the tasks and starts their kernels."""
 
@@ -234,6 +245,11 @@ class Launcher(abc.ABC):
                 "authentication: whoever reaches those hosts on them can run TensorFlow ops as "
                 "the tasks' user; keep the hosts on a private network (docs/security.md)")
 
+    def network_trouble(self) -> NetTrouble | None:
+        """Why its tasks have no outbound network, when the launcher's own choice took it
+        (cheap: polled every second between cells); None: not its doing."""
+        return None
+
     def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
         """Which of ``addresses`` (TF ports of tasks not running now) another program holds,
         where the launcher can tell; a restart of every task then moves to fresh ports."""
@@ -251,6 +267,11 @@ class Launcher(abc.ABC):
         ``avoid`` holds addresses that turned out to be taken; they are not chosen again.
         It may block (the SSH launcher asks each host); the core calls it off its loop.
         """
+
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Make or mend what its tasks share before any of them starts (the local launcher's
+        private network: a slirp4netns that ended is replaced); blocking, called off the loop
+        before a start or restart, spares or not."""
 
     @abc.abstractmethod
     async def start(self, launch: TaskLaunch) -> TaskHandle:

@@ -38,6 +38,7 @@ from tfdist_nb.launchers import forkserver, ports, private_net
 from tfdist_nb.launchers.base import (
     Launcher,
     LauncherOption,
+    NetTrouble,
     StopPath,
     StopReport,
     TaskHandle,
@@ -229,6 +230,25 @@ class LocalLauncher(Launcher):
         return (f"host network ({why}): the TF ports listen on every interface of this host, "
                 "open to whoever reaches it")
 
+    def network_trouble(self) -> NetTrouble | None:
+        net = self._net
+        if net is None or not net.alive():
+            return None
+        if ended := net.slirp_ended():
+            return NetTrouble(f"{ended}: it was the tasks' path out of their private network",
+                              "%tfdist_restart (or cluster.restart()) starts a new one", True)
+        if net.slirp is None:
+            return NetTrouble(
+                "the tasks run in a private network without a path out (net='private' and "
+                "slirp4netns not found)", "start the cluster with --net auto (the host's "
+                "network here) or install slirp4netns (apt install slirp4netns, dnf install "
+                "slirp4netns)")
+        return None
+
+    def prepare(self) -> None:
+        if not self._net_decided or self._net is not None:
+            self.private_network()
+
     def private_network(self) -> private_net.PrivateNetwork | None:
         """The private network tasks start in, decided at the first start (blocking: made in a
         thread by :meth:`start`)."""
@@ -245,6 +265,11 @@ class LocalLauncher(Launcher):
             raise ClusterStartError(
                 f"the private network's holder (pid {self._net.pid}) ended, so no new task can "
                 "join this cluster's network: stop the cluster and start it again")
+        elif self._net is not None:
+            try:  # a slirp4netns that ended is replaced at the next start (NetTrouble's cure)
+                self._net.revive_outbound()
+            except private_net.PrivateNetUnavailable as exc:
+                logger.warning("tfdist_nb: the tasks' outbound network stays gone: %s", exc)
         return self._net
 
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -306,8 +331,7 @@ class LocalLauncher(Launcher):
         return forkserver.server_for(key, env, net.enter if net is not None else None)
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
-        if not self._net_decided or self._net is not None:
-            await asyncio.to_thread(self.private_network)
+        await asyncio.to_thread(self.prepare)
         km, scratch = self.kernel_manager(launch)
         env = self.task_env(launch)
         fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

@@ -31,12 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.errors import TfdistError
 
 logger = logging.getLogger(__name__)
 
 NET_MODES = ("auto", "private", "host")
 READY_TIMEOUT_S = 10.0
+#: slirp4netns's own confinement, most first (docs/security.md): its sandbox (a mount
+#: namespace of its own, capabilities dropped) needs privileges an ordinary user's slirp4netns
+#: lacks outside the namespace's user namespace; seccomp needs a build with libseccomp
+CONFINEMENTS = (("--enable-sandbox", "--enable-seccomp"), ("--enable-seccomp",), ())
 SLIRP_DNS = "10.0.2.3"
 _LOOPBACK_NS = ("127.", "::1")
 
@@ -63,7 +68,8 @@ class PrivateNetwork:
     holder: subprocess.Popen[bytes]
     slirp: subprocess.Popen[bytes] | None = None
     scratch: Path | None = None  # the private resolv.conf's directory
-    outbound: str = ""  # how the tasks reach out, said in the cluster's start line
+    wants_outbound: bool = True  # made to have one (slirp4netns started, where found)
+    confinement: tuple[str, ...] = CONFINEMENTS[0]  # the flags slirp4netns accepted
     _slirp_exit: int | None = field(default=None, repr=False)
 
     @property
@@ -72,6 +78,42 @@ class PrivateNetwork:
 
     def alive(self) -> bool:
         return self.holder.poll() is None
+
+    @property
+    def outbound(self) -> str:
+        """How the tasks reach out now, said in the cluster's start line."""
+        if self.slirp is None:
+            return ("no outbound network (slirp4netns not found)" if self.wants_outbound else
+                    "no outbound network")
+        ended = self.slirp_ended()
+        if ended:
+            return f"no outbound network: {ended}"
+        return "outbound through slirp4netns"
+
+    def slirp_ended(self) -> str | None:
+        """How slirp4netns ended, when it did: the tasks lost their outbound network (its
+        tap device went with it) until :meth:`revive_outbound`."""
+        code = self.slirp.poll() if self.slirp is not None else None
+        if code is None or self.slirp is None:
+            return None
+        return f"slirp4netns (pid {self.slirp.pid}) {describe_exit(code)}"
+
+    def revive_outbound(self) -> None:
+        """A new slirp4netns on this namespace after the last one ended: the running tasks
+        get their outbound network back too (one namespace). Blocking (up to
+        ``READY_TIMEOUT_S``); ``PrivateNetUnavailable`` if it does not come up."""
+        if self.slirp_ended() is None:
+            return
+        if self._slirp_exit is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._slirp_exit)
+            self._slirp_exit = None
+        old, self.slirp = self.slirp, None
+        if old is not None:
+            old.wait()
+            if old.stderr is not None:
+                old.stderr.close()
+        _start_slirp(self)
 
     def enter(self, argv: list[str]) -> list[str]:
         """``argv`` run inside the namespace, as this user with this user's credentials."""
@@ -122,7 +164,7 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
             "sh", "-c", f"{setup}; echo up; read _"]
     holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, start_new_session=True)
-    net = PrivateNetwork(holder, scratch=scratch)
+    net = PrivateNetwork(holder, scratch=scratch, wants_outbound=outbound)
     try:
         said = _read_line(holder, READY_TIMEOUT_S)
         if said != "up":
@@ -144,16 +186,30 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
 
 
 def _start_slirp(net: PrivateNetwork) -> None:
-    """slirp4netns on the namespace: ``tap0`` with NAT to the outside, no inbound port."""
+    """slirp4netns on the namespace: ``tap0`` with NAT to the outside, no inbound port. It
+    parses the tasks' packets, so it runs sandboxed (its own mount namespace, capabilities
+    dropped) and under seccomp, as far as this user and build allow (``net.confinement``)."""
     slirp = shutil.which("slirp4netns")
     if slirp is None:
-        net.outbound = "no outbound network (slirp4netns not found)"
         return
+    for flags in CONFINEMENTS:
+        try:
+            _run_slirp(net, slirp, flags)
+        except PrivateNetUnavailable as exc:
+            if not flags:
+                raise
+            logger.debug("slirp4netns with %s failed (%s); trying with less", flags, exc)
+        else:
+            net.confinement = flags
+            return
+
+
+def _run_slirp(net: PrivateNetwork, slirp: str, flags: tuple[str, ...]) -> None:
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()
     try:
         net.slirp = subprocess.Popen(
-            [slirp, "--configure", "--mtu=65520", "--disable-host-loopback",
+            [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", *flags,
              f"--userns-path=/proc/{net.pid}/ns/user", f"--ready-fd={ready_w}",
              f"--exit-fd={exit_r}", str(net.pid), "tap0"],
             pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -161,18 +217,25 @@ def _start_slirp(net: PrivateNetwork) -> None:
     finally:
         os.close(ready_w)
         os.close(exit_r)
-    net._slirp_exit = exit_w
     ready = select.select([ready_r], [], [], READY_TIMEOUT_S)[0]
     answer = os.read(ready_r, 1) if ready else b""
     os.close(ready_r)
     if answer != b"1":
+        os.close(exit_w)  # a slirp4netns still starting ends with its exit pipe
         err = ""
-        if net.slirp.poll() is not None and net.slirp.stderr is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            net.slirp.wait(timeout=2)
+        if net.slirp.poll() is None:
+            net.slirp.kill()
+            net.slirp.wait()
+        if net.slirp.stderr is not None:
             last = net.slirp.stderr.read().decode(errors="replace").strip().splitlines()[-1:]
             err = last[0] if last else ""
+            net.slirp.stderr.close()
+        net.slirp = None
         raise PrivateNetUnavailable(f"slirp4netns did not configure the namespace: "
                                     f"{err or 'no answer'}")
-    net.outbound = "outbound through slirp4netns"
+    net._slirp_exit = exit_w
 
 
 def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -214,6 +277,7 @@ def shared(outbound: bool = False) -> PrivateNetwork:
                 _shared is None or _shared.slirp is None):
             raise PrivateNetUnavailable(NO_OUTBOUND)
         if _shared is not None and _shared.alive() and (_shared.slirp or not outbound):
+            _shared.revive_outbound()  # the next start makes a new one (docs/security.md)
             return _shared
         if _shared is not None:
             _shared.close()

@@ -171,7 +171,7 @@ class RunMagics(Magics):
             active.stop(keep_spares=decided.keep_spares)
         where = f"on {', '.join(new.hosts)}" if new.hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {new.spec} ({where}) ...", flush=True)
-        cluster.start()
+        cluster.start(announce=False)  # said in the lines below
         if cluster.warm_note:
             print(f"tfdist_nb: {cluster.warm_note}")
         print(f"tfdist_nb: {new.spec} ready ({cluster.keras_summary()}); run directory "
