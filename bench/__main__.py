@@ -203,7 +203,16 @@ def rows_network(res: dict[str, Any]) -> list[dict[str, str]]:
     return [_row("(f)", f"all-reduce bus bandwidth, {res['workers']} workers, {r['size_mb']:g} MB "
                         "(GB/s)", f"{r['tfdist_nb']:.3f}", f"plain TF_CONFIG {r['plain']:.3f}",
                  f"{r['ratio']:.2f}x", f"{low:.1f}-{high:.1f}x", low <= r["ratio"] <= high)
-            for r in res["rows"]]
+            for r in res["rows"]] + [
+        _row("(f)", f"private network vs host's: all-reduce {r['size_mb']:g} MB (GB/s)",
+             f"{r['tfdist_nb']:.3f}", f"host network {r['host']:.3f}",
+             f"{r['private_vs_host']:.2f}x", f"{low:.1f}-{high:.1f}x",
+             low <= r["private_vs_host"] <= high)
+        for r in res["rows"] if "host" in r] + ([
+            _row("(f)", "cold start, private network vs host's (s)",
+                 f"{res['start_s']['private']:.2f}", f"host network {res['start_s']['host']:.2f}",
+                 f"{res['start_s']['private'] / res['start_s']['host']:.2f}x", "", None)]
+        if "start_s" in res else [])
 
 
 def rows_warm(res: dict[str, Any]) -> list[dict[str, str]]:

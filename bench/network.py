@@ -1,4 +1,5 @@
-"""The network check's all-reduce bandwidth next to the same all-reduce in plain processes.
+"""The network check's all-reduce bandwidth next to the same all-reduce in plain processes,
+and what the private network costs next to the host's.
 
     python -m bench.network [--workers 2] [--sizes 1 16 64] [--repeat 3] [--quick] [--json PATH]
 
@@ -7,6 +8,12 @@ MultiWorkerMirroredStrategy: its all-reduce of each size through that strategy; 
 all-reduce, timed the same way (one warm-up, best of the rest), in plain ``python -c`` processes
 given TF_CONFIG, which is what a user would write to measure it. The ratio of bus bandwidths
 says whether the check reports what the cluster can do (goal: within 0.9x-1.1x).
+
+(c) The tfdist_nb side runs once on the private network (``net="private"``, through
+slirp4netns where installed) and once on the host's (``net="host"``), each a cold start
+(``warm=False``, ``fork=False``: no spare or fork server carries a cost from one to the other):
+the start's seconds and the all-reduce side by side, and the private network's own making
+(namespace and slirp4netns, median of 5) in ms.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +56,44 @@ print("BENCH", json.dumps(rows))
 """
 
 
-def run_tfdist(n: int, sizes: list[float]) -> dict[float, float]:
+NETS = ("private", "host")
+
+
+def run_tfdist(n: int, sizes: list[float],
+               net: str = "private") -> tuple[float, dict[float, float]]:
+    """The cold start's seconds and the check's bus bandwidth per size, on network ``net``."""
     from tfdist_nb import Cluster
     from tfdist_nb.cluster import checks
 
     checks.BANDWIDTH_SIZES_MB = tuple(sizes)
-    with Cluster(workers=n) as cluster:
+    cluster = Cluster(workers=n, warm=False, launcher_options={"net": net, "fork": False})
+    began = time.perf_counter()
+    with cluster.start(announce=False):
+        start_s = time.perf_counter() - began
         made = cluster.run("import tensorflow as tf\n"
                            "strategy = tf.distribute.MultiWorkerMirroredStrategy()")
         assert made.ok, made.summary()
         report = cluster.check("network")
         assert report.ok, report
         bw = report.bandwidth
-        return dict(zip(bw["size_mb"], bw["busbw_gb_s"], strict=True))
+        return start_s, dict(zip(bw["size_mb"], bw["busbw_gb_s"], strict=True))
+
+
+def namespace_ms(repeat: int = 5) -> float | None:
+    """The private network's own making (namespace, loopback, slirp4netns), median ms; None
+    where this machine cannot make one."""
+    from tfdist_nb.launchers import private_net
+
+    took = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        try:
+            net = private_net.create()
+        except private_net.PrivateNetUnavailable:
+            return None
+        took.append((time.perf_counter() - began) * 1000)
+        net.close()
+    return statistics.median(took)
 
 
 def run_plain(n: int, sizes: list[float], repeat: int) -> dict[float, float]:
@@ -93,19 +126,36 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.quick:
         args.repeat, args.sizes = 1, [1.0, 4.0]
     os.environ.setdefault("TFDIST_RUNS_DIR", tempfile.mkdtemp(prefix="tfdist_bench_"))
-    runs: dict[str, list[dict[float, float]]] = {"tfdist_nb": [], "plain": []}
+    runs: dict[str, list[dict[float, float]]] = {"tfdist_nb": [], "plain": [], "host": []}
+    starts: dict[str, list[float]] = {"private": [], "host": []}
     for i in range(args.repeat):
-        for name in (["tfdist_nb", "plain"] if i % 2 == 0 else ["plain", "tfdist_nb"]):
-            runs[name].append(run_tfdist(args.workers, args.sizes) if name == "tfdist_nb"
-                              else run_plain(args.workers, args.sizes, 3))
+        order = ["tfdist_nb", "host", "plain"] if i % 2 == 0 else ["plain", "host", "tfdist_nb"]
+        for name in order:
+            if name == "plain":
+                runs[name].append(run_plain(args.workers, args.sizes, 3))
+                continue
+            net = "private" if name == "tfdist_nb" else "host"
+            start_s, bw = run_tfdist(args.workers, args.sizes, net)
+            starts[net].append(start_s)
+            runs[name].append(bw)
     rows = []
-    print(f"{args.workers} workers   size (MB)   check busbw (GB/s)   plain busbw   ratio")
+    print(f"{args.workers} workers   size (MB)   check busbw (GB/s)   plain busbw   ratio   "
+          "host-network busbw   private/host")
     for mb in args.sizes:
         ours = statistics.median(r[mb] for r in runs["tfdist_nb"])
         plain = statistics.median(r[mb] for r in runs["plain"])
-        rows.append({"size_mb": mb, "tfdist_nb": ours, "plain": plain, "ratio": ours / plain})
-        print(f"{'':11} {mb:9g}   {ours:18.3f}   {plain:11.3f}   {ours / plain:5.2f}x")
-    results = {"workers": args.workers, "rows": rows}
+        host = statistics.median(r[mb] for r in runs["host"])
+        rows.append({"size_mb": mb, "tfdist_nb": ours, "plain": plain, "ratio": ours / plain,
+                     "host": host, "private_vs_host": ours / host})
+        print(f"{'':11} {mb:9g}   {ours:18.3f}   {plain:11.3f}   {ours / plain:5.2f}x   "
+              f"{host:18.3f}   {ours / host:5.2f}x")
+    start = {net: statistics.median(v) for net, v in starts.items()}
+    made_ms = namespace_ms()
+    print(f"cold start: private network {start['private']:.2f} s, host network "
+          f"{start['host']:.2f} s ({start['private'] / start['host']:.2f}x); the private "
+          f"network's making: {'not possible here' if made_ms is None else f'{made_ms:.1f} ms'}")
+    results = {"workers": args.workers, "rows": rows, "start_s": start,
+               "namespace_ms": made_ms}
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return results

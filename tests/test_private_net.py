@@ -191,7 +191,8 @@ FETCH = ("import urllib.request\n"
          "except OSError as exc:\n"
          "    print('unreachable', exc)\n")
 #: a download as a tutorial's first cell does it: its error is the cell's
-DOWNLOAD = "import urllib.request\nprint(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+DOWNLOAD = ("import urllib.request\n"
+            "print(urllib.request.urlopen({url!r}, timeout=10).read().decode())")
 
 
 @pytest.fixture
