@@ -6,6 +6,7 @@ test_restart_failures.py."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,34 @@ def test_the_session_knows_which_clusters_run_and_the_registry_reads_it() -> Non
         assert c in registry.live_clusters() and c in SESSION.clusters.live()
     assert registry.current() is None and c not in registry.live_clusters()
     assert registry.last_cluster() is c
+
+
+def test_an_aborted_collective_is_explained_by_a_second_strategy_only_where_one_was_made(
+        tmp_path: Path) -> None:
+    """worker:1 made a second strategy (its note said so), worker:0 did not: the same abort
+    is explained by it on worker:1 alone; the first task to say it alerts, the second's same
+    words are kept without a second alert; a restart forgets it."""
+    from tfdist_nb.cluster.cells import Cells
+    from tfdist_nb.cluster.hub import EventHub
+    from tfdist_nb.events import Finding, TelemetrySample
+    from tfdist_nb.results import RemoteError, RunResult, TaskResult, TaskStatus
+    from tfdist_nb.store.rundir import RunDirectory
+    from tfdist_nb.store.tails import LiveStore
+
+    hub = EventHub(RunDirectory(tmp_path, "c1"), LiveStore(), dict)
+    said = {"text": "MultiWorkerMirroredStrategy number 2 (cell 2 line 2) ...", "level":
+            "WARNING", "finding": str(Finding.SECOND_STRATEGY)}
+    for task in ("worker:1", "worker:2"):
+        hub.sink([TelemetrySample(1.0, task, {"notes": [said]})])
+    assert len([a for a in hub.alerts if "number 2" in a]) == 1
+    abort = ("Collective ops is aborted by: Delete called on non-empty BufRendezvous "
+             "[Op:CollectiveReduceV2]")
+    result = RunResult(cell=2, tasks={
+        t: TaskResult(t, TaskStatus.ERROR, error=RemoteError("InternalError", abort, []))
+        for t in ("worker:0", "worker:1")})
+    Cells._explain_second_strategy(result, hub)
+    assert result.tasks["worker:0"].explanation is None
+    assert (result.tasks["worker:1"].explanation or "").startswith(
+        "This task made a second MultiWorkerMirroredStrategy in the same process")
+    hub.live.view("worker:1").new_process()
+    assert not hub.live.view("worker:1").findings

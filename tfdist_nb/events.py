@@ -9,6 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tfdist_nb.strenum import StrEnum
+
+
+class Finding(StrEnum):
+    """Kinds of a task's note that the controller acts on (a note's text is for people)."""
+
+    SECOND_STRATEGY = "second_strategy"  # another MWMS in a process that made one
+
 
 @dataclass(frozen=True)
 class OutputLine:

@@ -20,10 +20,14 @@ from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, next_state
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.diagnostics.explain import explain_network, network_gone
+from tfdist_nb.diagnostics.explain import (
+    explain_network,
+    explain_second_strategy,
+    network_gone,
+)
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.errors import ClusterNotRunningError
-from tfdist_nb.events import Event
+from tfdist_nb.events import Event, Finding
 from tfdist_nb.launchers.base import NetTrouble
 from tfdist_nb.results import RunResult
 from tfdist_nb.store.rundir import RunDirectory
@@ -91,6 +95,7 @@ class Cells:
         if origin := first_nan(result.failed):
             hub.note("cluster", origin.splitlines()[0], "WARNING")
         self._explain_network(result, network)
+        self._explain_second_strategy(result, hub)
         self._remember(result, code)
         return result
 
@@ -103,6 +108,15 @@ class Cells:
         if lost and (trouble := network()) is not None:
             for r in lost:
                 r.explanation = explain_network(trouble.cause, trouble.cure)
+
+    @staticmethod
+    def _explain_second_strategy(result: RunResult, hub: EventHub) -> None:
+        """A collective aborted in a task that made a second strategy is explained by it, in
+        place of the generic peer-gone advice (which says to look for another task's fault)."""
+        for r in result.failed:
+            if (r.error is not None and Finding.SECOND_STRATEGY in hub.live.view(r.task).findings
+                    and (said := explain_second_strategy(r.error.evalue))):
+                r.explanation = said
 
     def stop_all(self, loop: LoopThread) -> None:
         """The cluster stops: a cell still running ends now, not later."""

@@ -13,6 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
 from tfdist_nb.diagnostics.straggler import Straggler, find_stragglers
@@ -47,6 +48,7 @@ class EventHub:
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()
         self._cell_started = 0.0
+        self._findings_said: set[tuple[str, str]] = set()  # (kind, text) alerted already
 
     def new_cell(self, targets: list[str] | None = None) -> None:
         """Stragglers are judged afresh in each cell, on its own steps, with a new alert;
@@ -73,11 +75,22 @@ class EventHub:
                 self._check_startup_wait(event)
             elif isinstance(event, TelemetrySample):
                 for note in event.data.get("notes") or ():
-                    self.note(event.task, note.get("text", ""), note.get("level", "INFO"))
+                    self._task_note(event.task, note)
                 if event.data.get("steps"):
                     self._check_stragglers()
         if disk is not None:
             self.note(RUN_DIRECTORY, *disk)
+
+    def _task_note(self, task: str, note: dict[str, Any]) -> None:
+        """A task's note; one of a ``finding`` kind that another task said already in the same
+        words (every task makes the same strategy) is kept with the events, not alerted again."""
+        text, level, finding = note.get("text", ""), note.get("level", "INFO"), note.get("finding")
+        if finding:
+            self.live.view(task).findings.add(str(finding))
+            if (finding, text) in self._findings_said:
+                level = "INFO"
+            self._findings_said.add((finding, text))
+        self.note(task, text, level)
 
     def note(self, task: str, text: str, level: str = "INFO") -> None:
         """A finding or a controller message about ``task``, kept with its events."""

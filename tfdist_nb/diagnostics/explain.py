@@ -51,6 +51,22 @@ def explain_network(cause: str, cure: str) -> str:
     return f"This task has no outbound network here: {cause}. Fix: {cure}."
 
 
+#: what a collective aborted under a second strategy in the same process says
+SECOND_STRATEGY_ABORT = ("BufRendezvous", "Collective ops is aborted by")
+SECOND_STRATEGY = (
+    "This task made a second MultiWorkerMirroredStrategy in the same process (said in an alert "
+    "when it was made): TensorFlow configures collective ops once per process, and collectives "
+    "under a later strategy can be aborted like this. Fix: restart the tasks (`%%tfcluster "
+    "--restart`, or cluster.restart()) and make the strategy once per process, in a cell of "
+    "its own.")
+
+
+def explain_second_strategy(evalue: str) -> str | None:
+    """A collective's abort explained by a second strategy the task made (the caller knows it
+    did: ``events.Finding.SECOND_STRATEGY``)."""
+    return SECOND_STRATEGY if any(sign in evalue for sign in SECOND_STRATEGY_ABORT) else None
+
+
 def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | None:
     """A short explanation with the fix for a recognised error, else None."""
     if "aborted by: tfdist_nb" in evalue:

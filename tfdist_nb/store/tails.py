@@ -38,11 +38,13 @@ class TaskView:
     ledger: LedgerView = field(default_factory=LedgerView)
     sample_seq: int = 0
     process: int = 0  # counts the processes seen under this name (a restart starts anew)
+    findings: set[str] = field(default_factory=set)  # this process's (events.Finding)
 
     def new_process(self) -> None:
         """A restart: the ledger and the step count begin again with the new process."""
         self.ledger.reset()
         self.step_count, self.sample_seq, self.process = 0, 0, self.process + 1
+        self.findings = set()
 
     def step_mark(self) -> tuple[int, int]:
         """Where the count stands now, for :meth:`steps_since` (the count is over a life)."""

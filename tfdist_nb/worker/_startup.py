@@ -53,7 +53,10 @@ def _enter() -> list[dict[str, Any]] | None:
         return None
     nth = _made[0]
     _made[0] += 1
-    op = Op("startup", len(everyone), None, "", None, None, cellmap.main_thread_site())
+    site = cellmap.main_thread_site()
+    if nth:
+        _second_strategy(nth, site)
+    op = Op("startup", len(everyone), None, "", None, None, site)
     rows = LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
                         check=f"tfdist/startup/{nth}")
     from tfdist_nb.worker import state
@@ -61,6 +64,22 @@ def _enter() -> list[dict[str, Any]] | None:
     if state.telemetry is not None:  # the wait holds the GIL: nothing is sent during it
         state.telemetry.deliver_ledger()
     return rows
+
+
+def _second_strategy(nth: int, site: str) -> None:
+    """A strategy made in a process that made one already: TensorFlow configures collectives
+    once per process, so this one's collectives can be aborted (``Delete called on non-empty
+    BufRendezvous``) or meet the first one's state; said with the fix."""
+    from tfdist_nb.events import Finding
+    from tfdist_nb.worker import state
+
+    where = f" ({site})" if site else ""
+    state.note(f"MultiWorkerMirroredStrategy number {nth + 1} in the same task process{where}: "
+               "TensorFlow configures collective ops once per process, so its collectives may "
+               "be aborted ('Delete called on non-empty BufRendezvous') or meet the earlier "
+               "strategy's state. Fix: restart the tasks (%%tfcluster --restart, or "
+               "cluster.restart()) and make one strategy per process", "WARNING",
+               Finding.SECOND_STRATEGY)
 
 
 def install() -> None:

@@ -70,10 +70,11 @@ def is_spare() -> bool:
     return os.environ.get(SPARE_ENV) == "1" and not adopted
 
 
-def note(text: str, level: str = "INFO") -> None:
-    """Tell the controller something this task found (it becomes an alert for WARNING)."""
+def note(text: str, level: str = "INFO", finding: str | None = None) -> None:
+    """Tell the controller something this task found (it becomes an alert for WARNING);
+    ``finding``: its kind (``tfdist_nb.events.Finding``), said once for the cluster."""
     if telemetry is not None:
-        telemetry.note(text, level)
+        telemetry.note(text, level, finding)
 
 
 def instrumentation_failed(part: str, stops: str, exc: BaseException) -> None:

@@ -102,11 +102,13 @@ class Telemetry:
                                 None if fetch_s is None else fetch_s * 1000.0,
                                 syncs or []])
 
-    def note(self, text: str, level: str = "INFO") -> None:
+    def note(self, text: str, level: str = "INFO", finding: str | None = None) -> None:
         """A finding of the worker agent; it goes out with the next sample (within a second,
-        or at the end of the cell)."""
+        or at the end of the cell). ``finding``: its kind, for the controller to act on
+        (``tfdist_nb.events.Finding``), never read from ``text``."""
         with self._lock:
-            self._notes.append({"text": text, "level": level})
+            self._notes.append({"text": text, "level": level,
+                                **({"finding": finding} if finding else {})})
 
     def set_total(self, total: int | None) -> None:
         self.total_steps = total
