@@ -227,6 +227,15 @@ def test_an_extra_all_reduce_on_one_task_in_a_traced_step_is_named_before_any_wr
     assert list(checks["task"]) == ["worker:0", "worker:1"]
     assert set(checks["function"]) == {"train_step"} and set(checks["where"]) == {
         "cell 2 line 12"}
+    # and what each task traced, side by side, the first difference marked
+    led = cluster.collectives(last=None)
+    traced = led[led["state"].isin(["traced", "differs"]) & (led["function"] == "train_step")
+                 ].sort_values(["task", "position"])
+    assert [tuple(r) for r in traced[["task", "position", "kind", "shape", "where", "state"]]
+            .itertuples(index=False)] == [
+        ("worker:0", 1, "all_reduce", (2,), "cell 2 line 6", "traced"),
+        ("worker:1", 1, "all_reduce", (2,), "cell 2 line 6", "traced"),
+        ("worker:1", 2, "all_reduce", (2,), "cell 2 line 8", "differs")]
 
 
 EAGER_SHAPE = """v = tf.ones([3 if tw.task[1] == 0 else 2])

@@ -9,7 +9,7 @@ from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.topology import task_order
 
 COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
-           "entered", "done", "waited_s", "called_at", "group", "index", "call"]
+           "entered", "done", "waited_s", "called_at", "group", "index", "call", "position"]
 
 
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,

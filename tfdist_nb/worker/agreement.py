@@ -95,6 +95,7 @@ def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
         raise
     LEDGER.close(row)
     manifests = {mine: json.loads(payload), **theirs}
+    LEDGER.traced(ops, name, key, difference_at(manifests))
     if (said := first_difference(name, manifests)) is not None:
         raise CollectiveMismatchError(said)
 
@@ -123,6 +124,16 @@ def _collect(ctx: Any, key: str, others: list[str]) -> dict[str, list[Any]]:
     return found
 
 
+def difference_at(manifests: dict[str, list[list[Any]]]) -> int | None:
+    """The first position (from 0) where the tasks' manifests differ, or None."""
+    tasks = sorted(manifests, key=task_order)
+    for i in range(max(len(m) for m in manifests.values())):
+        got = [manifests[t][i] if i < len(manifests[t]) else None for t in tasks]
+        if not all(_agree(got[0], e) for e in got):
+            return i
+    return None
+
+
 def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | None:
     """The sentence naming where the tasks' manifests of ``name`` first differ, or None.
 
@@ -130,12 +141,9 @@ def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | 
     task (tasks in ``task_order``), so each one's error says the same thing.
     """
     tasks = sorted(manifests, key=task_order)
-    longest = max(len(m) for m in manifests.values())
-    for i in range(longest):
+    i = difference_at(manifests)
+    if i is not None:
         got = {t: manifests[t][i] if i < len(manifests[t]) else None for t in tasks}
-        first = got[tasks[0]]
-        if all(_agree(first, e) for e in got.values()):
-            continue
         per_task = "; ".join(
             f"{t}: " + (f"{e[0]} {describe_tensor(e[1], e[2])} at {e[4]}" if e else
                         f"none (it issues {len(manifests[t])})") for t, e in got.items())

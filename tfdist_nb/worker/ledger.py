@@ -105,6 +105,28 @@ class Ledger:
                 rows.append(row)
         return rows
 
+    def traced(self, ops: list[Op], function: str, check: str,
+               differs_at: int | None = None) -> None:
+        """What ``function`` traced, as its tasks compared it before its first run (``check``
+        its key): one row per collective, state ``traced``, or ``differs`` at the first
+        position where the tasks' manifests differ, so each task's ledger shows what it traced
+        side by side with the others'. Not executions: no index, no count."""
+        now = time.time()
+        with self._lock:
+            for position, op in enumerate(ops):
+                self._seq += 1
+                row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
+                       "index": None, "group_size": op.group_size, "dtype": op.dtype,
+                       "shape": None if op.shape is None else list(op.shape),
+                       "bytes": op.nbytes, "function": function, "call": None,
+                       "where": op.where, "called_at": None,
+                       "in_control_flow": op.in_control_flow, "traced_for": check,
+                       "position": position + 1,
+                       "state": "differs" if position == differs_at else "traced",
+                       "entered": now, "done": now}
+                self._rows.append(row)
+                self._dirty[self._seq] = row
+
     def close(self, rows: list[dict[str, Any]], state: str = "done") -> None:
         now = time.time()
         with self._lock:
