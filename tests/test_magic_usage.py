@@ -64,8 +64,16 @@ def test_a_typo_gets_its_fix_alone_and_a_line_it_cannot_read_gets_the_examples(
         ip.run_cell_magic("tfcluster", "2 workers --launcher sshh", "x = 1")
     assert str(typo.value) == ("unknown launcher 'sshh' (did you mean 'ssh'?); choose one of "
                                "attach, local, slurm, ssh")
+    with pytest.raises(UsageError) as role:  # one line: its own example, no block of six
+        ip.run_cell_magic("tfcluster", "2 wrkers", "x = 1")
+    assert str(role.value) == (
+        "unknown role 'wrkers'; roles are chief, worker(s), ps, evaluator. Did you mean "
+        "'workers'? Example: %%tfcluster 2 workers   (or: 1 worker, 1 chief 2 workers 1 ps)")
+    with pytest.raises(UsageError) as flag:
+        ip.run_cell_magic("tfcluster", "2 workers --tiemout 5", "x = 1")
+    assert str(flag.value) == "unrecognized arguments: --tiemout 5; did you mean --timeout?"
     with pytest.raises(UsageError) as unread:
-        ip.run_cell_magic("tfcluster", "2 workerz", "x = 1")
+        ip.run_cell_magic("tfcluster", "2 workers --env 'A=1", "x = 1")
     assert "examples:\n  %%tfcluster 2 workers\n" in str(unread.value)
 
 
@@ -80,7 +88,7 @@ def test_bad_line_is_usage_error_and_starts_nothing(ip: Any, line: str, needle: 
     # every message carries an example, or is one: it names the fix (a typo's closest word,
     # the values to choose from, an e.g.)
     assert "%%tfcluster 2 workers" in message or any(
-        words in message for words in ("did you mean", "e.g.", "choose ")), message
+        words in message.lower() for words in ("did you mean", "e.g.", "choose ")), message
     assert current() is None
     assert worker_kernels() == workers
     assert {p.pid for p in psutil.Process().children(recursive=True)} == children

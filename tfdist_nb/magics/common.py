@@ -33,14 +33,14 @@ NO_CLUSTER = "no cluster is running; start one with\n  %%tfcluster 2 workers"
 
 
 #: words of a message that already says what to type: the examples would bury it
-_SAYS_THE_FIX = ("did you mean", "e.g.", "choose ")
+_SAYS_THE_FIX = ("did you mean", "e.g.", "choose ", "example:")
 
 
 def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
     """The UsageError a user sees: the message, then ``example`` unless the message already
     names the fix (a typo's "did you mean", a list to choose from)."""
     text = str(exc)
-    if any(words in text for words in _SAYS_THE_FIX):
+    if any(words in text.lower() for words in _SAYS_THE_FIX):
         return UsageError(text)
     return UsageError(f"{text}\n{example}")
 

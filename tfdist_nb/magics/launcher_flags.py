@@ -11,6 +11,7 @@ chosen launcher does not take is a SpecError naming the launcher that does.
 from __future__ import annotations
 
 import argparse
+import difflib
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,7 +122,11 @@ def _given(args: argparse.Namespace, rest: Sequence[str], known: Schemas) -> dic
         parser.add_argument(option.flag, dest=option.dest, metavar=option.metavar)
     parsed, unknown = parser.parse_known_args(list(rest))
     if unknown:
-        raise SpecError(f"unrecognized arguments: {' '.join(unknown)}")
+        flags = [*options, *(f"--{dest.replace('_', '-')}" for dest in vars(args))]
+        close = [m[0] for word in unknown if word.startswith("--") and
+                 (m := difflib.get_close_matches(word.partition("=")[0], flags, n=1))]
+        raise SpecError(f"unrecognized arguments: {' '.join(unknown)}" +
+                        (f"; did you mean {', '.join(close)}?" if close else ""))
     given.update({o.flag: getattr(parsed, o.dest) for o in others
                   if getattr(parsed, o.dest) is not None})
     return given
