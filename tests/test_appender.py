@@ -98,3 +98,17 @@ def test_a_stop_while_the_disk_still_refuses_says_what_is_lost(tmp_path: Path,
                      OutputLine(1.0, "worker:0", "stdout", "b", 1)])
     assert rd.close() == (f"2 of 2 line(s) held in memory could not be written to {rd.path} "
                           "when the cluster stopped (the disk still refuses them)")
+
+
+def test_a_relative_run_directory_is_said_and_kept_as_an_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quickstart's kernel runs in examples/: a relative base was printed relative to a
+    directory the user's terminal was not in, and moved when the kernel changed directory."""
+    from tfdist_nb.store.rundir import RunDirectory
+
+    monkeypatch.chdir(tmp_path)
+    rundir = RunDirectory("runs", "c1")
+    assert rundir.path == tmp_path / "runs" / "c1" and rundir.path.is_absolute()
+    monkeypatch.chdir("/")
+    rundir.write_cell(1, "x = 1", ["worker:0"])
+    assert (tmp_path / "runs" / "c1" / "cells.jsonl").stat().st_size > 0

@@ -103,6 +103,24 @@ def check_filters(level: str | None, grep: str | None, tail: int | None) -> set[
     return levels
 
 
+class LogFrame(pd.DataFrame):
+    """The logs as a DataFrame whose display keeps each line whole: pandas cuts a column at
+    50 characters, which hid the value a ``--grep`` looked for."""
+
+    @property
+    def _constructor(self) -> type[LogFrame]:
+        return LogFrame
+
+    def __repr__(self) -> str:  # a row per line, however wide (a terminal folds it)
+        with pd.option_context("display.max_colwidth", None, "display.max_columns", None,
+                               "display.width", None, "display.expand_frame_repr", False):
+            return super().__repr__()
+
+    def _repr_html_(self) -> str | None:
+        with pd.option_context("display.max_colwidth", None):
+            return super()._repr_html_()
+
+
 def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
                grep: str | None = None, tail: int | None = None,
                levels: set[str] | None = None) -> pd.DataFrame:
@@ -125,6 +143,6 @@ def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
         rows.append((rec["time"], rec["task"], stream, level, text, rec.get("cell")))
     if tail is not None:
         rows = rows[-tail:]
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    df = LogFrame(rows, columns=COLUMNS)
     df["time"] = pd.to_datetime(df["time"], unit="s", utc=True)
     return df

@@ -169,7 +169,9 @@ class RunDirectory:
     """Appends events and cells; safe to call from the loop thread and the caller's thread."""
 
     def __init__(self, root: str | os.PathLike[str] | None, cluster_id: str) -> None:
-        base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT)
+        # absolute: said as a path that works from anywhere, and kept if the kernel changes
+        # its working directory
+        base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT).absolute()
         _make_missing_dirs(base)
         self.path = _cluster_dir(base / cluster_id)
         self._lock = threading.Lock()
