@@ -8,6 +8,7 @@ import re
 import pytest
 
 from tfdist_nb import Cluster
+from tfdist_nb.chart_axes import CHARTS
 from tfdist_nb.display.compact import named_tasks, outliers
 
 
@@ -38,6 +39,20 @@ def test_32_tasks_get_the_compact_view() -> None:
         rows = re.findall(r"data-task='(worker:\d+)'", dash.grid.widget.value)
         assert rows == [f"worker:{i}" for i in range(32)]
         assert dash.charts.notes[0].value.startswith("<small>outliers: worker:5 ")
+        # the per-task charts' axes and words (tfdist_nb/chart_axes.py), aggregated
+        keys = [c.key for c in CHARTS]
+        shown = [keys[dash.charts.panels.index(p)] for p in dash.charts.row.children]
+        assert shown[0] == "step_time" and "input_wait" not in shown and "gpu" not in shown
+        for key in shown:
+            xs, ys = dash.charts.scales[keys.index(key)]
+            assert ys.min == 0.0 and ys.max >= max(max(b) for b in dash.charts.marks[
+                keys.index(key)].y), key
+        cpu_y = dash.charts.scales[keys.index("cpu")][1]
+        assert cpu_y.max >= 100.0  # a percentage reaches 100 (one core)
+        step_x = dash.charts.scales[0][0]
+        assert (step_x.min, step_x.max) == (1, 6)  # the steps there are
+        assert "<b>input wait (ms)</b>: no input wait measured" in dash.charts.empty.value
+        assert "<b>GPU utilisation %</b>: no GPU on this host" in dash.charts.empty.value
         dash.pick.value = "worker:17, nonsense"
         dash.refresh()
         assert list(dash.panels) == ["worker:17"]

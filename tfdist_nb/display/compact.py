@@ -13,6 +13,8 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tfdist_nb import chart_axes as axes
+from tfdist_nb.chart_axes import CHARTS, NO_GPU
 from tfdist_nb.store.tails import TaskView
 
 COMPACT_AT = 8  # more tasks than this: the compact view
@@ -135,64 +137,104 @@ class RevisionCharts:
 
 
 class BandCharts(RevisionCharts):
-    """Per series, three lines across all tasks (min, median, max) and the outliers named."""
+    """Per chart of :data:`tfdist_nb.chart_axes.CHARTS`, three lines across all tasks (min,
+    median, max) on the axes the per-task charts use (from 0; the whole run while short), the
+    outliers named under it. A chart without data is left out of ``row`` and says why in
+    ``empty``, as the per-task charts do."""
 
-    SERIES = (("step time (ms)", "steps", 2, " ms", 5.0), ("CPU %", "time", 1, "%", 15.0),
-              ("RSS (MB)", "time", 2, " MB", 100.0), ("GPU %", "time", 3, "%", 15.0))
+    #: per chart key: the unit said with an outlier, and the least gap from the median that is
+    #: one (a few % of CPU on idle tasks is noise)
+    OUTLIERS = {"step_time": (" ms", 5.0), "input_wait": (" ms", 5.0), "cpu": ("%", 15.0),
+                "rss": (" MB", 100.0), "gpu": ("%", 15.0)}
 
     def __init__(self) -> None:
         import bqplot as bq
         import ipywidgets as w
 
-        self.figures, self.marks, self.notes = [], [], []
-        for title, xkind, _, _, _ in self.SERIES:
-            xs, ys = bq.LinearScale(), bq.LinearScale()
+        self.figures, self.marks, self.notes, self.scales, self.panels = [], [], [], [], []
+        for chart in CHARTS:
+            xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
             mark = bq.Lines(x=[0.0], y=[[0.0], [0.0], [0.0]],
                             colors=["#90caf9", "#1565c0", "#ef6c00"],
                             labels=["min", "median", "max"], display_legend=True,
                             scales={"x": xs, "y": ys})
-            fig = bq.Figure(marks=[mark], title=f"{title}: min / median / max of all tasks",
-                            axes=[bq.Axis(scale=xs, label="step" if xkind == "steps" else
-                                          "seconds"),
+            fig = bq.Figure(marks=[mark], title=f"{chart.title}: min / median / max of all tasks",
+                            axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
+                                          "seconds since the first sample"),
                                   bq.Axis(scale=ys, orientation="vertical")],
                             layout=w.Layout(width="100%", height="200px"),
                             fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
             fig.add_class("tfdist-chart")
+            fig.add_class(f"tfdist-chart-{chart.key}")
             note = w.HTML()
             note.add_class("tfdist-outliers")
             self.figures.append(fig)
             self.marks.append(mark)
             self.notes.append(note)
-        self.box = w.Box([w.VBox([f, n], layout=w.Layout(width="49%"))
-                          for f, n in zip(self.figures, self.notes, strict=True)],
-                         layout=w.Layout(flex_flow="row wrap"))
+            self.scales.append((xs, ys))
+            self.panels.append(w.VBox([fig, note], layout=w.Layout(width="49%")))
+        self.empty = w.HTML()
+        self.empty.add_class("tfdist-chart-empty")
+        # a chart joins the row when it first has data (bqplot sizes a figure when shown)
+        self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
+        self.box = w.VBox([self.row, self.empty])
 
     def update(self, views: list[TaskView], revision: int) -> bool:
         if not self.due(revision):
             return False
         t0 = self.first_sample(views)
-        for (_, xkind, col, unit, gap), mark, note in zip(self.SERIES, self.marks, self.notes,
-                                                          strict=True):
-            per_x: dict[float, list[float]] = defaultdict(list)
-            latest: dict[str, float] = {}
-            for v in views:
-                rows = (list(v.steps)[-CHART_POINTS:] if xkind == "steps"
-                        else list(v.samples)[-CHART_POINTS:])
-                for row in rows:
-                    if row[col] is not None:
-                        x = row[0] if xkind == "steps" else round(row[0] - t0)
-                        per_x[x].append(row[col])
-                recent = [r[col] for r in rows[-20:] if r[col] is not None]
-                if recent:
-                    latest[v.task] = statistics.median(recent)
-            xs = sorted(per_x)[-CHART_POINTS:]
-            if xs:
-                bands = [[min(per_x[x]) for x in xs], [statistics.median(per_x[x]) for x in xs],
-                         [max(per_x[x]) for x in xs]]
-                with mark.hold_sync():
-                    mark.x, mark.y = xs, bands
-            said = outliers(latest, unit, gap)
-            text = f"<small>outliers: {html.escape(said)}</small>" if said else ""
+        now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
+        gpus = any(v.latest.get("gpus") for v in views)
+        said: list[str] = []
+        shown: list[Any] = []
+        for chart, mark, note, (xs, ys), panel in zip(CHARTS, self.marks, self.notes,
+                                                      self.scales, self.panels, strict=True):
+            per_x, latest = self._bands(chart, views, t0, now)
+            if not per_x:
+                why = NO_GPU if chart.key == "gpu" and not gpus else chart.empty
+                said.append(f"<b>{html.escape(chart.title)}</b>: {html.escape(why)}")
+                continue
+            shown.append(panel)
+            x = sorted(per_x)[-CHART_POINTS:]
+            bands = [[min(per_x[i]) for i in x], [statistics.median(per_x[i]) for i in x],
+                     [max(per_x[i]) for i in x]]
+            with mark.hold_sync():
+                mark.x, mark.y = x, bands
+            x_first, x_last = (0.0, now - t0) if chart.x == "time" else (x[0], x[-1])
+            x_range = axes.x_range(chart, x_first, x_last)
+            y_range = axes.y_range(chart, bands[2])
+            if (xs.min, xs.max) != x_range:
+                xs.min, xs.max = x_range
+            if (ys.min, ys.max) != y_range:
+                ys.min, ys.max = y_range
+            unit, gap = self.OUTLIERS[chart.key]
+            named = outliers(latest, unit, gap)
+            text = f"<small>outliers: {html.escape(named)}</small>" if named else ""
             if text != note.value:
                 note.value = text
+        if tuple(shown) != tuple(self.row.children):
+            self.row.children = shown
+        text = "<small>" + "<br>".join(said) + "</small>" if said else ""
+        if text != self.empty.value:
+            self.empty.value = text
         return True
+
+    @staticmethod
+    def _bands(chart: axes.Chart, views: list[TaskView], t0: float,
+               now: float) -> tuple[dict[float, list[float]], dict[str, float]]:
+        """Every task's values of ``chart`` by x (a step, or a whole second since ``t0`` in
+        the time window), and each task's recent median (for the outliers)."""
+        per_x: dict[float, list[float]] = defaultdict(list)
+        latest: dict[str, float] = {}
+        col = chart.column
+        for v in views:
+            if chart.x == "steps":
+                rows = [r for r in list(v.steps)[-CHART_POINTS:] if r[col] is not None]
+            else:
+                since = now - axes.WINDOW_S
+                rows = [r for r in v.samples if r[col] is not None and r[0] >= since]
+            for row in rows:
+                per_x[row[0] if chart.x == "steps" else round(row[0] - t0)].append(row[col])
+            if recent := [r[col] for r in rows[-20:]]:
+                latest[v.task] = statistics.median(recent)
+        return per_x, latest
