@@ -44,7 +44,7 @@ def test_32_tasks_get_the_compact_view() -> None:
         shown = [keys[dash.charts.panels.index(p)] for p in dash.charts.row.children]
         assert shown[0] == "step_time" and "input_wait" not in shown and "gpu" not in shown
         for key in shown:
-            xs, ys = dash.charts.scales[keys.index(key)]
+            _, ys = dash.charts.scales[keys.index(key)]
             assert ys.min == 0.0 and ys.max >= max(max(b) for b in dash.charts.marks[
                 keys.index(key)].y), key
         cpu_y = dash.charts.scales[keys.index("cpu")][1]

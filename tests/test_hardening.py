@@ -367,3 +367,43 @@ def test_attached_files_open_to_others_are_not_trusted(
                                                 r"others \(mode 0644\)"):
         c.start()
     assert bystander.poll() is None
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+def test_a_link_or_fifo_planted_in_the_run_directory_is_replaced_not_followed_or_waited_on(
+        tmp_path: Path, planted: str) -> None:
+    """events.jsonl and a task's kernel.log replaced by a link (to a file of someone else's
+    choosing) or a FIFO while the cluster runs: the next cell runs and is logged, nothing is
+    written through the link, no open waits on the FIFO, the logs are the cluster's own
+    (what was written before included), and an alert says what was replaced."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("not the cluster's\n")
+
+    def plant(path: Path) -> None:
+        path.unlink()
+        if planted == "symlink":
+            path.symlink_to(target)
+        else:
+            os.mkfifo(path)
+
+    with Cluster(workers=1, preload=(), warm=False, run_dir=tmp_path / "runs",
+                 start_timeout=60) as c:
+        assert c.run("print('before', flush=True)").ok
+        assert c.run_dir is not None
+        plant(c.run_dir / "events.jsonl")
+        after = c.run("print('after', flush=True)")
+        assert after.ok, after.summary()
+        said = [a for a in c.alerts() if "events.jsonl in the run directory" in a]
+        assert said and "made a new one with everything written before" in said[0], c.alerts()
+        texts = list(c.logs()["text"])
+        assert "before" in texts and "after" in texts and "not the cluster's" not in texts
+        assert stat.S_ISREG(os.lstat(c.run_dir / "events.jsonl").st_mode)
+        log = c.tasks[next(iter(c.tasks))].log_path
+        assert log is not None
+        plant(log)
+        c.restart()  # the task's process log is opened again: never through the link or FIFO
+        assert c.run("print('restarted', flush=True)").ok
+        assert stat.S_ISREG(os.lstat(log).st_mode)
+    assert target.read_text() == "not the cluster's\n"

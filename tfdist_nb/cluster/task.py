@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,10 +82,19 @@ class TaskRuntime:
     def kernel_log_tail(self, n: int) -> list[str]:
         """The last lines the process wrote outside ipykernel's capture (crash messages)."""
         path = self.log_path
-        if path is None or not path.exists():
+        if path is None:
             return []
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 16384))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        return lines[-n:]
+        try:  # a link is followed (the SLURM launcher's points at the job's log); a FIFO or
+            # a device is not read (it could block the caller)
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return []
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return []
+            start = max(0, st.st_size - 16384)
+            lines = os.pread(fd, st.st_size - start, start).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        return lines.splitlines()[-n:]

@@ -15,8 +15,8 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from tfdist_nb.owned_files import regular_stat
 from tfdist_nb.store.rundir import DEFAULT_ROOT
-from tfdist_nb.store.safe_read import regular_stat
 
 CLUSTER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 MAX_SUBDIRS = 200    # top-level folders of the root looked into

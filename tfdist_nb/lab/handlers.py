@@ -12,7 +12,7 @@ No file is touched on the server's event loop: the index does its reading on one
 own, and a request waits for it at most ``IO_TIMEOUT_S`` (then 504), so a run directory on a
 hung network filesystem slows the panes, never ``/api/status`` or the rest of Jupyter
 (docs/security.md). Files are opened without following links and only when regular
-(``store/safe_read.py``).
+(``owned_files.py``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.store.safe_read import read_regular, regular_stat
+from tfdist_nb.owned_files import read_regular, regular_stat
 
 INITIAL_BYTES = 1 << 20  # the first read of a file: its last MiB
 MAX_READ = 4 << 20       # at most this much per poll; the rest comes with the next ones

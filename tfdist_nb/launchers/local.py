@@ -44,6 +44,7 @@ from tfdist_nb.launchers.base import (
     TaskHandle,
     TaskLaunch,
 )
+from tfdist_nb.owned_files import open_task_log
 from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
@@ -334,7 +335,7 @@ class LocalLauncher(Launcher):
         await asyncio.to_thread(self.prepare)
         km, scratch = self.kernel_manager(launch)
         env = self.task_env(launch)
-        fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = open_task_log(launch.log_path)  # never through a link, never blocked by a FIFO
         try:
             await km.start_kernel(env=env, stdout=fd, stderr=fd,
                                   cwd=launch.cwd or os.getcwd())

@@ -49,6 +49,7 @@ from tfdist_nb.launchers.base import (
     TaskHandle,
     TaskLaunch,
 )
+from tfdist_nb.owned_files import open_task_log
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
 
@@ -331,7 +332,7 @@ class SSHLauncher(Launcher):
                "-o", "StreamLocalBindMask=0177", *forwards, "--", check_destination(host),
                remote]
         key = secrets.token_hex(32)
-        fd = os.open(launch.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = open_task_log(launch.log_path)  # never through a link, never blocked by a FIFO
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=fd,

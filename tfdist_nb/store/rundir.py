@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.events import Event, OutputLine
+from tfdist_nb.owned_files import lstat_or_none, open_owned, ours_regular, read_regular
 from tfdist_nb.store.appender import DiskChange, HeldAppender
 
 DEFAULT_ROOT = "tfdist_runs"
@@ -96,7 +97,7 @@ def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
     """Open a file created readable by the owner only (``permissions``), whatever the umask
     (never through a symlink: the run holds code, output and environments, docs/security.md);
     also what the exported reproducer and a saved log are written with."""
-    return os.fdopen(_private_fd(path, mode, permissions), mode, encoding="utf-8")
+    return os.fdopen(open_owned(path, mode, permissions), mode, encoding="utf-8")
 
 
 def replace_private(path: Path, text: str, permissions: int = 0o600) -> None:
@@ -132,16 +133,17 @@ def foreign(path: Path) -> str | None:
     return None
 
 
-def _private_fd(path: Path, mode: str = "a", permissions: int = 0o600) -> int:
-    flags = (os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-             | (os.O_APPEND if mode == "a" else os.O_TRUNC))
-    fd = os.open(path, flags, permissions)
-    os.fchmod(fd, permissions)
-    return fd
+def _copy_written(source: int, target: int, chunk: int = 1 << 20) -> None:
+    """Everything ``source`` holds, appended to ``target`` (an unlinked file's descriptor
+    still reads it)."""
+    offset = 0
+    while data := os.pread(source, chunk, offset):
+        os.write(target, data)
+        offset += len(data)
 
 
 def _private_appender(path: Path, limit: int) -> HeldAppender:
-    return HeldAppender(_private_fd(path), limit)
+    return HeldAppender(open_owned(path, read=True), limit)
 
 
 def _inode(out: HeldAppender) -> tuple[int, int] | None:
@@ -185,26 +187,33 @@ class RunDirectory:
         """Make the directory and its files again if they were removed while the cluster ran
         (``rm -rf`` of the run directory): writes would otherwise go to files no one can read
         and every task start would fail. Returns what to tell the user, else None."""
-        try:
-            st = os.stat(self.path / "events.jsonl")
-            with self._lock:
-                if (st.st_ino, st.st_dev) == _inode(self._events):
-                    return None
-        except FileNotFoundError:
-            pass
+        names = ("events", "cells", "telemetry")
+        with self._lock:
+            found = {n: lstat_or_none(self.path / f"{n}.jsonl") for n in names}
+            replaced = [f"{n}.jsonl" for n, st in found.items()
+                        if st is not None and not ours_regular(st)]
+            if not replaced and all(st is not None and (st.st_ino, st.st_dev) ==
+                                    _inode(getattr(self, f"_{n}")) for n, st in found.items()):
+                return None
         _make_missing_dirs(self.path.parent)
         _cluster_dir(self.path)
         with self._lock:
             for name in ("_events", "_cells", "_telemetry"):
                 old = getattr(self, name)
                 fresh = _private_appender(self.path / f"{name[1:]}.jsonl", old.limit)
+                if _inode(old) != _inode(fresh):  # what was written lives on in our old fd
+                    _copy_written(old.fd, fresh.fd)
                 fresh.held = old.held  # what waited for the disk goes to the new file
                 fresh.error = old.error
                 old.held = bytearray()
                 old.close()
                 setattr(self, name, fresh)
+        if replaced:
+            return (f"{', '.join(replaced)} in the run directory {self.path} was replaced by "
+                    "something that is not a file of yours (a link, a FIFO): made a new one "
+                    "with everything written before")
         return (f"the run directory {self.path} was removed while the cluster ran: made it "
-                "again; what was written before is gone, what follows is kept")
+                "again, with everything written before")
 
     def task_dir(self, slug: str) -> Path:
         return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
@@ -289,8 +298,10 @@ class RunDirectory:
             held = bytes(out.held)
             size = os.fstat(out.fd).st_size if not out.closed else None
         partial = b""
-        with open(self.path / name, "rb") as f:
-            data = f.read() if size is None else f.read(size)
+        if size is not None:  # our own file, whatever is at its name now
+            data = os.pread(out.fd, size, 0)
+        else:
+            data = read_regular(self.path / name) or b""
         lines = data.splitlines(keepends=True)
         if lines and not lines[-1].endswith(b"\n"):  # cut short by the disk: the rest is held
             partial = lines.pop()

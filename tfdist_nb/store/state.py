@@ -32,8 +32,8 @@ from typing import Any
 import psutil
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.owned_files import read_regular
 from tfdist_nb.store.rundir import replace_private
-from tfdist_nb.store.safe_read import read_regular
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore
 
@@ -139,7 +139,7 @@ class StateFile:
 # ---------------------------------------------------------------------- the reader's side
 def read_state(run_dir: Path) -> dict[str, Any] | None:
     """The state file of a run directory, or None when it has none (or not yet a whole one)."""
-    raw = read_regular(Path(run_dir) / STATE_FILE)  # never a FIFO or a link (safe_read)
+    raw = read_regular(Path(run_dir) / STATE_FILE)  # never a FIFO or a link (owned_files)
     if raw is None:
         return None
     try:
