@@ -407,3 +407,30 @@ def test_a_link_or_fifo_planted_in_the_run_directory_is_replaced_not_followed_or
         assert c.run("print('restarted', flush=True)").ok
         assert stat.S_ISREG(os.lstat(log).st_mode)
     assert target.read_text() == "not the cluster's\n"
+
+
+def test_scratch_left_by_a_killed_notebook_is_removed_by_the_next_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A notebook kernel killed with SIGKILL leaves its tfdist-net-* scratch in $TMPDIR: the
+    next one of this user removes it, and leaves a live process's and another user's alone."""
+    import tempfile
+
+    from tfdist_nb.owned_files import private_temp_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"tfdist-net-{gone.pid}-abc"
+    live = tmp_path / f"tfdist-net-{os.getpid()}-def"
+    for d in (dead, live):
+        d.mkdir(mode=0o700)
+        (d / "resolv.conf").write_text("nameserver 10.0.2.3\n")
+    other = tmp_path / f"tfdist-net-{gone.pid}-ghi"
+    other.mkdir()
+    if os.geteuid() == 0:
+        os.chown(other, 65534, 65534)
+    made = private_temp_dir("net")
+    assert made.name.startswith(f"tfdist-net-{os.getpid()}-")
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    assert not dead.exists() and live.exists()
+    assert other.exists() == (os.geteuid() == 0)  # as root: another uid's, kept

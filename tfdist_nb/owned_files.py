@@ -12,6 +12,7 @@ replaced by a new file (the run directory is owner-only: only this user or root 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -89,3 +90,31 @@ def open_task_log(path: Path) -> int:
     """The descriptor a task's process log (``tasks/<task>/kernel.log``) is appended through,
     by the launchers that write it on this machine."""
     return open_owned(path)
+
+
+def private_temp_dir(kind: str) -> Path:
+    """A new owner-only directory ``$TMPDIR/tfdist-<kind>-<pid>-<random>`` for this process's
+    scratch, after removing the ones of this user whose process is gone (a notebook kernel
+    killed with SIGKILL cannot remove its own: docs/security.md)."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for old in base.glob(f"tfdist-{kind}-*-*"):
+            pid = old.name.split("-")[2]
+            st = lstat_or_none(old)
+            if (pid.isdigit() and st is not None and stat.S_ISDIR(st.st_mode)
+                    and st.st_uid == os.geteuid() and not _alive(int(pid))):
+                shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"tfdist-{kind}-{os.getpid()}-"))  # 0700
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -24,7 +24,6 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from pathlib import Path
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.errors import TfdistError
+from tfdist_nb.owned_files import private_temp_dir
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
     setup = "ip link set lo up || exit 3"
     with contextlib.suppress(OSError):
         if outbound and needs_own_resolver(resolv.read_text()):
-            scratch = Path(tempfile.mkdtemp(prefix="tfdist-net-"))  # 0700
+            scratch = private_temp_dir("net")  # 0700; a killed notebook's are removed
             (scratch / "resolv.conf").write_text(f"nameserver {SLIRP_DNS}\n")
             os.chmod(scratch / "resolv.conf", 0o644)
             setup += f" && mount --bind {scratch}/resolv.conf {resolv} || exit 4"
