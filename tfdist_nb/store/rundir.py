@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.owned_files import lstat_or_none, open_owned, ours_regular, read_regular
 from tfdist_nb.store.appender import DiskChange, HeldAppender
@@ -173,9 +174,22 @@ class RunDirectory:
     def __init__(self, root: str | os.PathLike[str] | None, cluster_id: str) -> None:
         # absolute: said as a path that works from anywhere, and kept if the kernel changes
         # its working directory
-        base = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT).absolute()
-        _make_missing_dirs(base)
-        self.path = _cluster_dir(base / cluster_id)
+        given = Path(root or os.environ.get("TFDIST_RUNS_DIR") or DEFAULT_ROOT).expanduser()
+        try:
+            base = given.absolute()
+        except FileNotFoundError:  # a relative base in a deleted working directory
+            raise SpecError(f"the run directory {given} is relative to the working directory, "
+                            "which was deleted: change to one that exists (%cd ~) or give an "
+                            "absolute run_dir= (or $TFDIST_RUNS_DIR)") from None
+        try:
+            _make_missing_dirs(base)
+            self.path = _cluster_dir(base / cluster_id)
+        except OSError as exc:
+            if exc.errno is None:  # our own refusal, said already (another user's directory)
+                raise
+            raise SpecError(f"cannot make the run directory under {base} "
+                            f"({exc.strerror or exc}): give one you can write, e.g. "
+                            "run_dir='~/tfdist_runs' or $TFDIST_RUNS_DIR") from None
         self._lock = threading.Lock()
         self._troubled = self._dropping_said = False  # said: cannot be written / dropping
         self._recovered = 0  # held lines written out since the trouble began
