@@ -1,6 +1,7 @@
 """%tfdist_isolate on real clusters: a flaky failure is called flaky, no variant outlives the
 budget, an interrupt returns what is known, and every variant's kernels are gone afterwards (the
-autouse leak check, and the user's cluster is left as it was).
+autouse leak check, and the user's cluster is left as it was). A bug in one task's own data, on
+3 workers, is found on that task's share alone, not called distributed.
 
 The three bugs of the teaching notebook (examples/11_isolate.ipynb: a data bug in one worker's
 share, a traced-function bug, a collective bug) get their verdicts, and the exported smallest
@@ -9,6 +10,7 @@ variant of the first fails the same way when its launch.sh runs, in tests/test_e
 from __future__ import annotations
 
 import _thread
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -112,3 +114,55 @@ def test_bad_requests_are_refused_before_anything_starts(one_worker: Cluster) ->
     with pytest.raises(SpecError, match="positive number of seconds"):
         one_worker.isolate(budget_s=0)
     assert registry.live_clusters() == [one_worker]
+
+
+#: worker:2's own rows hold a NaN (chosen by its index, as a per-task data file would be); the
+#: check raises there, and the other workers wait in the all-reduce until they are released.
+ONE_TASKS_DATA = """\
+import numpy as np
+import tensorflow as tf
+import tfdist_nb.worker as tw
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+rows = np.arange(12, dtype=np.float32).reshape(6, 2) + 10 * tw.task[1]
+if tw.task[1] == 2:
+    rows[2, 1] = np.nan
+
+@tf.function
+def step(x):
+    return strategy.run(lambda v: tf.debugging.check_numerics(tf.reduce_sum(v), "loss"),
+                        args=(x,))
+
+for i in range(6):
+    with tw.step():
+        strategy.reduce("SUM", step(tf.constant(rows[i])), axis=None)
+"""
+
+
+@pytest.mark.timeout(400)
+def test_one_tasks_own_data_is_found_on_its_share_not_called_distributed(
+        tmp_path: Path) -> None:
+    """1 worker runs as worker:0 and never meets worker:2's rows: the walk runs the task that
+    failed on its own (worker:2, the others released) alone, as worker:2, before bisecting."""
+    with Cluster(workers=3, warm=False, stall_timeout=60) as three:
+        result = three.run(ONE_TASKS_DATA)
+        # the others are released: aborted, or interrupted when the hang rules named worker:2
+        # before a waiter's collective reached its ledger; neither failed on its own
+        on_its_own = [t for t, r in result.tasks.items() if r.status in ("error", "crashed")]
+        assert on_its_own == ["worker:2"], result.summary()
+        live = {c.id for c in registry.live_clusters()}
+        report = three.isolate(budget_s=300)
+        assert report.finding is Finding.TASK_DATA, str(report)
+        assert report.verdict.startswith("fails on worker:2's share alone: that task's data"), \
+            report
+        assert "distributed" not in report.verdict, report
+        assert report.smallest is not None and "worker:2's share alone" in report.smallest.title
+        repro = report.export(tmp_path / "repro")
+        train = (repro / "train.py").read_text()
+        assert "'as_task': ['worker', 2," in train and "for i in range(3):" in train
+        assert {c.id for c in registry.live_clusters()} == live and current() is three
+    # one task taking worker:2's identity, outside Jupyter: its rows, the same failure
+    ran = subprocess.run(["bash", str(repro / "launch.sh")], capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode != 0
+    assert "InvalidArgumentError" in ran.stdout and "loss : Tensor had NaN values" in ran.stdout

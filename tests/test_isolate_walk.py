@@ -27,8 +27,13 @@ from tfdist_nb.topology import ClusterSpec
 F, P = Outcome.FAILS, Outcome.PASSES
 
 
-def walk(workers: int = 2, bound: int | None = None, gpus: bool = False) -> Walk:
-    return Walk(ClusterSpec(workers=workers), Failure("ValueError", "ValueError: bad", (), 2.0),
+def walk(workers: int = 2, bound: int | None = None, gpus: bool = False,
+         on_its_own: tuple[str, ...] = (), chief: int = 0) -> Walk:
+    """A walk of a ValueError; ``on_its_own``: the tasks that raised in the cell's run (the
+    others were released from the hang they left)."""
+    failed = tuple(str(t) for t in ClusterSpec(workers=workers, chief=chief).tasks)
+    return Walk(ClusterSpec(workers=workers, chief=chief),
+                Failure("ValueError", "ValueError: bad", failed, 2.0, on_its_own=on_its_own),
                 bound=bound, gpus=gpus)
 
 
@@ -90,6 +95,92 @@ def test_passing_on_one_worker_is_a_distributed_bug_with_its_smallest_count() ->
     assert w.smallest().variant.key == "tasks=3"
 
 
+def test_one_tasks_own_failure_runs_its_share_alone_before_anything_distributed() -> None:
+    """1 worker runs as worker:0 and never reads worker:1's data: worker:1, which raised while
+    worker:0 was only released, runs alone as itself, and its share failing is the answer."""
+    w = walk(bound=8, on_its_own=("worker:1",))
+    assert w.at_most() == 6  # as without it: same, 1 worker, its share, mirrored, eager, steps
+    asked = play(w, {"same": F, "tasks=1": P, "share:worker:1": F,
+                     "share:worker:1+steps=3": F})
+    assert asked == ["same", "tasks=1", "share:worker:1", "share:worker:1+steps=3"]
+    assert w.finding() is Finding.TASK_DATA
+    assert w.verdict() == ("fails on worker:1's share alone: that task's data (or its own code "
+                           "path); in your run only worker:1 failed on its own, and with 1 "
+                           "worker (as worker:0) it passes")
+    assert w.not_tried() == []
+    smallest = w.smallest()
+    assert smallest is not None and smallest.variant.key == "share:worker:1+steps=3"
+    assert w.exportable(smallest).as_task == "worker:1"
+    assert smallest.title == "worker:1's share alone, 3 step(s)"
+
+
+def test_with_three_workers_the_failing_task_runs_alone_without_bisection() -> None:
+    w = walk(workers=3, on_its_own=("worker:2",))
+    asked = play(w, {"same": F, "tasks=1": P, "share:worker:2": F})
+    assert asked == ["same", "tasks=1", "share:worker:2"]  # no tasks=2, no mirrored
+    assert w.finding() is Finding.TASK_DATA
+    assert w.verdict().startswith("fails on worker:2's share alone: that task's data")
+    assert "distributed" not in w.verdict()
+    smallest = w.smallest()
+    assert smallest is not None and smallest.runs_as == "share:worker:2"
+    assert w.exportable(smallest).prelude["as_task"][:2] == ["worker", 2]
+
+
+def test_the_first_task_in_order_that_failed_on_its_own_runs_alone() -> None:
+    """worker:0 released, worker:1 and worker:2 raised: worker:1 (the first) runs alone; a
+    task released from a hang never runs alone; with a chief, task 0 is the chief."""
+    assert walk(workers=3, on_its_own=("worker:2", "worker:1")).failing_alone() == "worker:1"
+    assert walk(workers=3, on_its_own=()).failing_alone() is None
+    w = walk(workers=2, chief=1, on_its_own=("worker:0",))
+    assert w.failing_alone() == "worker:0"
+    play(w, {"same": F, "tasks=1": P, "share:worker:0": F})
+    assert w.verdict().endswith("with 1 worker (as chief:0) it passes")
+    w = walk(workers=3, on_its_own=("worker:1", "worker:2"))
+    play(w, {"same": F, "tasks=1": P, "share:worker:1": F})
+    assert "in your run worker:1, worker:2 failed on their own" in w.verdict()
+
+
+@pytest.mark.parametrize("on_its_own", [("worker:0", "worker:1"), ("worker:0",), ()])
+def test_a_failure_of_task_0_or_of_none_on_its_own_is_bisected_as_before(
+        on_its_own: tuple[str, ...]) -> None:
+    """Both sides of a mismatched collective raise: task 0's identity already ran as 1 worker,
+    and nothing runs alone."""
+    w = walk(workers=4, on_its_own=on_its_own)
+    asked = play(w, {"same": F, "tasks=1": P, "tasks=2": P, "tasks=3": F, "mirrored": P,
+                     "tasks=3+eager": F})
+    assert asked == ["same", "tasks=1", "tasks=2", "tasks=3", "mirrored", "tasks=3+eager"]
+    assert w.finding() is Finding.DISTRIBUTED
+
+
+def test_a_share_alone_that_passes_goes_on_to_the_distributed_questions() -> None:
+    w = walk(workers=3, on_its_own=("worker:1",))
+    asked = play(w, {"same": F, "tasks=1": P, "share:worker:1": P, "tasks=2": F, "mirrored": P,
+                     "tasks=2+eager": F})
+    assert asked == ["same", "tasks=1", "share:worker:1", "tasks=2", "mirrored",
+                     "tasks=2+eager"]
+    assert w.finding() is Finding.DISTRIBUTED
+    assert w.verdict() == ("needs 2 or more workers: a distributed bug (with 1 worker it "
+                           "passes; the 3 replicas in one process pass: it is in how the tasks "
+                           "work together; worker:1's share alone passes)")
+    w = walk(on_its_own=("worker:1",))
+    play(w, {"same": F, "tasks=1": P, "share:worker:1": Outcome.OTHER, "mirrored": F})
+    assert w.finding() is Finding.PER_REPLICA
+    assert "; worker:1's share alone fails differently (no error line))" in w.verdict()
+
+
+def test_a_walk_stopped_before_the_share_alone_ran_claims_nothing() -> None:
+    w = walk(on_its_own=("worker:1",))
+    for outcome in (F, P):  # same, 1 worker; then the budget is spent
+        variant = w.next()
+        assert variant is not None
+        w.record([Row(variant, outcome, 1.0)])
+    assert w.next() is not None and w.next().key == "share:worker:1"
+    w.stopped = "the budget of 30s was spent"
+    assert w.finding() is Finding.UNKNOWN
+    assert w.verdict().startswith("with 1 worker it passes; worker:1 failed on its own in your "
+                                  "run: the next variant, its share alone, did not run")
+
+
 def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
     answers = {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P}
     w = walk()
@@ -121,6 +212,29 @@ def test_the_progress_count_is_the_longest_path_left() -> None:
     assert w.at_most() == 6  # same, 1 worker, shares, eager, mirrored, fewer steps
     play(w, {"same": P})
     assert w.at_most() == 1
+
+
+@pytest.mark.parametrize("answers", [
+    {"same": F, "tasks=1": P, "share:worker:2": F, "share:worker:2+steps=3": F},
+    {"same": F, "tasks=1": P, "share:worker:2": P, "tasks=2": P, "mirrored": P,
+     "same+eager": F, "same+steps=3": F},
+    {"same": F, "tasks=1": P, "share:worker:2": P, "tasks=2": F, "mirrored": F,
+     "mirrored+steps=3": F},
+])
+def test_the_progress_count_bounds_a_walk_with_a_share_alone(answers: dict[str, object]) -> None:
+    """At every step the count is at least the variants the walk ends up running; with 3
+    workers and worker:2 failing on its own the longest path is same, 1 worker, worker:2's
+    share, 2 workers, mirrored, eager, fewer steps."""
+    w = walk(workers=3, bound=8, on_its_own=("worker:2",))
+    assert w.at_most() == 7
+    counts = []
+    while (v := w.next()) is not None:
+        counts.append(w.at_most())
+        got = answers[v.key]
+        assert isinstance(got, Outcome)
+        w.record([Row(v, got, 1.0, "ValueError: bad" if got is F else "", steps_done=3)])
+    assert all(c >= len(answers) for c in counts), counts
+    assert counts == sorted(counts, reverse=True) and w.at_most() == len(answers)
 
 
 def test_a_hang_ended_by_the_collective_timeout_is_the_same_hang() -> None:

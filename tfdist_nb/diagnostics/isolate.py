@@ -5,9 +5,12 @@ The walk answers three questions in the order that answers them fastest, and sto
 answer is clear:
 
 1. Does the cell fail again, unchanged, in fresh kernels? If not, it is flaky.
-2. Does it fail on one task? If not, it needs several: a distributed bug (the fewest workers it
-   needs, by bisection, and whether it also fails with the job's replicas in one process without
-   multi-worker collectives, eagerly, or with another collective implementation).
+2. Does it fail on one task? If not, and a task other than task 0 failed on its own in the
+   cell's run, does it fail on that task's share alone (1 worker runs as task 0: what another
+   task's index picks, its data or its code path, never runs there)? If so, that task's data.
+   If not, it needs several: a distributed bug (the fewest workers it needs, by bisection, and
+   whether it also fails with the job's replicas in one process without multi-worker
+   collectives, eagerly, or with another collective implementation).
 3. If it does: on which task's share of the data (each task alone, without multi-worker
    collectives), and does it fail eagerly (a traced-function bug if not)?
 
@@ -31,6 +34,9 @@ PLAIN = {"strategy": "multi_worker", "devices": 1, "eager": False, "implementati
 #: What a variant's collective timeout raises (its prelude sets one)
 COLLECTIVE_TIMEOUT = "DeadlineExceededError"
 HANG = "hang"  # the signature of a run that ended stalled, timed out or released from a hang
+#: How a task fails on its own: it raised, or its process ended. A task released from a hang
+#: another task caused (ABORTED) did not, nor did one that only waited (STALLED, TIMEOUT).
+ON_ITS_OWN = (TaskStatus.ERROR, TaskStatus.CRASHED)
 
 
 class Outcome(StrEnum):
@@ -121,13 +127,16 @@ class Row:
 @dataclass(frozen=True)
 class Failure:
     """The failure being isolated: its signature (the first failing task's exception type, or
-    ``hang``), the first error line, which tasks failed, and how long the cell ran."""
+    ``hang``), the first error line, which tasks did not end ok (those released from a hang
+    included), how long the cell ran, and which tasks failed on their own (``ON_ITS_OWN``):
+    where the walk looks for one task's data (``Walk.failing_alone``)."""
 
     signature: str
     first_line: str
     tasks: tuple[str, ...]
     seconds: float
     steps_done: int | None = None
+    on_its_own: tuple[str, ...] = ()
 
 
 def signature(tasks: Iterable[TaskResult]) -> tuple[str, str]:
@@ -152,7 +161,8 @@ def signature(tasks: Iterable[TaskResult]) -> tuple[str, str]:
 def failure_of(result: RunResult, steps_done: int | None = None) -> Failure:
     sig, line = signature(result.tasks.values())
     return Failure(sig, line, tuple(r.task for r in result.failed),
-                   max((r.duration_s for r in result.tasks.values()), default=0.0), steps_done)
+                   max((r.duration_s for r in result.tasks.values()), default=0.0), steps_done,
+                   on_its_own=tuple(r.task for r in result.failed if r.status in ON_ITS_OWN))
 
 
 def judge(failure: Failure, tasks: Iterable[TaskResult], timed_out: bool) -> tuple[Outcome, str]:
@@ -279,6 +289,25 @@ class Walk:
     def failing_shares(self) -> list[Row]:
         return [r for r in self._done.get("shares", []) if r.outcome is Outcome.FAILS]
 
+    def failing_alone(self) -> str | None:
+        """The task whose identity and share run alone when 1 worker does not fail the same
+        way: the first, in task order, that failed on its own in the cell's run (``ON_ITS_OWN``;
+        a task released from a hang another task caused never counts). None when none did, or
+        when that is task 0: 1 worker already ran as task 0 (reading all the data), and when
+        task 0 fails on its own too, as both sides of a mismatched collective do, how the tasks
+        work together is the likelier cause. Only the first is run, not each: every share alone
+        costs a fresh task before the distributed questions, and one task's bad data leaves the
+        others released, not failing on their own; its share failing is the answer, passing
+        sends the walk on to the distributed questions."""
+        own = set(self.failure.on_its_own)
+        first = next((str(t) for t in self.spec.tasks if str(t) in own), None)
+        return None if first is None or first == str(self.spec.tasks[0]) else first
+
+    def fails_alone(self) -> bool:
+        """Whether the task that failed on its own fails on its share alone (TASK_DATA)."""
+        task = self.failing_alone()
+        return task is not None and self.outcome(share_alone_key(task)) is Outcome.FAILS
+
     # ---- what to run
     def next(self) -> Variant | None:
         if self.stopped:
@@ -336,6 +365,11 @@ class Walk:
 
     def _distributed(self) -> Iterable[Variant | None]:
         spec = self.spec
+        task = self.failing_alone()
+        if task is not None:  # 1 worker ran as task 0: what this task's index picks never ran
+            yield share_alone(spec, task)
+            if self.fails_alone():
+                return  # that task's share: the answer, as when one share fails in shares
         passes, fails = 1, self.tasks  # bisect: the fewest workers it fails with
         while fails - passes > 1:
             middle = (passes + fails) // 2
@@ -357,7 +391,8 @@ class Walk:
 
     def not_tried(self) -> list[str]:
         """Variants the walk would have run here but cannot, and why (said in the report)."""
-        distributed = self.tasks > 1 and self.outcome("tasks=1") not in (None, Outcome.FAILS)
+        distributed = (self.tasks > 1 and self.outcome("tasks=1") not in (None, Outcome.FAILS)
+                       and not self.fails_alone())
         if distributed and not self.gpus and self.outcome("mirrored") is not Outcome.FAILS:
             return ["another collective implementation was not tried: on CPUs AUTO is RING, "
                     "and NCCL needs GPUs"]
@@ -463,13 +498,26 @@ class Verdict:
         needs = w.needs() or w.tasks
         one = got("tasks=1") or Outcome.PASSES  # only called once it ran
         with_one = "passes" if one is Outcome.PASSES else f"{one.verb} ({self._line('tasks=1')})"
+        alone_said = ""
+        task = w.failing_alone()
+        if task is not None:  # run before anything distributed (Walk._distributed)
+            alone = got(share_alone_key(task))
+            if alone is Outcome.FAILS:
+                return self._task_alone(task, with_one)
+            if alone is None or alone is Outcome.INTERRUPTED:  # stopped before it answered
+                ended = "was interrupted" if alone else "did not run"
+                return Finding.UNKNOWN, (
+                    f"with 1 worker it {with_one}; {task} failed on its own in your run: the "
+                    f"next variant, its share alone, {ended}")
+            alone_said = f"; {task}'s share alone {alone.verb}" + (
+                "" if alone is Outcome.PASSES else f" ({self._line(share_alone_key(task))})")
         head = f"needs {needs} or more workers: a distributed bug (with 1 worker it {with_one}"
         if got("mirrored") is Outcome.FAILS:
             return Finding.PER_REPLICA, (
                 f"needs {w.tasks} replicas, also in one process without multi-worker collectives: "
                 "the per-replica code (how the batch is split, code run in the replica context) "
                 f"(with 1 worker it {with_one}; MirroredStrategy on {w.tasks} CPU devices fails "
-                "the same way)")
+                f"the same way{alone_said})")
         if got("mirrored") is Outcome.PASSES:
             head += f"; the {w.tasks} replicas in one process pass: it is in how the tasks work "\
                     "together"
@@ -477,14 +525,25 @@ class Verdict:
         if got(eager(at).key) is Outcome.PASSES:
             return Finding.TRACES_DIFFER, (
                 f"needs {needs} or more workers and passes eagerly: the tasks trace different "
-                f"functions or collectives (with 1 worker it {with_one})")
+                f"functions or collectives (with 1 worker it {with_one}{alone_said})")
         other = w._other_implementation()
         if other and got(implementation(at, other).key) is Outcome.PASSES:
             return Finding.COLLECTIVE_IMPLEMENTATION, (
                 f"needs {needs} or more workers and passes with implementation={other.upper()}: "
                 f"the collective implementation {(w.implementation_used or 'auto').upper()} (with "
-                f"1 worker it {with_one})")
-        return Finding.DISTRIBUTED, head + ")"
+                f"1 worker it {with_one}{alone_said})")
+        return Finding.DISTRIBUTED, head + alone_said + ")"
+
+    def _task_alone(self, task: str, with_one: str) -> tuple[Finding, str]:
+        """One task's share fails alone though 1 worker (task 0) does not: its data, as when
+        one share of several fails (``_one_task``)."""
+        w = self.walk
+        own = [str(t) for t in w.spec.tasks if str(t) in w.failure.on_its_own]
+        who = (f"only {task} failed on its own" if own == [task]
+               else f"{', '.join(own)} failed on their own")
+        return Finding.TASK_DATA, (
+            f"fails on {task}'s share alone: that task's data (or its own code path); in your "
+            f"run {who}, and with 1 worker (as {w.spec.tasks[0]}) it {with_one}")
 
     def _one_task(self) -> tuple[Finding, str]:
         w, got = self.walk, self.walk.outcome
