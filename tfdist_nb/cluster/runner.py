@@ -3,6 +3,11 @@
 A run ends when every targeted task replied, or earlier: when a task's process exits (crashed), at
 the cell's ``timeout``, or when the user interrupts. Then the remaining tasks are interrupted and
 given ``grace_s`` to answer before they are left behind (their late output still reaches the log).
+
+A task whose cell waits at an input prompt (``input()``, pdb) is ``prompt``; while any task of
+the run is, the run waits for a person, not for a hang: neither the stall detector nor the hang
+rules end it (the tasks that wait in a collective for it are said to), and both judge afresh
+once it is answered (docs/reference.md, Input from the tasks).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,7 +29,7 @@ from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
-from tfdist_nb.transport.channel import Execution
+from tfdist_nb.transport.channel import Execution, Prompt
 from tfdist_nb.worker.telemetry import read_oom_kills
 
 POLL_S = 0.2
@@ -57,6 +62,8 @@ class Inspector(Protocol):
     def members(self) -> set[str]: ...
 
     def stopped(self, rt: TaskRuntime) -> str | None: ...
+
+    def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None: ...
 
 
 class RunEnd(StrEnum):
@@ -91,10 +98,16 @@ class RunControl:
         self.wake.set()
 
 
-async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: float | None,
+async def run_cell(tasks: list[TaskRuntime], code: str, cell: int | None, timeout: float | None,
                    control: RunControl, grace_s: float = 5.0, inspector: Inspector | None = None,
-                   stall_timeout: float | None = None) -> dict[str, TaskResult]:
-    execs = {rt.name: rt.live_channel.execute(code, cell) for rt in tasks}
+                   stall_timeout: float | None = None,
+                   on_prompt: Callable[[Prompt], None] | None = None,
+                   silent: bool = False) -> dict[str, TaskResult]:
+    """Run ``code`` on ``tasks`` until each replied or the run ends early (module docstring).
+    ``on_prompt``: the tasks may ask for input, each question handed to it (on this loop);
+    ``silent``: not a cell of the user's (no history; ``cell`` is None), e.g. a debugger."""
+    execs = {rt.name: rt.live_channel.execute(code, cell, silent=silent, on_prompt=on_prompt)
+             for rt in tasks}
     for rt in tasks:
         if rt.state is not TaskState.DEAD:  # found dead just now: reported as crashed below
             rt.transition(TaskEvent.RUN)
@@ -113,24 +126,48 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int, timeout: floa
             elif (exit_code := await rt.live_handle.check_exit()) is not None:
                 results[name] = _crashed(rt, ex, exit_code, inspector)
                 control.stop(RunEnd.CRASH)
+        prompting = track_prompts(by_name, execs, results)
         if inspector is not None:
             busy = [by_name[n] for n in by_name if n not in results]
-            if control.reason is None and busy and (
-                    hang := find_hang(inspector, by_name, results, cell)) is not None:
+            if control.reason is None and busy and not prompting and (
+                    hang := find_hang(inspector, by_name, results, cell or 0)) is not None:
                 control.hang = hang
                 control.stop(RunEnd.HANG)
                 break
             ended = {n: r.status for n, r in results.items()}
             for rt in busy:
                 inspector.heartbeat_gap(rt, busy, ended, execs[rt.name].started)
-            if watch is not None:
+            if prompting:  # a person is asked: nothing is stalled meanwhile (module docstring)
+                if watch is not None:
+                    watch.hold([rt.name for rt in busy], time.time())
+                for rt in busy:
+                    if rt.name not in prompting:
+                        inspector.waits_for_prompt(rt, prompting)
+            elif watch is not None:
                 _watch_stalls(watch, inspector, busy, control)
         if deadline is not None and time.monotonic() >= deadline:
             control.stop(RunEnd.TIMEOUT)
     if control.reason is not None:
         results.update(await _end_early(by_name, execs, results, control, grace_s, inspector,
-                                        stall_timeout, cell))
+                                        stall_timeout, cell or 0))
     return {rt.name: results[rt.name] for rt in tasks}
+
+
+def track_prompts(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
+                  results: dict[str, TaskResult]) -> list[str]:
+    """Move the tasks still running between ``busy`` and ``prompt`` as their cells ask for
+    input and get it; the names of those at a prompt now."""
+    prompting = []
+    for name, rt in by_name.items():
+        if name in results:
+            continue
+        if execs[name].prompt is not None:
+            prompting.append(name)
+            if rt.state in (TaskState.BUSY, TaskState.STALLED):
+                rt.transition(TaskEvent.PROMPTED)
+        elif rt.state is TaskState.PROMPT:
+            rt.transition(TaskEvent.ANSWERED)
+    return prompting
 
 
 def find_hang(inspector: Inspector, by_name: dict[str, TaskRuntime],
@@ -234,6 +271,10 @@ def _memory_after_death(rt: TaskRuntime, last: dict[str, Any] | None) -> dict[st
     return {"oom_kills": read_oom_kills(cgroup)}
 
 
+#: what a collective raises when ``abort_collectives`` released it (TensorFlow's types)
+RELEASED_BY_ABORT = ("UnavailableError", "CancelledError", "AbortedError")
+
+
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
                      done: dict[str, TaskResult], control: RunControl, grace_s: float,
                      inspector: Inspector | None, stall_timeout: float | None,
@@ -271,11 +312,19 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     overview = "" if hang else who_waits(stacks)
     if stood:
         overview = f"{overview}\n{stood}" if overview else stood
+    aborted = ({rt.name for rt in reachable} if inspector is not None and reason in _DETECTED
+               else set())
     for rt in rest:
         released = hang is not None and rt.name in hang.waiting
         status = S.ABORTED if released else _early_status(reason, rt.name in control.stalled)
-        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
-                                           inspector)
+        out[rt.name] = got = await _early_result(rt, execs[rt.name], status, reason, grace_s,
+                                                 inspector)
+        if (hang is not None and rt.name in aborted and got.status is S.INTERRUPTED
+                and got.error is not None and got.error.ename in RELEASED_BY_ABORT):
+            # in a collective the abort released, though its ledger row had not reached the
+            # hang rules yet (a wait shorter than the ledger's 0.2 s send): released, not
+            # interrupted by the user
+            got.status = S.ABORTED
         if hang is not None and out[rt.name].status is not S.CRASHED:
             out[rt.name].explanation = hang.explanation(rt.name)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
@@ -325,7 +374,9 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reas
         return await _finished(rt, ex, status)
     if (code := await rt.live_handle.check_exit()) is not None:
         return _crashed(rt, ex, code, inspector)
-    rt.live_channel.abandon(ex)
+    rt.live_channel.abandon(ex)  # no one answers its prompt now: it is busy, left behind
+    if rt.state is TaskState.PROMPT:
+        rt.transition(TaskEvent.ANSWERED)
     res = _result(rt, ex, status, None)
     if reason is RunEnd.STOPPED:
         res.explanation = "the cluster was stopped while the cell ran"
