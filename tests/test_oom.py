@@ -24,7 +24,8 @@ from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.diagnostics.crash import likely_oom
 from tfdist_nb.events import TaskNote
-from tfdist_nb.worker.telemetry import out_of_memory_error, read_oom_kills
+from tfdist_nb.worker.memory_limits import read_oom_kills
+from tfdist_nb.worker.telemetry import out_of_memory_error
 
 pytestmark = pytest.mark.cluster
 
@@ -174,7 +175,7 @@ def test_memory_error_under_an_address_space_limit_is_said_with_the_limit() -> N
 def test_cgroup_reading_follows_the_limit_of_an_ancestor(tmp_path: Path) -> None:
     """cgroup v2 parsing, on a copy of the files a v2 host has (this machine's memory cgroup is
     v1, read by the test above): /proc/self/cgroup, mountinfo and the cgroup directories."""
-    from tfdist_nb.worker.telemetry import CgroupMemory
+    from tfdist_nb.worker.memory_limits import CgroupMemory
 
     proc = tmp_path / "proc"
     proc.mkdir()
@@ -200,9 +201,37 @@ def test_cgroup_reading_follows_the_limit_of_an_ancestor(tmp_path: Path) -> None
     assert CgroupMemory.find(str(proc)) is None
 
 
+def test_a_spare_is_not_started_into_a_containers_limit_the_host_has_room_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Binder's 2 GB with 1.9 GB used, on a host with plenty free: what is left is the
+    container's 148 MB, and the spare pool starts nothing (it used to read the host's)."""
+    import psutil
+
+    from tfdist_nb.cluster.spares import TASK_MB, SparePool
+    from tfdist_nb.worker.memory_limits import CgroupMemory, available_mb
+
+    group = tmp_path / "binder"
+    group.mkdir()
+    (group / "memory.max").write_text(str(2048 * 2**20))
+    (group / "memory.current").write_text(str(1900 * 2**20))
+    monkeypatch.setattr(CgroupMemory, "find", classmethod(
+        lambda cls, proc_self="/proc/self": cls(2, group, group)))
+    host_mb = psutil.virtual_memory().available / 2**20
+    assert available_mb() == min(host_mb, 148.0)
+    said: list[str] = []
+    pool = SparePool.__new__(SparePool)  # the memory rule alone, no cluster
+    pool._said, pool._note, pool.skipped = set(), lambda text, level="INFO": said.append(text), None
+    assert not pool._memory_allows()
+    assert said == [f"no spare started: {min(host_mb, 148.0):.0f} MB available, a spare would "
+                    f"leave less than the {TASK_MB} MB one TensorFlow "
+                    "task needs"]
+    monkeypatch.setattr(CgroupMemory, "find", classmethod(lambda cls, proc_self="": None))
+    assert available_mb() == pytest.approx(psutil.virtual_memory().available / 2**20, rel=0.2)
+
+
 def test_the_telemetry_of_this_process_reads_its_real_memory_cgroup() -> None:
     """Whatever this machine is, the reading matches /sys read directly."""
-    from tfdist_nb.worker.telemetry import CgroupMemory
+    from tfdist_nb.worker.memory_limits import CgroupMemory
 
     found = _own_memory_cgroup()
     reading = CgroupMemory.find()

@@ -30,7 +30,7 @@ from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_s
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
-from tfdist_nb.worker.telemetry import read_oom_kills
+from tfdist_nb.worker.memory_limits import read_oom_kills
 
 POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}

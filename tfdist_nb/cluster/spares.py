@@ -266,9 +266,10 @@ class SparePool:
     def _memory_allows(self, pending: int = 0) -> bool:
         """Whether one more spare leaves room for one TF task, counting ``pending`` spares
         and tasks still importing (their memory is not taken yet)."""
-        import psutil
+        from tfdist_nb.worker.memory_limits import available_mb as free_mb
 
-        available_mb = psutil.virtual_memory().available / 2**20 - pending * TASK_MB
+        # a container's limit counts, not the host's memory (Binder's 2 GB)
+        available_mb = free_mb() - pending * TASK_MB
         if available_mb - TASK_MB < TASK_MB:
             self.skipped = (f"no spare started: {available_mb:.0f} MB available, a spare would "
                             f"leave less than the {TASK_MB} MB one TensorFlow task needs")
