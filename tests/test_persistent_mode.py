@@ -64,3 +64,27 @@ def test_a_bad_line_is_a_usage_error_and_the_mode_stays_off(tmp_path: Path) -> N
     assert "UsageError" in sideways and "invalid choice: 'sideways'" in sideways
     assert "persistent mode is off" in state
     assert here.strip() == "still here"
+
+
+def test_unloading_in_persistent_mode_ends_everything_and_the_mode(tmp_path: Path) -> None:
+    """%unload_ext tfdist_nb typed while the mode is on runs in the notebook (it used to be
+    sent to the tasks), stops every cluster (not only the current one) and ends the kept
+    spares, the fork servers and the private network; the next cell is the notebook's own."""
+    nb = run_notebook([
+        *SETUP,
+        "from tfdist_nb import Cluster\n"
+        "other = Cluster(workers=1, preload=(), warm=False).start()\n"
+        "import tfdist_nb\nfirst = [c for c in tfdist_nb.cluster.registry.live_clusters()]\n"
+        "print('live', len(first))",
+        "%tfdist_mode on --no-dashboard",
+        "%unload_ext tfdist_nb",
+        "import os\n"
+        "from tfdist_nb.cluster import registry\n"
+        "from tfdist_nb.launchers import forkserver, private_net\n"
+        "print('here', 'TFDIST_TASK' in os.environ, len(registry.live_clusters()),\n"
+        "      other.running, len(forkserver.live_servers()), private_net._shared is None)",
+    ], tmp_path)
+    live, _, unload, here = (cell_text(nb.cells[i], errors=True) for i in range(2, 6))
+    assert "live 2" in live
+    assert "persistent mode" not in unload and "[worker:" not in unload, unload
+    assert here.strip() == "here False 0 False 0 True", here

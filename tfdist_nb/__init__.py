@@ -52,9 +52,13 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Unloading stops the active cluster: no worker outlives the extension."""
-    from tfdist_nb.cluster.facade import current
+    """Unloading ends what the extension started: every cluster, the kept spares, the fork
+    servers and the private network (the session's one close), and persistent mode, whose
+    input transformer would otherwise send every later cell to a cluster that is gone."""
+    from tfdist_nb.cluster.session import SESSION
+    from tfdist_nb.magics.run import RunMagics
 
-    cluster = current()
-    if cluster is not None:
-        cluster.stop()
+    for magics in ipython.magics_manager.registry.values():
+        if isinstance(magics, RunMagics):
+            magics.mode.turn_off()
+    SESSION.close()

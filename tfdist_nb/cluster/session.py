@@ -117,9 +117,18 @@ class Session:
             self._close(pool)
 
     def close(self) -> None:
-        """At exit: the kept pool ends, then every cluster still running stops."""
-        self.drop_pool()
+        """At exit and at ``%unload_ext``: the one close of what outlives a cluster, in
+        dependency order: every cluster still running (through its stop path, its tasks
+        told first), the kept pool, then the fork servers (their forked kernels are gone by
+        then), then the private network they all ran in."""
+        from tfdist_nb.launchers import forkserver, private_net
+
         self.clusters.stop_all()
+        self.drop_pool()
+        with swallowed(logger):
+            forkserver.close_all()
+        with swallowed(logger):
+            private_net.close_shared()
 
     def _close(self, pool: SparePool) -> None:
         loop = self._loop

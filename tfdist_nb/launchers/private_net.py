@@ -17,7 +17,6 @@ its stdin closes, slirp4netns when its exit pipe does, and the tasks end with th
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -286,11 +285,11 @@ def shared(outbound: bool = False) -> PrivateNetwork:
 
 
 def close_shared() -> None:
+    """End this process's private network (the session's close does, after the clusters and
+    fork servers that ran in it: tfdist_nb/cluster/session.py)."""
     global _shared
     with _lock:
         if _shared is not None:
             _shared.close()
             _shared = None
 
-
-atexit.register(close_shared)

@@ -6,7 +6,8 @@ It is an IPython input transformer (``shell.input_transformers_cleanup``: before
 detection, which then sees the ``%%tfcluster`` line), so the cell the user
 wrote is what the tasks run, line numbers included, and the notebook's own history holds it.
 Cells that begin with one of tfdist_nb's magics (``%tfdist_*``, ``%tfcluster``, ``%%tfcluster``)
-still run in the notebook: that is how the mode is turned off or the cluster inspected.
+or unload or reload it (``%unload_ext tfdist_nb``, which also turns the mode off) still run in
+the notebook: that is how the mode is turned off or the cluster inspected.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import contextlib
 from typing import Any
 
 OURS = ("%tfdist_", "%tfcluster", "%%tfcluster")
+#: unloading or reloading this extension is the notebook's business, never the tasks'
+EXTENSION_LINES = [[magic, "tfdist_nb"] for magic in ("%unload_ext", "%reload_ext")]
 
 
 class PersistentMode:
@@ -47,6 +50,6 @@ class PersistentMode:
         if self.options is None:
             return lines
         first = next((line.strip() for line in lines if line.strip()), "")
-        if not first or first.startswith(OURS):
+        if not first or first.startswith(OURS) or first.split()[:2] in EXTENSION_LINES:
             return lines
         return [f"%%tfcluster {self.options} --from-mode\n".replace("  ", " "), *lines]
