@@ -241,3 +241,20 @@ def test_a_dead_task_is_answered_with_advice_by_every_magic_that_acts_on_it(ip: 
             assert "example: %" in said, (name, said)
     finally:
         cluster.stop()
+
+
+def test_native_windows_is_refused_with_the_wsl2_pointer(
+        ip: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No Windows machine here: the platform seam is forced. %load_ext and Cluster() say what
+    to do instead of failing later on os.fchmod or AF_UNIX with an AttributeError."""
+    import sys
+
+    import tfdist_nb
+    from tfdist_nb import Cluster
+    from tfdist_nb.errors import SpecError
+
+    monkeypatch.setattr(sys, "platform", "win32")
+    with pytest.raises(UsageError, match=r"not on native Windows .*install WSL2 \(wsl --install\)"):
+        tfdist_nb.load_ipython_extension(ip)
+    with pytest.raises(SpecError, match="install WSL2"):
+        Cluster(workers=2)

@@ -45,6 +45,12 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
+    from tfdist_nb.errors import platform_refusal
+
+    if said := platform_refusal():
+        from IPython.core.error import UsageError
+
+        raise UsageError(said)
     from tfdist_nb.magics.tfcluster import MAGICS
 
     for magics in MAGICS:

@@ -36,3 +36,17 @@ class TaskError(TfdistError, RuntimeError):
 
     def _render_traceback_(self) -> list[str]:
         return [f"TaskError: {self}"]
+
+
+#: why this platform cannot run a cluster, said at %load_ext and Cluster(): the package is
+#: built on POSIX processes, Unix sockets and /proc (docs/reference.md, Supported versions)
+WINDOWS = ("tfdist_nb runs on Linux and macOS, not on native Windows (it needs POSIX "
+           "processes and Unix sockets): install WSL2 (wsl --install), then follow the README's "
+           "two commands in its Ubuntu shell")
+
+
+def platform_refusal(platform: str | None = None) -> str | None:
+    """What to say on a platform the package does not run on, else None."""
+    import sys
+
+    return WINDOWS if (platform or sys.platform) == "win32" else None

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.cluster import exposure, registry, report, software, task_settings
-from tfdist_nb.cluster.cells import Cells
+from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import check_env, resolve_python
 from tfdist_nb.cluster.export import ExportError, restart_times
@@ -37,16 +37,16 @@ from tfdist_nb.cluster.spare import WarmOutcome
 from tfdist_nb.cluster.spare_control import ClusterSpares
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.cluster.views import status_frame
+from tfdist_nb.cluster.views import status_frame, waiting_for_prompt
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.diagnostics.straggler import Straggler
-from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError
+from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError, platform_refusal
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import launcher_class, make_launcher
-from tfdist_nb.results import RunResult
+from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.store.logs import check_filters, logs_frame
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
@@ -86,6 +86,8 @@ class Cluster:
                  preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
                  launcher_options: Mapping[str, Any] | None = None,
                  warm: bool | int | None = None) -> None:
+        if said := platform_refusal():
+            raise SpecError(said)
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
         kind = _launcher_type(launcher)
         if hosts is not None and not kind.remote:
@@ -358,12 +360,17 @@ class Cluster:
     # ------------------------------------------------------------------ running cells
     def run(self, code: str, on: Any = None, timeout: float | None = None, *,
             on_event: Callable[[Event], None] | None = None,
-            stall_timeout: float | None = None) -> RunResult:
+            stall_timeout: float | None = None,
+            on_input: InputHandler | None = None) -> RunResult:
         """Run ``code`` on the targeted tasks at once and return when all have ended.
 
         ``on_event`` is called in the caller's thread with every event while the cell runs (the
         magic uses it to show output live). Pressing interrupt interrupts the tasks. A task with
         no progress for ``stall_timeout`` (default: the cluster's) ends the run as stalled.
+        ``on_input(task, prompt, password) -> str`` answers the tasks' ``input()``,
+        ``getpass`` and pdb prompts in the caller's thread, one at a time in the order they
+        asked (``ask_here`` asks this process's user); without it they raise ipykernel's
+        StdinNotImplementedError (docs/reference.md, Input from the tasks).
         """
         targets = self._runtimes(self.default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
@@ -373,7 +380,50 @@ class Cluster:
                                on_event, rundir=self.rundir, hub=self.hub,
                                loop=self._require_loop(), inspector=self._inspector(),
                                alive=lambda: self._loop is not None,
-                               network=self.launcher.network_trouble)
+                               network=self.launcher.network_trouble, on_input=on_input)
+
+    def debug(self, on: Any = None, *, on_input: InputHandler | None = None,
+              on_event: Callable[[Event], None] | None = None) -> TaskResult:
+        """A post-mortem debugger (pdb) on one task's last exception, run in that task and
+        driven from here (``%tfdist_debug``): ``on`` names the task (default: the first task
+        that raised in the last failing cell); ``on_input`` answers pdb's prompts (default
+        ``ask_here``: this process's user); ``on_event`` gets its output. Returns when pdb
+        quits (``q``), the task idle and as it was; the other tasks are not touched.
+        SpecError when the task has no exception to debug."""
+        name = self._debug_target(on)
+        rt = self._runtimes(name)[0]
+        found = self._require_loop().run(self._last_exception(rt), INSPECT_CALL_S)
+        if found is None:
+            raise SpecError(f"{name} has raised no exception since it started (or restarted): "
+                            "nothing to debug; %tfdist_debug --on TASK names a task whose cell "
+                            "failed")
+        assert self.hub is not None
+        return self._cells.debug(rt, on_event, on_input or ask_here, hub=self.hub,
+                                 loop=self._require_loop(), alive=lambda: self._loop is not None)
+
+    def _debug_target(self, on: Any) -> str:
+        """The one task ``on`` names, or the first that raised in the last failing cell."""
+        if on is not None:
+            named = parse_targets(on, self.spec)
+            if len(named) != 1:
+                raise SpecError(f"debug one task at a time, not {len(named)}: e.g. "
+                                "%tfdist_debug --on 1")
+            return str(named[0])
+        failure = self.last_failure
+        first = first_raised(failure[0]) if failure is not None else None
+        if first is None:
+            raise SpecError("no task raised in a cell of this cluster yet (the last failing cell "
+                            "stalled, crashed or timed out, or none failed); name the task, e.g. "
+                            "%tfdist_debug --on 1" if failure is not None else
+                            "no cell of this cluster has failed yet; name the task, e.g. "
+                            "%tfdist_debug --on 1")
+        return first
+
+    @staticmethod
+    async def _last_exception(rt: TaskRuntime) -> dict[str, Any] | None:
+        if rt.agent is None:
+            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
+        return await rt.agent.last_exception()
 
     # ------------------------------------------------------------------ views
     def status(self) -> pd.DataFrame:
@@ -507,11 +557,14 @@ class Cluster:
 
     def snapshot(self) -> ClusterSnapshot:
         """What the views are told about this cluster now, as one value (any thread)."""
+        tasks = list(self.tasks.values())
+        waiting = waiting_for_prompt(tasks, self.live)
         return ClusterSnapshot(
             id=self.id, spec=str(self.spec), running=self.running,
             run_dir=str(self.run_dir) if self.run_dir else "",
-            tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host)
-                        for rt in list(self.tasks.values())),
+            tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host,
+                                     tuple(waiting.get(rt.name, ())))
+                        for rt in tasks),
             alerts=tuple(self.alerts()),
             stragglers={name: s.lag_ms for name, s in self.stragglers.items()},
             spares=self.spares(), disk_trouble=self.disk_trouble(),
