@@ -457,3 +457,37 @@ def test_a_task_that_raises_before_its_strategy_is_named_and_a_slow_one_is_not()
         again = c.run(RAISES_BEFORE_STRATEGY.replace("raise ValueError", "print"),
                       timeout=120)
         assert again.ok, again.summary()
+
+
+RAISE_BEFORE_THE_SECOND = """
+import tensorflow as tf, tfdist_nb.worker as tw
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+@tf.function
+def total(v):
+    return strategy.reduce("SUM", strategy.run(lambda: v), axis=None)
+print(float(total(tf.constant(1.0))))
+if tw.task[1] == 3:
+    raise ValueError("worker 3 gives up")
+print(float(total(tf.constant(2.0))))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_every_waiter_of_eight_is_released_because_of_the_culprit() -> None:
+    """At 8 workers the abort of the first waiter reaches the others through TensorFlow before
+    their ledger rows reach the rules: each of the 7 is still 'aborted' with the culprit's
+    explanation, never 'interrupted' (which is the user's interrupt)."""
+    with Cluster(workers=8, warm=False, stall_timeout=120) as c:
+        result = c.run(RAISE_BEFORE_THE_SECOND)
+    assert result.tasks["worker:3"].status == "error"
+    waiters = {n: r for n, r in result.tasks.items() if n != "worker:3"}
+    assert {r.status for r in waiters.values()} == {"aborted"}, result.summary()
+    assert result.hang is not None and result.hang.culprit == "worker:3"
+    assert sorted(result.hang.waiters) == sorted(waiters)
+    for name, r in waiters.items():
+        assert (r.explanation or "").startswith("worker:3 failed (ValueError: worker 3 gives "
+                                                "up) at cell 1 line 8 while "), r.explanation
+        assert f"{name} was released from " in (r.explanation or "")
+    assert result.summary().endswith("8 of 8 task(s) failed: worker:0, worker:1, worker:2, "
+                                     "worker:4, worker:5, worker:6, worker:7 aborted; "
+                                     "worker:3 error (ValueError: worker 3 gives up)")

@@ -106,12 +106,20 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int | None, timeou
     """Run ``code`` on ``tasks`` until each replied or the run ends early (module docstring).
     ``on_prompt``: the tasks may ask for input, each question handed to it (on this loop);
     ``silent``: not a cell of the user's (no history; ``cell`` is None), e.g. a debugger."""
-    execs = {rt.name: rt.live_channel.execute(code, cell, silent=silent, on_prompt=on_prompt)
+    by_name = {rt.name: rt for rt in tasks}
+
+    def asked(prompt: Prompt) -> None:  # the state says so before anyone is asked
+        if by_name[prompt.task].state in (TaskState.BUSY, TaskState.STALLED):
+            by_name[prompt.task].transition(TaskEvent.PROMPTED)
+        assert on_prompt is not None
+        on_prompt(prompt)
+
+    execs = {rt.name: rt.live_channel.execute(code, cell, silent=silent,
+                                              on_prompt=asked if on_prompt else None)
              for rt in tasks}
     for rt in tasks:
         if rt.state is not TaskState.DEAD:  # found dead just now: reported as crashed below
             rt.transition(TaskEvent.RUN)
-    by_name = {rt.name: rt for rt in tasks}
     results: dict[str, TaskResult] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
     watch = StallWatch(stall_timeout) if stall_timeout and inspector else None
@@ -322,9 +330,11 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         if (hang is not None and rt.name in aborted and got.status is S.INTERRUPTED
                 and got.error is not None and got.error.ename in RELEASED_BY_ABORT):
             # in a collective the abort released, though its ledger row had not reached the
-            # hang rules yet (a wait shorter than the ledger's 0.2 s send): released, not
-            # interrupted by the user
+            # hang rules yet (a wait shorter than the ledger's 0.2 s send; at 8 tasks and more
+            # most of them): released because of the culprit, not interrupted by the user
             got.status = S.ABORTED
+            hang.waiting.setdefault(rt.name, "the collective the others waited in")
+    for rt in rest:
         if hang is not None and out[rt.name].status is not S.CRASHED:
             out[rt.name].explanation = hang.explanation(rt.name)
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
