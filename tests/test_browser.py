@@ -176,6 +176,21 @@ def test_the_widgets_charts_and_logs_read_as_the_numbers_are(lab: str, tmp_path:
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1400})
             run_all(page, url)
+            # while lines still arrive: a panel scrolled up stays on the lines in view (the
+            # browser's scroll anchoring, column-reverse), the other keeps following the newest
+            dash = page.locator(".tfdist-dashboard").first
+            # the scroll container outlives each update of the log's text (it is replaced)
+            boxes = dash.locator(".tfdist-task-panel .widget-html:has(.tfdist-log)")
+            read = "b => [b.scrollTop, b.scrollHeight, b.clientHeight]"
+            wait_for(lambda: boxes.count() == 2 and all(
+                boxes.nth(i).evaluate(read)[1] > boxes.nth(i).evaluate(read)[2] + 80
+                for i in range(2)), 120, "both logs taller than their panels")
+            boxes.nth(0).evaluate("b => { b.scrollTop = -60; }")
+            held = boxes.nth(0).evaluate(read)
+            wait_for(lambda: boxes.nth(0).evaluate(read)[1] > held[1], 30, "more lines")
+            grown = boxes.nth(0).evaluate(read)
+            following = boxes.nth(1).evaluate(read)
+            boxes.nth(0).evaluate("b => { b.scrollTop = 0; }")  # back to following the newest
             wait_for(lambda: (tmp_path / "axes.json").is_file(), 240, "the axes read")
             said = json.loads((tmp_path / "axes.json").read_text())
             dash = page.locator(".tfdist-dashboard").first
@@ -211,4 +226,8 @@ def test_the_widgets_charts_and_logs_read_as_the_numbers_are(lab: str, tmp_path:
         lines = [ln for ln in text.splitlines() if ln.startswith("line ")]
         assert lines[-1] == "line 39" and lines == sorted(lines, key=lambda s: int(s[5:])), text
         assert abs(top) <= 1, top  # held at the newest line
+    # scrolled up 60 px, then the log grew: the same lines in view (60 px plus the growth from
+    # the bottom); the panel left at the bottom stayed there
+    assert held[0] == -60 and grown[0] == -60 - (grown[1] - held[1]), (held, grown)
+    assert abs(following[0]) <= 1, following
     assert (tmp_path / "dashboard-charts.png").stat().st_size > 10_000
