@@ -100,7 +100,7 @@ def test_line_form_is_checked_the_same_way(ip: Any) -> None:
 
 
 @pytest.mark.parametrize("magic", ["tfdist_status", "tfdist_logs", "tfdist_env",
-                                   "tfdist_restart", "tfdist_interrupt"])
+                                   "tfdist_restart", "tfdist_interrupt", "tfdist_debug"])
 def test_magics_need_a_cluster(ip: Any, magic: str) -> None:
     with pytest.raises(UsageError, match="no cluster is running"):
         ip.run_line_magic(magic, "")

@@ -48,3 +48,34 @@ def test_a_run_directory_removed_while_the_cluster_runs_is_made_again(tmp_path: 
         c.restart()  # its tasks' directories are made again too
         assert c.run("print('restarted')").ok
         assert "restarted" in list(c.logs(on="worker:1")["text"])
+
+
+def test_a_restart_it_can_refuse_first_leaves_the_running_tasks_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The notebook's working directory deleted under a running cluster: a restart says so,
+    naming it, before it kills anything (the tasks keep their state); back in a directory that
+    exists, the restart works. A start there, and a relative run directory, are refused the
+    same way, and a run directory that cannot be made is a SpecError naming it."""
+    from tfdist_nb.errors import SpecError
+
+    gone = tmp_path / "work"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    with Cluster(workers=1, preload=(), warm=False, run_dir=tmp_path / "runs") as c:
+        assert c.run("x = 41").ok
+        pids = {rt.pid for rt in c.tasks.values()}
+        gone.rmdir()
+        with pytest.raises(ClusterStartError, match=f"working directory {gone} was deleted"):
+            c.restart()
+        assert {rt.pid for rt in c.tasks.values()} == pids
+        assert c.run("print(x + 1)").tasks["worker:0"].stdout.strip() == "42"
+        with pytest.raises(ClusterStartError, match=f"working directory {gone} was deleted"):
+            Cluster(workers=1, preload=(), warm=False, run_dir=tmp_path / "runs").start()
+        with pytest.raises(SpecError, match="relative to the working directory, which was "
+                                            "deleted"):
+            Cluster(workers=1, preload=(), warm=False, run_dir="runs").start()
+        monkeypatch.chdir(tmp_path)
+        c.restart()
+        assert c.run("print('back')").ok
+    with pytest.raises(SpecError, match="cannot make the run directory under /proc/tfdist_x "):
+        Cluster(workers=1, preload=(), run_dir="/proc/tfdist_x").start()

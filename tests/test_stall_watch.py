@@ -29,3 +29,16 @@ def test_tasks_are_watched_apart() -> None:
     w.observe("b", Progress(0, 0, 0.0, 0.0), 0.0)
     assert not w.observe("a", Progress(1, 0, 0.0, 1.0), 6.0)
     assert w.observe("b", Progress(0, 0, 0.0, 1.0), 6.0)
+
+
+def test_a_prompt_holds_the_clock_until_it_is_answered() -> None:
+    """While a task waits at an input prompt the run waits for a person: ``hold`` counts every
+    task as moving, and the stall clock starts again from the answer."""
+    w = StallWatch(stall_timeout=3)
+    quiet = Progress(0, 0, 0.0, 0.0)
+    w.observe("a", quiet, 0.0)
+    for t in (2.0, 4.0, 8.0, 20.0):  # the prompt stays open far past stall_timeout
+        w.hold(["a"], t)
+        assert not w.observe("a", quiet, t)
+    assert not w.observe("a", quiet, 22.9)  # answered at 20: quiet for 2.9 s
+    assert w.observe("a", quiet, 23.0)

@@ -99,6 +99,12 @@ class AgentClient:
     async def set_log_level(self, level: str) -> str:
         return str(await self.call(Op.SET_LOG_LEVEL, level=level))
 
+    async def last_exception(self) -> dict[str, Any] | None:
+        """The exception the task's last failing cell raised (``ename``, ``evalue``,
+        ``where``), or None: what ``%tfdist_debug`` would open on."""
+        found = await self.call(Op.LAST_EXCEPTION, inspect=True)
+        return dict(found) if found else None
+
     async def start_tf_server(self) -> str:
         return str(await self.call(Op.START_TF_SERVER))
 

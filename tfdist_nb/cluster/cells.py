@@ -3,13 +3,20 @@ states, numbered, written to the run directory, run on the loop thread (:mod:`.r
 events reach the caller (:mod:`.relay`), and remembered: the cells that ended ok on every task and
 the last FAILURES_KEPT that did not, with their code, are what ``%tfdist_isolate`` re-runs and
 ``%tfdist_report`` describes (docs/reference.md, Isolate).
+
+A cell run with ``on_input`` lets its tasks ask for input: each question is answered in this
+thread, one at a time, and a post-mortem debugger (``debug``) is driven the same way, without
+being a cell of the user's (docs/reference.md, Input from the tasks).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import getpass
+import logging
+import math
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
@@ -18,7 +25,7 @@ from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
-from tfdist_nb.cluster.state import CannotRun, TaskEvent, next_state
+from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.explain import (
     explain_network,
@@ -29,10 +36,37 @@ from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.errors import ClusterNotRunningError
 from tfdist_nb.events import Event, Finding
 from tfdist_nb.launchers.base import NetTrouble
-from tfdist_nb.results import RunResult
+from tfdist_nb.results import RunResult, TaskResult, TaskStatus
 from tfdist_nb.store.rundir import RunDirectory
+from tfdist_nb.topology import task_order
+from tfdist_nb.transport.channel import EOF_ANSWER, Prompt
 
 FAILURES_KEPT = 20  # failing cells (result and code) a cluster keeps for %tfdist_isolate
+#: what answers a task's question: (task, prompt, password) -> the line typed
+InputHandler = Callable[[str, str, bool], str]
+#: what starts the post-mortem debugger in a task (worker/postmortem.py): constant source
+POST_MORTEM = "__import__('tfdist_nb.worker.postmortem', fromlist=['_']).debug()"
+
+logger = logging.getLogger(__name__)
+
+
+def ask_here(task: str, prompt: str, password: bool) -> str:
+    """Ask this process's own user, the prompt naming the task (``[worker:1] your name? ``): in
+    a notebook its input box (ipykernel forwards ``input`` and ``getpass`` to the frontend),
+    in a terminal the terminal. ``password``: not echoed (``getpass``)."""
+    text = f"[{task}] {prompt}"
+    return getpass.getpass(text) if password else input(text)
+
+
+def first_raised(result: RunResult) -> str | None:
+    """The task that raised first in ``result`` (by the time its error was published), or
+    None when no task raised (it stalled, crashed or was released instead)."""
+    raised = [r for r in result.tasks.values() if r.status is TaskStatus.ERROR]
+    if not raised:
+        return None
+    first = min(raised, key=lambda r: (r.error_at if r.error_at is not None else math.inf,
+                                       task_order(r.task)))
+    return first.task
 
 
 class Cells:
@@ -55,41 +89,35 @@ class Cells:
             stall_timeout: float, on_event: Callable[[Event], None] | None, *,
             rundir: RunDirectory, hub: EventHub, loop: LoopThread, inspector: Inspector,
             alive: Callable[[], bool],
-            network: Callable[[], NetTrouble | None] = lambda: None) -> RunResult:
+            network: Callable[[], NetTrouble | None] = lambda: None,
+            on_input: InputHandler | None = None) -> RunResult:
         """Run ``code`` on ``targets`` and wait for every task; ``on_event`` gets the events in
-        this thread, and an interrupt here interrupts the tasks. ClusterNotRunningError if a
-        task cannot take the cell (one still stalled in an earlier cell)."""
-        refused = []
-        for rt in targets:
-            try:
-                next_state(rt.state, TaskEvent.RUN)
-            except CannotRun as exc:
-                refused.append(f"{rt.name}: {exc}")
-        if refused:
-            raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
+        this thread, and an interrupt here interrupts the tasks; ``on_input`` answers the
+        tasks' questions (None: their ``input()`` raises). ClusterNotRunningError if a task
+        cannot take the cell (one still stalled in an earlier cell)."""
+        _check_can_run(targets)
         self.last += 1
         cell = self.last
         hub.new_cell([rt.name for rt in targets])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put  # removed by identity: the same bound method object
         hub.add_listener(listener)
-        if remade := rundir.ensure():
-            hub.note(RUN_DIRECTORY, remade, "WARNING")
-        if disk := rundir.write_cell(cell, code, [rt.name for rt in targets]):
-            hub.note(RUN_DIRECTORY, *disk)  # said in this cell's output too
-        control = RunControl()
-        fut = loop.submit(run_cell(targets, code, cell, timeout, control, inspector=inspector,
-                                   stall_timeout=stall_timeout))
-        fut.add_done_callback(lambda _: events.put(RUN_DONE))
-        self.active[control] = fut
-        profiling = self._profiler.start_armed()
         try:
-            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, RunEnd.INTERRUPT),
-                  alive=alive)
-        finally:
+            if remade := rundir.ensure():
+                hub.note(RUN_DIRECTORY, remade, "WARNING")
+            if disk := rundir.write_cell(cell, code, [rt.name for rt in targets]):
+                hub.note(RUN_DIRECTORY, *disk)  # said in this cell's output too
+        except BaseException:
             hub.remove_listener(listener)
-            self.active.pop(control, None)
-        result = RunResult(cell=cell, tasks=fut.result(timeout=10), hang=control.hang)
+            raise
+        control = RunControl()
+        on_prompt = events.put if on_input is not None else None
+        tasks, profiling = self._follow(
+            run_cell(targets, code, cell, timeout, control, inspector=inspector,
+                     stall_timeout=stall_timeout, on_prompt=on_prompt),
+            targets, control, events, listener, on_event, on_input, hub=hub, loop=loop,
+            alive=alive, started=self._profiler.start_armed)
+        result = RunResult(cell=cell, tasks=tasks, hang=control.hang)
         if profiling is not None:
             result.profile = self._profiler.finish(profiling)
         if origin := first_nan(result.failed):
@@ -98,6 +126,45 @@ class Cells:
         self._explain_second_strategy(result, hub)
         self._remember(result, code)
         return result
+
+    def debug(self, rt: TaskRuntime, on_event: Callable[[Event], None] | None,
+              on_input: InputHandler, *, hub: EventHub, loop: LoopThread,
+              alive: Callable[[], bool], code: str = POST_MORTEM) -> TaskResult:
+        """Run a debugger's ``code`` on ``rt`` alone with its prompts answered by
+        ``on_input``: silent (not a cell of the user's: no number, not in the run directory's
+        cells, never re-run by isolate or exported), with no stall detector or hang rules (a
+        debugger waits for a person). Returns when the debugger quits."""
+        _check_can_run([rt])
+        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        listener = events.put
+        hub.add_listener(listener)
+        control = RunControl()
+        tasks, _ = self._follow(
+            run_cell([rt], code, None, None, control, on_prompt=events.put, silent=True),
+            [rt], control, events, listener, on_event, on_input, hub=hub, loop=loop,
+            alive=alive)
+        return tasks[rt.name]
+
+    def _follow(self, run: Coroutine[Any, Any, dict[str, TaskResult]],
+                targets: list[TaskRuntime], control: RunControl, events: queue.SimpleQueue[Any],
+                listener: Callable[[Any], None], on_event: Callable[[Event], None] | None,
+                on_input: InputHandler | None, *, hub: EventHub, loop: LoopThread,
+                alive: Callable[[], bool],
+                started: Callable[[], Any] = lambda: None) -> tuple[dict[str, TaskResult], Any]:
+        """Submit ``run`` to the loop and relay its events (and questions) to this thread
+        until it ends; its results and what ``started`` returned once it was sent."""
+        fut = loop.submit(run)
+        fut.add_done_callback(lambda _: events.put(RUN_DONE))
+        self.active[control] = fut
+        extra = started()
+        ask = None if on_input is None else _asker(on_input, targets, loop)
+        try:
+            relay(events, on_event, fut, lambda: loop.call_soon(control.stop, RunEnd.INTERRUPT),
+                  alive=alive, ask=ask)
+        finally:
+            hub.remove_listener(listener)
+            self.active.pop(control, None)
+        return fut.result(timeout=10), extra
 
     @staticmethod
     def _explain_network(result: RunResult, network: Callable[[], NetTrouble | None]) -> None:
@@ -135,3 +202,43 @@ class Cells:
             self.failed[result.cell] = (result, code)
             for old in sorted(self.failed)[:-FAILURES_KEPT]:
                 del self.failed[old]
+
+
+def _check_can_run(targets: list[TaskRuntime]) -> None:
+    """ClusterNotRunningError naming each task that cannot take a cell now, and why."""
+    refused = []
+    for rt in targets:
+        try:
+            next_state(rt.state, TaskEvent.RUN)
+        except CannotRun as exc:
+            refused.append(f"{rt.name}: {exc}")
+    if refused:
+        raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
+
+
+def _asker(on_input: InputHandler, targets: list[TaskRuntime],
+           loop: LoopThread) -> Callable[[Prompt], None]:
+    """Answer one question in this thread with ``on_input`` and send the answer from the loop.
+    EOFError (or a handler that fails) answers end-of-file: the task's ``input()`` raises
+    EOFError instead of waiting for ever; a KeyboardInterrupt goes on to the relay."""
+    by_name = {rt.name: rt for rt in targets}
+
+    def ask(prompt: Prompt) -> None:
+        try:
+            value = str(on_input(prompt.task, prompt.text, prompt.password))
+        except EOFError:
+            value = EOF_ANSWER
+        except Exception:
+            logger.warning("tfdist_nb: on_input failed for %s; its input() gets end-of-file",
+                           prompt.task, exc_info=True)
+            value = EOF_ANSWER
+        loop.call_soon(_answer, by_name[prompt.task], prompt, value)
+
+    return ask
+
+
+def _answer(rt: TaskRuntime, prompt: Prompt, value: str) -> None:
+    if rt.channel is not None:  # on the loop thread; a task stopped meanwhile has none
+        rt.channel.answer(prompt, value)
+        if rt.state is TaskState.PROMPT and rt.channel.prompting is None:
+            rt.transition(TaskEvent.ANSWERED)

@@ -18,6 +18,7 @@ import psutil
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.errors import AgentError
 from tfdist_nb.store.collectives import LedgerView
@@ -31,6 +32,7 @@ class Inspector:
         self.hub = hub
         self.tasks = tasks
         self._gapped: set[str] = set()
+        self._waiting_said: set[str] = set()  # tasks said to wait for a task at a prompt
         # an inspector lives for one run: step counts at its start make "steps this cell"
         self._marks = {rt.name: hub.live.view(rt.name).step_mark() for rt in tasks.values()}
 
@@ -84,6 +86,17 @@ class Inspector:
             text += f"; not running this cell: {', '.join(others)}: run it on every task"
         self.hub.note(rt.name, text, "WARNING")
 
+    def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None:
+        """Say once per cell that ``rt`` waits in a collective while ``prompting`` tasks sit
+        at an input prompt: a wait for a person, not a hang (docs/reference.md, Input from the
+        tasks). Kept with the events (INFO), not an alert."""
+        row = self.ledger(rt.name).current()
+        if row is None or rt.name in self._waiting_said:
+            return
+        self._waiting_said.add(rt.name)
+        self.hub.note(rt.name, f"waits in {describe_row(row)} for {', '.join(prompting)}, at an "
+                      "input prompt: not a hang, it goes on once the prompt is answered")
+
     def stopped(self, rt: TaskRuntime) -> str | None:
         """When the task's process is stopped (SIGSTOP; it answers nothing until SIGCONT), that
         and what to do, in words; None when it is not (or is on another host)."""
@@ -123,7 +136,8 @@ class Inspector:
         await asyncio.gather(*(rt.handle.interrupt() for rt in targets if rt.handle))
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(
-                rt.state in (TaskState.BUSY, TaskState.STALLED) for rt in targets):
+                rt.state in (TaskState.BUSY, TaskState.PROMPT, TaskState.STALLED)
+                for rt in targets):
             await asyncio.sleep(0.1)
         aborted = []
         for rt in targets:

@@ -145,6 +145,10 @@ class Lifecycle:
         dead, and a cell sent to it is refused with what to do."""
         if remade := self.rundir.ensure():
             self.hub.note(RUN_DIRECTORY, remade, "WARNING")
+        # what the launcher can check first (a deleted working directory, the private
+        # network's holder gone) refuses the restart before any task is killed; it also makes
+        # a new slirp4netns where the last one ended (spares do not start anew)
+        await asyncio.to_thread(self.setup.launcher.prepare)
         for rt in targets:
             rt.transition(TaskEvent.RESTART)
             self.hub.live.view(rt.name).new_process()
@@ -162,7 +166,6 @@ class Lifecycle:
 
     async def _restart(self, targets: list[TaskRuntime]) -> None:
         deadline = time.monotonic() + self.setup.start_timeout
-        await asyncio.to_thread(self.setup.launcher.prepare)  # spares do not start anew
         spares = await self.take_spares(targets)
         old = [(rt.handle, rt.channel) for rt in targets]
         for rt in targets:
@@ -377,6 +380,8 @@ class Lifecycle:
             raise StartFailed(self._late(), retry=False) from None
         except (OSError, RuntimeError, ValueError) as exc:
             raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
+        for text in rt.handle.notes:  # the launcher's word on this start (a fork server's fault)
+            self.hub.note(rt.name, text, "WARNING")
         channel = KernelChannel(rt.name, rt.handle.client, self.hub.sink)
         rt.channel = channel
         await self._unless_it_dies(

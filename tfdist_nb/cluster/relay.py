@@ -3,6 +3,8 @@
 The notebook shows output only from the thread running the cell, so the loop thread queues each
 batch and the caller drains the queue until the run's future is done. The user's interrupt
 (KeyboardInterrupt in the caller) ends the run for every task instead of leaving them behind.
+A task's question (a :class:`~tfdist_nb.transport.channel.Prompt`) comes the same way, in order
+with the output, and is handed to ``ask`` there: one at a time, in the order the tasks asked.
 """
 
 from __future__ import annotations
@@ -13,13 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb.events import Event
+from tfdist_nb.transport.channel import Prompt
 
 RUN_DONE = object()  # queued when the run's future completes, so the wait below wakes at once
 
 
 def relay(events: queue.SimpleQueue[Any], on_event: Callable[[Event], None] | None,
           fut: concurrent.futures.Future[Any], interrupt: Callable[[], None],
-          alive: Callable[[], bool]) -> None:
+          alive: Callable[[], bool], ask: Callable[[Prompt], None] | None = None) -> None:
     while True:
         try:
             batch = events.get(timeout=0.5)
@@ -32,6 +35,13 @@ def relay(events: queue.SimpleQueue[Any], on_event: Callable[[Event], None] | No
             continue
         if batch is RUN_DONE:
             return
+        if isinstance(batch, Prompt):
+            if ask is not None and batch.open:
+                try:
+                    ask(batch)
+                except KeyboardInterrupt:  # at the question: the cell is interrupted
+                    interrupt()
+            continue
         if on_event is not None:
             for one in batch:
                 on_event(one)

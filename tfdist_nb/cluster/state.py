@@ -15,6 +15,7 @@ class TaskState(StrEnum):
     STARTING = "starting"
     IDLE = "idle"
     BUSY = "busy"
+    PROMPT = "prompt"  # busy, and its cell waits for a line of input (input(), getpass, pdb)
     STALLED = "stalled"
     DEAD = "dead"
     RESTARTING = "restarting"
@@ -28,6 +29,8 @@ class TaskEvent(StrEnum):
     DONE = "done"              # the cell's execute_reply arrived
     NO_PROGRESS = "no_progress"  # a detector found no step, output or CPU for stall_timeout
     PROGRESS = "progress"      # a stalled task moved again
+    PROMPTED = "prompted"      # its cell asks for input (an input_request arrived)
+    ANSWERED = "answered"      # the answer went back to it
     EXITED = "exited"          # the process is gone without being asked to stop
     RESTART = "restart"
     STOP = "stop"
@@ -43,6 +46,10 @@ _TRANSITIONS: dict[tuple[TaskState, TaskEvent], TaskState] = {
     (_S.BUSY, _E.NO_PROGRESS): _S.STALLED,
     (_S.STALLED, _E.PROGRESS): _S.BUSY,
     (_S.STALLED, _E.DONE): _S.IDLE,
+    (_S.BUSY, _E.PROMPTED): _S.PROMPT,
+    (_S.STALLED, _E.PROMPTED): _S.PROMPT,
+    (_S.PROMPT, _E.ANSWERED): _S.BUSY,
+    (_S.PROMPT, _E.DONE): _S.IDLE,
     (_S.RESTARTING, _E.READY): _S.IDLE,
 }
 
@@ -52,6 +59,8 @@ _CANNOT_RUN = {
     _S.DEAD: "it is dead; bring it back with %tfdist_restart",
     _S.STALLED: ("it is still in an earlier cell that did not answer the interrupt (stalled); "
                  "%tfdist_interrupt it, or %tfdist_restart it"),
+    _S.PROMPT: ("it waits at an input prompt of a cell still running; answer it, or "
+                "%tfdist_interrupt it"),
     _S.STARTING: "it is still starting; run the cell again in a moment",
     _S.RESTARTING: "it is restarting; run the cell again in a moment",
     _S.STOPPED: "the cluster was stopped; start one with %%tfcluster SPEC",

@@ -76,7 +76,7 @@ class TaskRuntime:
 
     def finish_run(self) -> None:
         """A cell's reply arrived; a task stopped or restarted meanwhile stays as it is."""
-        if self.state in (TaskState.BUSY, TaskState.STALLED, TaskState.IDLE):
+        if self.state in (TaskState.BUSY, TaskState.PROMPT, TaskState.STALLED, TaskState.IDLE):
             self.transition(TaskEvent.DONE)
 
     def kernel_log_tail(self, n: int) -> list[str]:

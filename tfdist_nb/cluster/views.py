@@ -21,13 +21,32 @@ _SAMPLED = ("cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_m
             "net_tx_mb_s")
 
 
-def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str]) -> str:
+def waiting_for_prompt(tasks: Iterable[TaskRuntime], live: LiveStore) -> dict[str, list[str]]:
+    """The tasks inside a collective while another task of the group (chief and workers) waits
+    at an input prompt, each with those at a prompt: a wait for a person, not a hang
+    (docs/reference.md, Input from the tasks)."""
+    tasks = list(tasks)
+    prompting = [rt.name for rt in tasks
+                 if rt.state is TaskState.PROMPT and rt.task.role in ("chief", "worker")]
+    if not prompting:
+        return {}
+    return {rt.name: others for rt in tasks
+            if rt.state in (TaskState.BUSY, TaskState.STALLED)
+            and (others := [p for p in prompting if p != rt.name])
+            and live.view(rt.name).ledger.current() is not None}
+
+
+def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str],
+               waits_for_prompt: bool = False) -> str:
     """Short markers of what is wrong with a task, comma separated. ``no-instrumentation``: its
     step/collective timing hooks could not be installed (at start-up, or when a later cell
-    imported Keras), so straggler and input-wait findings are blind there."""
+    imported Keras), so straggler and input-wait findings are blind there.
+    ``waits-for-prompt``: it is inside a collective that waits for a task at a prompt."""
     flags = []
     if rt.name in stragglers:
         flags.append("straggler")
+    if waits_for_prompt:
+        flags.append("waits-for-prompt")
     if rt.info.get("instrumentation_errors") or latest.get("instrumentation_errors"):
         flags.append("no-instrumentation")
     return ",".join(flags)
@@ -38,6 +57,8 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
     """One row per task from its own telemetry; no GPU (or no reading yet) is NaN, never 0."""
     rows = []
     now = time.time()
+    tasks = list(tasks)
+    waiting = waiting_for_prompt(tasks, live)
     for rt in tasks:
         v = live.view(rt.name)
         alive = rt.state not in (TaskState.DEAD, TaskState.STOPPED)
@@ -49,7 +70,7 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             "input_wait_ms": v.input_wait_ms(),
             **{k: latest.get(k) for k in _SAMPLED},
             "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
-            "flags": task_flags(rt, latest, stragglers),
+            "flags": task_flags(rt, latest, stragglers, rt.name in waiting),
             # what net_rx/tx measure: "host" (all interfaces of the host), "cluster-netns" (the
             # private network the local cluster's tasks share) or "task-netns" (this task alone)
             "net_scope": latest.get("net_scope"),

@@ -2,7 +2,8 @@
 
 Progress is any of: a new step, a new output line, or a telemetry sample showing the task's own
 CPU in use. So a long CPU-bound computation that prints nothing is not a stall, while a task
-waiting in a collective (no CPU of its own) or asleep is.
+waiting in a collective (no CPU of its own) or asleep is. A task at an input prompt holds every
+task's clock (``StallWatch.hold``): that wait is a person's, not a stall.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ class StallWatch:
         if before is None or _moved(before, now, self.cpu_busy_percent):
             self._since[task] = t
         return t - self._since[task] >= self.stall_timeout
+
+    def hold(self, tasks: list[str], t: float) -> None:
+        """Count ``tasks`` as moving at ``t``: while a task of the run waits at an input prompt
+        the run waits for a person, and the clock starts again once it is answered."""
+        for task in tasks:
+            self._since[task] = t
 
     def quiet_for(self, task: str, t: float) -> float:
         return t - self._since.get(task, t)

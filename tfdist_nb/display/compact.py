@@ -23,8 +23,9 @@ CHART_POINTS = 300
 OUTLIER_SPREAD = 3.0  # median absolute deviations from the median that make an outlier
 OUTLIER_MIN_GAP = 0.2  # ... and at least this far from the median, relative
 _TASK = re.compile(r"\b((?:worker|chief|ps|evaluator):\d+)\b")
-_STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "stalled": "#fff3e0",
-             "dead": "#ffebee", "restarting": "#f3e5f5", "stopped": "#f5f5f5"}
+_STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "prompt": "#e0f7fa",
+             "stalled": "#fff3e0", "dead": "#ffebee", "restarting": "#f3e5f5",
+             "stopped": "#f5f5f5"}
 
 
 def named_tasks(alerts: Iterable[str], known: Iterable[str], limit: int = ALERT_PANELS

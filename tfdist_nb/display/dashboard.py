@@ -35,8 +35,8 @@ REFRESH_S = 0.5
 PANEL_LINES = 30
 CHART_POINTS = 300
 STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#2e7d32", "busy": "#1565c0",
-                 "stalled": "#ef6c00", "dead": "#c62828", "restarting": "#6a1b9a",
-                 "stopped": "#616161"}
+                 "prompt": "#00838f", "stalled": "#ef6c00", "dead": "#c62828",
+                 "restarting": "#6a1b9a", "stopped": "#616161"}
 _ANSI_HEX = {"34": "#1f77b4", "35": "#9467bd", "36": "#17becf", "32": "#2ca02c",
              "33": "#bcbd22", "94": "#ff7f0e", "95": "#e377c2", "96": "#8c564b"}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -78,12 +78,14 @@ class TaskPanel:
         self._seen = ()
 
     def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False,
-               disk_trouble: str | None = None) -> bool:
+               disk_trouble: str | None = None, waits_for_prompt: tuple[str, ...] = ()) -> bool:
+        """``waits_for_prompt``: the tasks at an input prompt its collective waits for (said
+        beside the badge: a wait for a person, not a hang)."""
         inside = view.ledger.current()
         # while the task waits in a collective the panel counts the seconds
         ticking = int(time.time()) if inside is not None else 0
         key = (view.revision, state, straggler, self.stream.value, self.grep.value, ticking,
-               disk_trouble)
+               disk_trouble, waits_for_prompt)
         if key == self._seen:
             return False
         self._seen = key
@@ -93,7 +95,9 @@ class TaskPanel:
             f"<span style='background:{badge};color:white;padding:1px 6px;border-radius:8px'>"
             f"{state}</span> <small>pid {pid or '-'}</small>"
             + (" <span style='background:#ef6c00;color:white;padding:1px 6px;"
-               "border-radius:8px'>straggler</span>" if straggler else ""))
+               "border-radius:8px'>straggler</span>" if straggler else "")
+            + (f" <small>waits for {html.escape(', '.join(waits_for_prompt))} at a prompt"
+               "</small>" if waits_for_prompt else ""))
         total = view.total_steps or 0
         self.progress.max = max(total, view.step_count, 1)
         self.progress.value = view.step_count
@@ -370,8 +374,10 @@ class Dashboard(_box_class()):  # type: ignore[misc]
                 changed |= self._choose_panels(alerts)
             for name, panel in self.panels.items():
                 state, pid = state_pid(name)
+                snap = c.task(name)
                 changed |= panel.update(views[name], state, pid, name in c.stragglers,
-                                        c.disk_trouble)
+                                        c.disk_trouble,
+                                        snap.waits_for_prompt if snap is not None else ())
             changed |= self.charts.update(list(views.values()), self.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(c.spec)} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"

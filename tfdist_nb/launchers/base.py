@@ -71,6 +71,8 @@ class TaskHandle(abc.ABC):
                                               compare=False)
     _exit_watch: asyncio.Future[None] | None = field(default=None, init=False, repr=False,
                                                      compare=False)
+    #: what the launcher has to say about how this start went (a WARNING note each, said once)
+    notes: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
 
     @abc.abstractmethod
     async def poll(self) -> int | None:

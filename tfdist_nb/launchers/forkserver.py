@@ -14,12 +14,17 @@ to import ``preload``, or the kernel command is not the worker kernel) it spawns
 always does. The process it hands back answers ``poll``, ``wait`` and signals as a ``Popen`` does;
 its exit code comes from the server, which is its parent.
 
-A server lives until this process exits (its end of the socket closes, and the server with it);
-at most ``MAX_SERVERS`` are kept, the oldest with no live kernel closed first. One whose imported
-code outside the Python installation changed on disk (a module of the user's in ``preload``, an
-editable install) is retired: the next kernel comes from a new server, as a spawned one would
-import the new code, and the old server ends once its kernels have. So is one still importing
-after ``HUNG_AFTER_S`` (an import that hangs): the next start does not wait on it again.
+A server lives until this process exits (its end of the socket closes, and the server with it)
+or until it has had no kernel for ``TFDIST_FORK_IDLE_S``; at most ``MAX_SERVERS`` are kept, the
+oldest with no live kernel closed first. One whose imported code outside the Python installation
+changed on disk (a module of the user's in ``preload``, an editable install) is retired: the
+next kernel comes from a new server, as a spawned one would import the new code, and the old
+server ends once its kernels have. So is one still importing after ``HUNG_AFTER_S`` (an import
+that hangs): the next start does not wait on it again. A server is watched like a task: one
+found stopped, dead or not answering a fork request is named in the first message it causes
+(a kernel's end, or a note at the start) and retired, and the kernel is spawned instead.
+Each request carries the controller's umask and resource limits of the moment, which the child
+takes (docs/design.md, "Fork server").
 """
 
 from __future__ import annotations
@@ -65,8 +70,20 @@ READY_TIMEOUT_S = 300.0
 #: forever) and ended when a start asks for it again: the next start makes a new one, which
 #: imports the code as it is now (TensorFlow takes 3-10 s)
 HUNG_AFTER_S = 60.0
+#: a server that has not answered a fork request after this long is taken for hung (it forks
+#: in milliseconds): the kernel is spawned instead
+FORK_ANSWER_S = 10.0
+#: after a server was found stopped or hung, its key's kernels are spawned for this long; the
+#: next start after it makes a new server
+SPAWN_AFTER_TROUBLE_S = 60.0
+#: how often a start waiting on a server looks at whether it is stopped or dead
+WATCH_S = 0.2
 #: ``TFDIST_FORK=off`` starts every kernel as its own process (docs/reference.md)
 ENV_SWITCH = "TFDIST_FORK"
+#: ``TFDIST_FORK_IDLE_S``: seconds a server with no kernel is kept for the next start, then
+#: ended (an idle server holds about 570 MB of its own: docs/performance.md, "The fork server")
+IDLE_ENV = "TFDIST_FORK_IDLE_S"
+IDLE_S = 300.0
 
 
 def enabled_by_default() -> bool:
@@ -81,8 +98,29 @@ def enabled_by_default() -> bool:
                      "instead of forking it)")
 
 
+def idle_after_s() -> float:
+    """``$TFDIST_FORK_IDLE_S`` (default ``IDLE_S``): how long a server with no kernel is kept;
+    ValueError, naming the variable, for what is not a number of seconds."""
+    raw = os.environ.get(IDLE_ENV, "").strip()
+    if not raw:
+        return IDLE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{IDLE_ENV}={raw}: give the seconds an idle fork server is kept "
+                         f"(default {IDLE_S:.0f}; 0 ends it as soon as its last kernel has)")
+    return value
+
+
 class ForkServerError(RuntimeError):
     """The server could not start or serve (the message says why, with its log's end)."""
+
+
+class ServerTrouble(ForkServerError):
+    """The server was found stopped, dead or not answering while a start waited on it: it is
+    retired, the kernel is spawned, and the message (naming it) is said with the task."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +190,25 @@ class ForkServer:
         """Whether it has been importing ``preload`` for longer than ``HUNG_AFTER_S``."""
         return not self.ready.done() and time.monotonic() - self.began > HUNG_AFTER_S
 
+    def trouble(self) -> str | None:
+        """What keeps it from serving, naming it ("the fork server (pid N) was stopped
+        (SIGSTOP)"), or None: watched like a task (docs/design.md, "Fork server")."""
+        code = self.proc.poll()
+        if code is not None:
+            return f"the fork server (pid {self.pid}) {_ended(code)}"
+        state = process_state(self.pid)
+        if state == "T":
+            return f"the fork server (pid {self.pid}) was stopped (SIGSTOP)"
+        if state == "t":
+            return f"the fork server (pid {self.pid}) is stopped by a debugger"
+        return None
+
+    def prune(self) -> None:
+        """Forget kernels that ended without a report (a stopped server reaps none)."""
+        for pid in list(self.children):
+            if process_state(pid) in (None, "Z", "X"):
+                self.children.discard(pid)
+
     def stale(self) -> bool:
         """Whether a file of the code it imported (outside the Python installation: the user's
         own modules in ``preload``, an editable install) changed since: its forks would run
@@ -171,23 +228,52 @@ class ForkServer:
                     stdio: Sequence[int], timeout: float = READY_TIMEOUT_S) -> int:
         """Fork a worker kernel (``python -m tfdist_nb.worker.kernel ARGS``); its pid.
 
-        Cancelled while the server forks, the child is killed as soon as it is reported."""
-        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.ready)), timeout)
-        return await asyncio.wrap_future(self._fork(args, env, cwd, title, stdio))
+        Cancelled while the server forks, the child is killed as soon as it is reported. A
+        server found stopped or dead meanwhile, or not answering within ``FORK_ANSWER_S``, is
+        given up at once (ForkServerError, naming it)."""
+        ready = asyncio.wrap_future(self.ready)
+        # looked at even when this start gave up waiting (else asyncio warns of it at exit)
+        ready.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await self._watched(asyncio.shield(ready), timeout)
+        forking = self._fork(args, env, cwd, title, stdio)
+        try:
+            return await self._watched(asyncio.wrap_future(forking), FORK_ANSWER_S)
+        except asyncio.TimeoutError:
+            raise ServerTrouble(f"the fork server (pid {self.pid}) did not answer a fork "
+                                f"request within {FORK_ANSWER_S:.0f} s") from None
+        finally:
+            forking.cancel()  # given up: the child is killed if it still comes
+
+    async def _watched(self, waiting: Any, timeout: float) -> Any:
+        """``waiting``'s result, looking every ``WATCH_S`` at whether this server is stopped
+        or dead (a stopped server would keep it waiting until the start's own timeout)."""
+        task = asyncio.ensure_future(waiting)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=WATCH_S)
+                if done:
+                    return task.result()
+                if (trouble := self.trouble()) is not None:
+                    raise ServerTrouble(trouble)
+                if time.monotonic() >= deadline:
+                    raise asyncio.TimeoutError
+        finally:
+            task.cancel()
 
     def _fork(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
               stdio: Sequence[int]) -> concurrent.futures.Future[int]:
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         number = next(self._ids)
         request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
-                   "title": title}
+                   "title": title, "umask": current_umask(), "rlimits": current_rlimits()}
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE:
             future.set_exception(ForkServerError(f"the request is {len(data)} bytes long"))
             return future
         with self._lock:
             if self.gone:
-                future.set_exception(ForkServerError(self._why_gone()))
+                future.set_exception(ForkServerError(self.why()))
                 return future
             self._pending[number] = future
             self.used = time.monotonic()
@@ -212,17 +298,26 @@ class ForkServer:
         with self._lock:
             self.gone = True
             pending, self._pending = self._pending, {}
-        why = self._why_gone()
+        why = self.why()
         if not self.ready.done():
             self.ready.set_exception(ForkServerError(why))
         for future in pending.values():
             if not future.done():
                 future.set_exception(ForkServerError(why))
 
+    def idle_for(self) -> float | None:
+        """Seconds since its last kernel ended or its last fork was asked, while it has neither
+        a kernel nor a request in flight and is ready; None when it is not idle."""
+        self.prune()
+        if self.children or self._pending or not self.ready.done():
+            return None
+        return time.monotonic() - self.used
+
     def _heard(self, message: dict[str, Any]) -> None:
         if "exit" in message:
             self._exits[message["exit"]] = message["code"]
             self.children.discard(message["exit"])
+            self.used = time.monotonic()
         elif "forked" in message:
             with self._lock:
                 future = self._pending.pop(message["forked"], None)
@@ -240,14 +335,14 @@ class ForkServer:
                 "the fork server could not import "
                 f"{', '.join(self.key.preload) or 'the kernel'}: {message['failed'].strip()}"))
 
-    def _why_gone(self) -> str:
+    def why(self) -> str:
         code = self.proc.poll()
         tail = ""
         with contextlib.suppress(OSError):
             lines = self.log_path.read_text(errors="replace").strip().splitlines()
             tail = " | ".join(line.strip() for line in lines[-3:])
-        return (f"the fork server (pid {self.pid}) ended"
-                + (f" with exit code {code}" if code is not None else "")
+        return (f"the fork server (pid {self.pid}) "
+                + (_ended(code) if code is not None else "ended")
                 + (f"; its log ends: {tail}" if tail else ""))
 
     # ------------------------------------------------------------------ ending
@@ -259,11 +354,69 @@ class ForkServer:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
-            self.proc.wait(timeout=2)
+            self.proc.wait(timeout=0 if process_state(self.pid) in ("T", "t") else 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie...), or
+    None when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:][:1] or None
+
+
+def zombie_status(pid: int) -> int | None:
+    """The exit code of ``pid`` when it is a zombie (ended, not yet reaped by its parent), from
+    ``/proc/PID/stat``'s exit_code field (Linux 3.5+); None otherwise."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    with contextlib.suppress(ValueError):
+        return os.waitstatus_to_exitcode(int(fields[-1]))
+    return None
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"ended with exit code {code}"
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (``os.umask`` sets it, for a moment, for
+    every thread); a spawned kernel inherits it at its start, so a forked one is given it."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def current_rlimits() -> dict[str, tuple[int, int]]:
+    """This process's resource limits now (``RLIMIT_NOFILE``...), by name: a spawned kernel
+    inherits them at its start, so a forked one is given them."""
+    import resource
+
+    limits = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            with contextlib.suppress(ValueError, OSError):
+                limits[name] = resource.getrlimit(getattr(resource, name))
+    return limits
 
 
 class ForkedProcess:
@@ -275,14 +428,31 @@ class ForkedProcess:
         self.server = server
         self.pid = pid
         self.returncode: int | None = None
+        #: the server's part in how it ended, naming the server; None: the server reported it
+        self.cause: str | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
             code = self.server.exit_code(self.pid)
-            if code is None and self.server.gone and not psutil.pid_exists(self.pid):
-                code = 1  # its server is gone, so no one reports how it ended
-            self.returncode = code
+            self.returncode = self._unreported() if code is None else code
         return self.returncode
+
+    def _unreported(self) -> int | None:
+        """How it ended when its server has not said: gone with its dead server (its parent
+        watch ended it, :mod:`tfdist_nb.worker.lifeline`), or a zombie that its stopped server
+        does not reap (the status read from /proc)."""
+        status = zombie_status(self.pid)
+        if self.server.gone or self.server.proc.poll() is not None:
+            if status is None and psutil.pid_exists(self.pid):
+                return None
+            self.cause = f"it ended with its parent: {self.server.trouble() or self.server.why()}"
+            troubled(self.server, None)
+            return 1 if status is None else status  # 1: what its parent watch exits with
+        if status is not None and (trouble := self.server.trouble()) is not None:
+            self.cause = (f"{trouble}: retired, the next {SPAWN_AFTER_TROUBLE_S:.0f} s of starts "
+                          "spawn their kernels")
+            troubled(self.server, trouble, told=True)
+        return status  # a zombie of a server that is well: its report is on its way
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -320,6 +490,9 @@ class ForkProvisioner(LocalProvisioner):
         stdio = [fd for fd in (kwargs.get("stdout"), kwargs.get("stderr")) if fd is not None]
         try:
             pid = await server.spawn(args, env, cwd, " ".join(cmd), stdio)
+        except ServerTrouble as exc:
+            troubled(server, str(exc))
+            return await super().launch_kernel(cmd, **kwargs)
         except (ForkServerError, asyncio.TimeoutError) as exc:
             logger.debug("fork server %s not used: %s", self.server_key, exc)
             _forget(server)
@@ -351,9 +524,17 @@ def server_for(key: ServerKey, env: Mapping[str, str],
     with _registry_lock:
         _close_retired()
         server = _servers.get(name)
-        if server is not None and server.alive() and not server.stale() and not server.hung():
+        trouble = server.trouble() if server is not None else None
+        if (server is not None and trouble is None and server.alive() and not server.stale()
+                and not server.hung()):
+            server.used = time.monotonic()  # not idle: the idle watch leaves it to this start
             return name
         if name in _failed:
+            return None
+        if server is not None and trouble is not None and server.proc.poll() is None:
+            _trouble(name, server, trouble)  # stopped: this start spawns, and says why
+            return None
+        if _spawning.get(name, 0.0) > time.monotonic():
             return None
         if server is not None:  # dead, hung, or its code changed: a new one for the next kernels
             if server.hung():
@@ -370,12 +551,81 @@ def server_for(key: ServerKey, env: Mapping[str, str],
             return None
         server.ready.add_done_callback(functools.partial(_note_failure, name, server))
         _servers[name] = server
+        _watch_idle()
         return name
+
+
+#: the idle watch's thread while there are servers to watch
+_idle_watch: list[threading.Thread] = []
+#: the longest the idle watch sleeps between two looks
+IDLE_LOOK_S = 5.0
+
+
+def _watch_idle() -> None:
+    """Start the idle watch unless it runs. Hold the registry lock."""
+    if not any(thread.is_alive() for thread in _idle_watch):
+        _idle_watch[:] = [threading.Thread(target=_end_idle, name="tfdist-fork-idle",
+                                           daemon=True)]
+        _idle_watch[0].start()
+
+
+def _end_idle() -> None:
+    """End the servers with no kernel for ``TFDIST_FORK_IDLE_S`` (docs/design.md, "Fork
+    server"), and the retired ones whose kernels have ended; stop when none is left."""
+    while True:
+        try:
+            limit = idle_after_s()
+        except ValueError:  # said by the launcher that read it first
+            limit = IDLE_S
+        with _registry_lock:
+            _close_retired()
+            for server in list(_servers.values()):
+                idle = server.idle_for()
+                if idle is not None and idle >= limit:
+                    logger.debug("fork server %s idle for %.0f s: ended", server.pid, idle)
+                    _drop(server)
+            if not _servers and not _retired:
+                _idle_watch.clear()
+                return
+        time.sleep(min(max(limit / 4, 0.1), IDLE_LOOK_S))
 
 
 _failed: set[str] = set()
 #: servers no longer forked from, kept until the kernels forked from them have ended
 _retired: list[ForkServer] = []
+#: keys whose kernels are spawned until then (monotonic time): their server was found stopped
+#: or hung (SPAWN_AFTER_TROUBLE_S)
+_spawning: dict[str, float] = {}
+#: what a server's trouble was, by key, until a start says it (:func:`take_note`)
+_untold: dict[str, str] = {}
+
+
+def troubled(server: ForkServer, trouble: str | None, told: bool = False) -> None:
+    """``server`` was found stopped, dead or not answering (``trouble`` names it; None: dead,
+    said by its kernels' ends): retired, and a stopped or hung one's key spawns for a while.
+    ``told``: the message that found it named it already (a kernel's end)."""
+    with _registry_lock:
+        for name, known in list(_servers.items()):
+            if known is server:
+                _trouble(name, server, trouble, told)
+
+
+def _trouble(name: str, server: ForkServer, trouble: str | None, told: bool = False) -> None:
+    """Hold the registry lock."""
+    if trouble is not None and server.proc.poll() is None:
+        _spawning[name] = time.monotonic() + SPAWN_AFTER_TROUBLE_S
+        if not told:
+            _untold[name] = (f"{trouble}: retired; this kernel is spawned instead, and the "
+                             f"next starts within {SPAWN_AFTER_TROUBLE_S:.0f} s too")
+        logger.debug("%s", trouble)
+    _drop(server)
+
+
+def take_note(key: ServerKey) -> str | None:
+    """Why the server of ``key`` was retired at a start, once: said with the task that found it
+    (docs/design.md, "Fork server")."""
+    with _registry_lock:
+        return _untold.pop(_name(key), None)
 
 
 def _retire(server: ForkServer) -> None:
@@ -386,6 +636,8 @@ def _retire(server: ForkServer) -> None:
 
 
 def _close_retired() -> None:
+    for server in _retired:
+        server.prune()
     for server in [s for s in _retired if not s.children or not s.alive()]:
         _retired.remove(server)
         server.close()

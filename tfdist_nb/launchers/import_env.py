@@ -15,13 +15,15 @@ from tfdist_nb.worker.state import SPARE_ENV
 #: (its identity, the spare flag): a kernel takes the task's values after the import.
 LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV})
 #: Variables read while the process starts or TensorFlow (and what it loads: CUDA, oneDNN,
-#: OpenMP, gRPC, absl, Keras) is imported, or by the worker agent at kernel start. Anything
-#: else (a user's own ``--env MY_FLAG=1``, PATH) is read later and is set in the kernel.
+#: OpenMP, gRPC, absl, Keras, NumPy) is imported, or by the worker agent at kernel start.
+#: Anything else (a user's own ``--env MY_FLAG=1``, PATH) is read later and is set in the
+#: kernel. ``TF2_BEHAVIOR`` is set by the import itself; ``NUMPY_*`` (``NUMPY_MADVISE_HUGEPAGE``)
+#: are read by NumPy's, which a kernel cannot redo.
 IMPORT_TIME_PREFIXES = (
-    "TF_", "TFDIST_", "TENSORFLOW_", "XLA_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_", "NV_",
-    "HIP_", "ROCR_", "ROCM_", "GPU_", "TPU_", "KERAS_", "OMP_", "KMP_", "MKL_", "DNNL_",
-    "ONEDNN_", "OPENBLAS_", "GOTO_", "BLIS_", "NUMEXPR_", "LD_", "DYLD_", "PYTHON", "PYDEVD",
-    "MALLOC_", "GLIBC_", "GRPC_", "ABSL_", "GLOG_", "PROTOCOL_BUFFERS_", "HDF5_", "JPY_",
+    "TF_", "TF2_", "TFDIST_", "TENSORFLOW_", "XLA_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_",
+    "NV_", "HIP_", "ROCR_", "ROCM_", "GPU_", "TPU_", "KERAS_", "OMP_", "KMP_", "MKL_", "DNNL_",
+    "ONEDNN_", "OPENBLAS_", "GOTO_", "BLIS_", "NUMPY_", "NUMEXPR_", "LD_", "DYLD_", "PYTHON",
+    "PYDEVD", "MALLOC_", "GLIBC_", "GRPC_", "ABSL_", "GLOG_", "PROTOCOL_BUFFERS_", "HDF5_", "JPY_",
     "IPY", "JUPYTER", "MPL", "LC_", "LANG", "TZ", "TMP", "TEMP", "HOME", "XDG_",
 )
 

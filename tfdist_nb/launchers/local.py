@@ -106,6 +106,13 @@ class LocalTaskHandle(TaskHandle):
             return None
         return await prov.poll()
 
+    def describe_exit(self, code: int) -> str:
+        """With the fork server's part in it where it had one (stopped, so no end is reported;
+        dead, so its kernels ended with it): the server is named (docs/design.md)."""
+        what = super().describe_exit(code)
+        cause = getattr(getattr(self.manager.provisioner, "process", None), "cause", None)
+        return f"{what} ({cause})" if isinstance(cause, str) else what
+
     async def interrupt(self) -> None:
         if await self.poll() is None:
             await self.manager.interrupt_kernel()
@@ -149,6 +156,21 @@ class LocalTaskHandle(TaskHandle):
         if pgid and pgid != os.getpgid(0):
             with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def working_directory() -> str:
+    """This process's working directory, where local tasks start; ClusterStartError naming it
+    when it was deleted (``os.getcwd()`` says only "No such file or directory")."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        try:
+            said = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
+        except OSError:
+            said = "(unknown)"
+        raise ClusterStartError(
+            f"the notebook's working directory {said} was deleted, and local tasks start in "
+            "it: change to one that exists (%cd ~, or os.chdir) and try again") from None
 
 
 def net_of_line(text: str) -> str:
@@ -196,6 +218,8 @@ class LocalLauncher(Launcher):
         self.net_mode = net
         #: kernels forked from a fork server (docs/design.md, "Fork server"); env TFDIST_FORK
         self.fork = forkserver.enabled_by_default() if fork is None else fork
+        if self.fork:
+            forkserver.idle_after_s()  # a misspelt TFDIST_FORK_IDLE_S is said before any start
         self._ports: list[int] = []
         self._net: private_net.PrivateNetwork | None = None
         #: why the tasks are on the host's network although they could be confined, if so
@@ -247,6 +271,7 @@ class LocalLauncher(Launcher):
         return None
 
     def prepare(self) -> None:
+        working_directory()
         if not self._net_decided or self._net is not None:
             self.private_network()
 
@@ -323,13 +348,21 @@ class LocalLauncher(Launcher):
                     env: Mapping[str, str]) -> str | None:
         """The fork server a task's kernel comes from (started at the first use), or None: off,
         nothing to preload, or a kernel spec of the user's with its own command or env."""
+        key = self.fork_key(spec, launch, env)
+        if key is None:
+            return None
+        net = self._net
+        return forkserver.server_for(key, env, net.enter if net is not None else None)
+
+    def fork_key(self, spec: KernelSpec, launch: TaskLaunch,
+                 env: Mapping[str, str]) -> forkserver.ServerKey | None:
         if (not self.forks(launch.preload) or spec.env
                 or forkserver.kernel_args(spec.argv, launch.python) is None):
             return None
         net = self._net
-        key = forkserver.ServerKey.of(launch.python, launch.preload, launch.cwd or os.getcwd(),
-                                      env, net.pid if net is not None else None)
-        return forkserver.server_for(key, env, net.enter if net is not None else None)
+        return forkserver.ServerKey.of(launch.python, launch.preload,
+                                       launch.cwd or working_directory(), env,
+                                       net.pid if net is not None else None)
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         await asyncio.to_thread(self.prepare)
@@ -338,7 +371,7 @@ class LocalLauncher(Launcher):
         fd = open_task_log(launch.log_path)  # never through a link, never blocked by a FIFO
         try:
             await km.start_kernel(env=env, stdout=fd, stderr=fd,
-                                  cwd=launch.cwd or os.getcwd())
+                                  cwd=launch.cwd or working_directory())
         except BaseException:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -346,8 +379,12 @@ class LocalLauncher(Launcher):
         finally:
             os.close(fd)
         pid = getattr(getattr(km.provisioner, "process", None), "pid", None)
-        return LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
-                               manager=km, scratch=scratch)
+        handle = LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
+                                 manager=km, scratch=scratch)
+        key = self.fork_key(task_kernel_spec(launch.python), launch, env)
+        if key is not None and (note := forkserver.take_note(key)) is not None:
+            handle.notes.append(note)  # its fork server was found stopped or hung: said once
+        return handle
 
 
 def _socket_prefix(task_dir: Path) -> tuple[str, Path | None]:

@@ -12,6 +12,7 @@ import argparse
 import functools
 import math
 import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -132,6 +133,24 @@ def save_private(path: str, text: str, example: str) -> None:
         replace_private(Path(path), text)
     except OSError as exc:
         raise usage(f"--save: cannot write {path}: {exc.strerror or exc}", example) from None
+
+
+def notebook_asks() -> Callable[[str, str, bool], str] | None:
+    """What answers the tasks' ``input()`` and pdb prompts in this cell: the notebook's own
+    input box when the frontend takes input for the cell running now (ipykernel's
+    ``allow_stdin`` of the execute request; JupyterLab and Notebook do, nbclient does not), a
+    terminal's when there is no kernel; else None, and a task's ``input()`` raises as it does
+    without a notebook (docs/reference.md, Input from the tasks)."""
+    from IPython import get_ipython
+
+    from tfdist_nb.cluster.cells import ask_here
+
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is not None:
+        allowed = bool(getattr(kernel, "_allow_stdin", False))
+    else:
+        allowed = sys.stdin is not None and sys.stdin.isatty()
+    return ask_here if allowed else None
 
 
 def current() -> Any:

@@ -1,9 +1,11 @@
 """The magics that look at the cluster (docs/reference.md, Magics): ``%tfdist_status``,
-``%tfdist_logs``, ``%tfdist_stacks``, ``%tfdist_collectives``, ``%tfdist_env``.
+``%tfdist_logs``, ``%tfdist_stacks``, ``%tfdist_collectives``, ``%tfdist_env``, and
+``%tfdist_debug`` (pdb on one task's last exception).
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -12,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_N,
+    notebook_asks,
     on_option,
     parse_line,
     require,
@@ -120,6 +123,43 @@ class InspectMagics(Magics):
             raise usage(ValueError("--last must be 0 (all) or a positive number"),
                         "example: %tfdist_collectives --on 1 --last 50")
         return require().collectives(on=args.on, last=args.last or None)
+
+    @magic_arguments()
+    @argument("--on", metavar="TASK", default=None,
+              help="the task to debug: 1 | worker:1 (default: the first task that raised in "
+                   "the last failing cell)")
+    @line_magic
+    @user_errors("example: %tfdist_debug --on 1")
+    def tfdist_debug(self, line: str) -> None:
+        """A post-mortem debugger (pdb) on one task's last exception, run in that task and
+        driven from this cell: its prompts (``[worker:1] ipdb>``) come here, one line at a time.
+
+        ``p NAME``, ``pp locals()``, ``up``, ``down``, ``l``; ``q`` quits and leaves the task
+        idle, as it was. The cluster keeps running and the other tasks are not touched. Needs a
+        frontend that takes input (JupyterLab, Notebook). Examples::
+
+            %tfdist_debug            # the first task that raised in the last failing cell
+            %tfdist_debug --on 1     # worker:1's last exception
+        """
+        from tfdist_nb.display.printer import LivePrinter, failure_report
+        from tfdist_nb.results import RunResult
+
+        example = "example: %tfdist_debug --on 1"
+        args = parse_line(self.tfdist_debug, line)
+        cluster = require()
+        ask = notebook_asks()
+        if ask is None:
+            raise usage("this frontend takes no input for the cell (nbclient, a script), so no "
+                        "debugger can be driven from it; in JupyterLab or Notebook the prompts "
+                        "come into the cell (cluster.debug(on_input=...) from code)", example)
+        printer = LivePrinter(run_dir=cluster.run_dir, verbose=True)
+        try:
+            result = cluster.debug(on=args.on, on_input=ask, on_event=printer)
+        finally:
+            printer.flush()
+        if not result.ok:
+            sys.stderr.write(failure_report(RunResult(cell=0, tasks={result.task: result})))
+            sys.stderr.flush()
 
     @magic_arguments()
     @argument("--all", action="store_true",

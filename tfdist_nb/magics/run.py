@@ -16,6 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.errors import TaskError
 from tfdist_nb.magics.common import (
     current,
+    notebook_asks,
     on_option,
     parse_line,
     parse_line_and_rest,
@@ -104,7 +105,10 @@ class RunMagics(Magics):
         Every task is a real ipykernel with its own TF_CONFIG, set before TensorFlow is
         imported. The cell body runs on all targeted tasks at once; their output streams live,
         each line prefixed with its task. If a task raises, its traceback is shown under its
-        name and the cell raises, so "Run All" stops.
+        name and the cell raises, so "Run All" stops. A task's ``input()``, ``getpass`` or
+        ``breakpoint()`` prompts in this cell, naming the task, one task at a time (where the
+        frontend takes input: JupyterLab, Notebook); ``%tfdist_debug`` opens pdb on a task's
+        last exception.
 
         A cluster of the same SPEC is reused; a different SPEC replaces it and says
         ``resized: 2 workers -> 1 worker`` (shrinking a failing job is one edit of this line).
@@ -190,7 +194,8 @@ class RunMagics(Magics):
         try:
             result = cluster.run(code, on=request.on,
                                  timeout=request.timeout, on_event=printer,
-                                 stall_timeout=request.stall_timeout)
+                                 stall_timeout=request.stall_timeout,
+                                 on_input=notebook_asks())
         finally:
             printer.flush()  # the tasks' lines go out before the closing lines, in order
             if dashboard is not None:

@@ -17,6 +17,9 @@ class TaskSnapshot:
     state: str  # docs/reference.md, States
     pid: int | None
     host: str
+    #: the tasks at an input prompt that this one waits for inside a collective (state
+    #: ``prompt`` is theirs): a wait for a person, not a hang
+    waits_for_prompt: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

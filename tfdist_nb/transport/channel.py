@@ -3,6 +3,10 @@
 An iopub pump runs for the life of the task, so output that arrives outside a cell (background
 threads, the C++ runtime writing to fd 1/2 late) is still kept with its task. Stream chunks are cut
 into lines; a partial line waits for its end or for the cell to go idle.
+
+A cell sent with ``on_prompt`` may ask for input (``input()``, ``getpass``, pdb): the task's
+``input_request`` on its stdin channel becomes a :class:`Prompt` handed to ``on_prompt``, and
+:meth:`KernelChannel.answer` sends the ``input_reply`` (docs/reference.md, Input from the tasks).
 """
 
 from __future__ import annotations
@@ -22,8 +26,25 @@ from tfdist_nb.transport.session import faster_session, message_time
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
 MARKS = "tfdist_marks"  # the write numbers tfdist_nb.worker.ordered_output adds to a stream
+#: what a closed stdin says: ipykernel raises EOFError in the task for this answer
+EOF_ANSWER = "\x04"
+#: how long a prompt waits for the iopub messages the task sent before it (another socket), so
+#: what it printed before asking is shown before the question
+PROMPT_SETTLE_S = 0.05
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Prompt:
+    """A task's cell waiting for a line of input (``input()``, ``getpass``, a pdb prompt)."""
+
+    task: str
+    text: str  # the prompt the task shows, e.g. "your name? " or "(Pdb) "
+    password: bool  # getpass: the answer is not echoed
+    msg_id: str  # the execute request that asks
+    #: False once answered, or once the cell ended or was left behind (no one asks any more)
+    open: bool = True
 
 
 @dataclass
@@ -39,6 +60,9 @@ class Execution:
     stderr: list[str] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)
     error_at: float | None = None  # when the kernel published the cell's error (its clock)
+    #: who is asked when the cell wants input; None: the cell was sent without stdin
+    on_prompt: Callable[[Prompt], None] | None = field(default=None, repr=False)
+    prompt: Prompt | None = None  # the input request waiting for its answer now
 
 
 class KernelChannel:
@@ -62,7 +86,8 @@ class KernelChannel:
         await self.client.wait_for_ready(timeout=timeout)
         self.subshells = await self._supports_subshells(timeout)
         self._pumps = [asyncio.ensure_future(self._pump_iopub()),
-                       asyncio.ensure_future(self._pump_shell())]
+                       asyncio.ensure_future(self._pump_shell()),
+                       asyncio.ensure_future(self._pump_stdin())]
 
     async def close(self) -> None:
         for pump in self._pumps:
@@ -72,6 +97,7 @@ class KernelChannel:
                 await pump
         self._flush_partials(None)
         for ex in self._pending.values():
+            _close_prompt(ex)
             for fut in (ex.reply, ex.idle):
                 if not fut.done():
                     fut.cancel()
@@ -104,10 +130,15 @@ class KernelChannel:
 
     def execute(self, code: str, cell: int | None, *, silent: bool = False,
                 user_expressions: dict[str, str] | None = None,
-                subshell_id: str | None = None) -> Execution:
+                subshell_id: str | None = None,
+                on_prompt: Callable[[Prompt], None] | None = None) -> Execution:
+        """Send ``code``; ``on_prompt``: the cell may ask for input (``allow_stdin``), each
+        question handed to it as a :class:`Prompt`. Without it the task's ``input()`` raises
+        ipykernel's StdinNotImplementedError, as under any frontend that takes no input."""
         loop = asyncio.get_running_loop()
         content = {"code": code, "silent": silent, "store_history": not silent,
-                   "user_expressions": user_expressions or {}, "allow_stdin": False,
+                   "user_expressions": user_expressions or {},
+                   "allow_stdin": on_prompt is not None,
                    "stop_on_error": subshell_id is None}
         # the cell number goes along so the task can say "cell N line L" in the notebook's
         # numbering, not its own execution count (worker.cellmap)
@@ -117,7 +148,8 @@ class KernelChannel:
             msg["header"]["subshell_id"] = subshell_id
         self.client.shell_channel.send(msg)
         msg_id = msg["header"]["msg_id"]
-        ex = Execution(msg_id, cell, time.time(), loop.create_future(), loop.create_future())
+        ex = Execution(msg_id, cell, time.time(), loop.create_future(), loop.create_future(),
+                       on_prompt=on_prompt)
         self._pending[msg_id] = ex
         if cell is not None:
             self._cells[msg_id] = cell
@@ -126,6 +158,48 @@ class KernelChannel:
     def abandon(self, ex: Execution) -> None:
         """Stop tracking ``ex``; its late output still goes to the log under its cell."""
         self._pending.pop(ex.msg_id, None)
+        _close_prompt(ex)
+
+    def answer(self, prompt: Prompt, value: str) -> None:
+        """Send ``value`` as the answer to ``prompt`` (``EOF_ANSWER``: the task's ``input()``
+        raises EOFError); a prompt no longer open (answered, its cell ended) is not answered."""
+        ex = self._pending.get(prompt.msg_id)
+        if ex is None or ex.prompt is not prompt or not prompt.open:
+            return
+        ex.prompt, prompt.open = None, False
+        self.client.input(value)
+
+    @property
+    def prompting(self) -> Prompt | None:
+        """The question this task's cell waits on now, if any."""
+        return next((ex.prompt for ex in self._pending.values() if ex.prompt is not None), None)
+
+    async def _pump_stdin(self) -> None:
+        while True:
+            msg = await self.client.get_stdin_msg()
+            try:
+                await self._on_stdin(msg)
+            except Exception:  # one odd message must not leave the next question unheard
+                logger.exception("tfdist_nb: could not handle a question from %s", self.task)
+
+    async def _on_stdin(self, msg: dict[str, Any]) -> None:
+        if msg.get("msg_type") != "input_request":
+            return
+        ex = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if ex is None or ex.on_prompt is None:
+            # a cell left behind (its run ended) asks on: no one will answer, so it ends
+            self.client.input(EOF_ANSWER)
+            return
+        await asyncio.sleep(PROMPT_SETTLE_S)
+        self._flush_partials(ex.cell)  # "name: " printed before input() shows first
+        content = msg.get("content", {})
+        ex.prompt = Prompt(self.task, str(content.get("prompt", "")),
+                           bool(content.get("password")), ex.msg_id)
+        try:
+            ex.on_prompt(ex.prompt)
+        except Exception:  # the asker failed: the task's input() ends instead of hanging
+            logger.exception("tfdist_nb: could not ask for %s's input", self.task)
+            self.answer(ex.prompt, EOF_ANSWER)
 
     async def _pump_shell(self) -> None:
         while True:
@@ -194,3 +268,9 @@ class KernelChannel:
         if lines:  # one batch per message: a flood costs one write, not one per line
             self._sink([OutputLine(t, self.task, stream, line.rstrip("\r"), cell)
                         for line in lines])
+
+
+def _close_prompt(ex: Execution) -> None:
+    if ex.prompt is not None:
+        ex.prompt.open = False
+        ex.prompt = None

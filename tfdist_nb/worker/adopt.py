@@ -57,6 +57,9 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
     thread.join()
     if failed:
         raise failed[0]
+    from tfdist_nb.worker import forked
+
+    forked.replay()  # a forked spare's import ran in the fork server: said where it imports
     _warmed.update(preload=list(preload), seconds=round(time.monotonic() - began, 3))
     return {"pid": os.getpid(), "executable": sys.executable, "imported": imported,
             "warm_s": _warmed["seconds"]}

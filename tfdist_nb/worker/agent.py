@@ -67,6 +67,9 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
     for name in preload:
         mod = __import__(name)
         imported[name] = getattr(mod, "__version__", None)
+    from tfdist_nb.worker import forked
+
+    forked.replay()  # a forked kernel's import ran in the fork server (docs/design.md)
     port = own_port()
     return {
         "pid": os.getpid(),
@@ -142,6 +145,9 @@ def start(kernel: Any) -> None:
     # controller sees a cell finish it already has that cell's exact step count.
     kernel.shell.events.register("post_execute", telemetry.flush_steps)
     kernel.shell.events.register("post_run_cell", _note_out_of_memory)
+    from tfdist_nb.worker import postmortem
+
+    postmortem.install()  # breakpoint() opens pdb (docs/reference.md, Input from the tasks)
 
 
 def _note_out_of_memory(result: Any) -> None:

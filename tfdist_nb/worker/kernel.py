@@ -22,8 +22,9 @@ import tfdist_nb.worker  # noqa: F401  - the task identity is read before any us
 def main() -> None:
     from ipykernel.kernelapp import IPKernelApp
 
-    from tfdist_nb.worker import agent
+    from tfdist_nb.worker import agent, forked
 
+    own_temp_dir()
     app = IPKernelApp.instance()
     # The kernel's ipc sockets are created while it binds: owner-only, like every file of the
     # run (docs/security.md). The user's own files get the usual umask back before any cell.
@@ -34,7 +35,25 @@ def main() -> None:
         os.umask(umask)
     watch_parent(app)
     agent.start(app.kernel)
+    forked.settle()  # a forked kernel's TensorFlow logger as a spawned kernel's import makes it
     app.start()
+
+
+def own_temp_dir() -> None:
+    """The task's temporary files (TensorFlow's autograph writes the user's converted code
+    there) go into an owner-only directory of its own, removed when the task ends: at exit,
+    or, after a SIGKILL (every restart), by the next task started on this host
+    (docs/reference.md, Worker side). Under ``$TMPDIR`` when the task has one."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from tfdist_nb.owned_files import private_temp_dir
+
+    tempfile.tempdir = None  # read $TMPDIR again: a forked kernel's was the fork server's
+    path = private_temp_dir("task")
+    os.environ["TMPDIR"] = tempfile.tempdir = str(path)  # also for its subprocesses
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
 
 
 def watch_parent(app: object) -> None:

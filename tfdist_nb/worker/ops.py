@@ -33,6 +33,7 @@ class Op(StrEnum):
     PROFILE_CAPTURE = "profile_capture"
     PROFILE_STATE = "profile_state"
     PROFILE_SUMMARY = "profile_summary"
+    LAST_EXCEPTION = "last_exception"  # %tfdist_debug: what a post-mortem would open on
 
 
 class PortState(StrEnum):

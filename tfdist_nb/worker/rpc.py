@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import adopt, agent, consistency, numerics, probes, profiling
+from tfdist_nb.worker import adopt, agent, consistency, numerics, postmortem, probes, profiling
 from tfdist_nb.worker.ops import Op
 
 
@@ -56,6 +56,7 @@ OPERATIONS: dict[Op, Callable[..., Any]] = {
     Op.PROFILE_CAPTURE: profiling.start_capture,
     Op.PROFILE_STATE: profiling.capture_state,
     Op.PROFILE_SUMMARY: profiling.summary,
+    Op.LAST_EXCEPTION: postmortem.last_exception,
 }
 
 

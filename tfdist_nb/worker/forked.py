@@ -1,0 +1,94 @@
+"""A kernel forked from the fork server, made to look like one whose imports ran in it.
+
+A spawned kernel imports TensorFlow in the agent's handshake, after ipykernel made the kernel's
+output streams and IPython its prompts. The fork server imported it before any kernel existed
+(docs/design.md, "Fork server"), and what the import set up then stays in every fork: TF's
+Python logger found no interactive prompt (``sys.ps1``), so it was left below INFO and writes
+to the process's stderr (the task's log file, which no cell and no ``%tfdist_logs`` reads);
+absl's handler holds that stderr too; the warnings filters the import added sit behind those
+the kernel's start adds, not in front of them; and what the import printed (TensorFlow's C++
+start-up lines, "failed call to cuInit" among them) reached the task's process log but not its
+output, where a spawned kernel's handshake sends it (the merged log, the once-per-cluster notes
+about known noise). :func:`note` (the zygote's child, before the kernel runs)
+remembers that state; :func:`settle` (the kernel's entry point, once the kernel exists) makes it
+again as a spawned kernel's import would, and :func:`replay` (the agent's handshake, where a
+spawned kernel imports ``preload``) sends what the import printed. Outside a forked kernel they
+do nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import IO, Any
+
+logger = logging.getLogger(__name__)
+
+#: what the fork left: the process's own streams, and the handlers made before the fork
+_before: dict[str, Any] | None = None
+#: what the server's imports printed, not yet sent as the task's output
+_said = b""
+TF_LOGGING = "tensorflow.python.platform.tf_logging"
+
+
+def note(preload_filters: Sequence[Any] = (), said: bytes = b"") -> None:
+    """Called in a forked child before its kernel starts: what the server's imports left;
+    ``preload_filters``, the warnings filters the import of ``preload`` put in front; ``said``,
+    what the imports printed (already in the task's process log)."""
+    global _before, _said
+    _said = said
+    handlers = [ref() for ref in list(getattr(logging, "_handlerList", ()))]
+    tf_logger = logging.getLogger("tensorflow") if TF_LOGGING in sys.modules else None
+    _before = {"stdout": sys.stdout, "stderr": sys.stderr,
+               "handlers": weakref.WeakSet(h for h in handlers if h is not None),
+               "tf_handlers": list(tf_logger.handlers) if tf_logger is not None else [],
+               "filters": list(preload_filters)}
+
+
+def settle() -> None:
+    """Once the kernel's streams and prompts exist: TF's logger set up as its import does in a
+    kernel, every handler made before the fork writes where it would have been made, and the
+    import's warnings filters go in front."""
+    global _before
+    before, _before = _before, None
+    if before is None:
+        return
+    try:
+        _settle(before)
+    except Exception:  # the kernel starts regardless; its logging is then the server's
+        logger.debug("a forked kernel's import-time set-up could not be made again",
+                     exc_info=True)
+
+
+def _settle(before: dict[str, Any]) -> None:
+    tf_logging: Any = sys.modules.get(TF_LOGGING)
+    if tf_logging is not None and getattr(tf_logging, "_logger", None) is not None:
+        tf_logger = logging.getLogger("tensorflow")
+        for handler in before["tf_handlers"]:
+            tf_logger.removeHandler(handler)
+        tf_logger.setLevel(logging.NOTSET)
+        tf_logging._logger = None
+        tf_logging.get_logger()  # INFO to the kernel's stdout where IPython set sys.ps1
+    streams: dict[int, IO[str]] = {id(before["stdout"]): sys.stdout,
+                                   id(before["stderr"]): sys.stderr}
+    for handler in list(before["handlers"]):
+        if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+            handler.setStream(streams[id(handler.stream)])
+    filters: Any = warnings.filters
+    lead = [item for item in before["filters"] if item in filters]
+    if lead:
+        filters[:] = [*lead, *(item for item in filters if item not in lead)]
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # what filterwarnings calls
+
+
+def replay() -> None:
+    """Send what the server's imports printed as this task's output, once: a spawned kernel's
+    handshake prints it there while it imports ``preload`` (its process log has it already)."""
+    global _said
+    said, _said = _said, b""
+    if said:
+        sys.stderr.write(said.decode(errors="replace"))
+        sys.stderr.flush()
