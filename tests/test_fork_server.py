@@ -500,3 +500,28 @@ def test_a_tasks_temporary_files_go_with_it_also_after_a_restart_kills_it(
         assert again != own and not own.exists()  # the killed task's went
     assert not again.exists()  # and a stopped one's at its exit
     assert not list(system_tmp.glob("__autograph*"))
+
+
+@pytest.mark.timeout(180)
+def test_at_interpreter_exit_forked_tasks_end_through_the_stop_path_before_their_server(
+        tmp_path: Path) -> None:
+    """A script that never stops its cluster: at exit the session stops the cluster first
+    (each task told, its atexit handlers run), then ends the fork server (the one close owns
+    the order: a server ended first would take its kernels with it, their handlers unrun)."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "said-goodbye"
+    cell = f"import atexit\natexit.register(lambda: open({str(marker)!r}, 'w').write('bye'))"
+    script = (
+        "from tfdist_nb import Cluster\n"
+        "c = Cluster(workers=1, warm=False, launcher_options={'fork': True}).start()\n"
+        f"r = c.run({cell!r})\n"
+        "assert r.ok, r.summary()\n"
+        "from tfdist_nb.launchers import forkserver\n"
+        "assert forkserver.live_servers()\n")
+    env = {**os.environ, "TFDIST_RUNS_DIR": str(tmp_path / "runs")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert marker.read_text() == "bye"

@@ -30,7 +30,6 @@ takes (docs/design.md, "Fork server").
 from __future__ import annotations
 
 import asyncio
-import atexit
 import concurrent.futures
 import contextlib
 import functools
@@ -683,9 +682,10 @@ def live_servers() -> list[ForkServer]:
         return list(_servers.values())
 
 
-@atexit.register
 def close_all() -> None:
-    """End every server (each one's kernels end with it)."""
+    """End every server (each one's kernels end with it): the session's close does, at exit
+    and unload, after the clusters whose tasks are forked from them (tfdist_nb/cluster/
+    session.py)."""
     with _registry_lock:
         servers = [*_servers.values(), *_retired]
         _servers.clear()
