@@ -119,3 +119,29 @@ def test_error_resize_and_on_in_a_notebook(tmp_path: Path) -> None:
     status = text_of(nb.cells[5])
     assert "worker:0" in status and "worker:1" not in status and fresh_pid in status
     assert "stopped 1 task(s)" in text_of(nb.cells[6])
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_cell_is_named_by_the_notebooks_number_in_the_tasks_tracebacks_and_the_ledger(
+        tmp_path: Path) -> None:
+    """In[5] of the notebook is 'Cell In[5]' in the task's own traceback and 'cell 5' in the
+    ledger, though it is only the cluster's second cell (they used to say In[2] and cell 2)."""
+    nb = run_notebook([
+        "%load_ext tfdist_nb",
+        "%%tfcluster 2 workers --no-dashboard --no-warm\nimport tensorflow as tf\n"
+        "strategy = tf.distribute.MultiWorkerMirroredStrategy()",
+        "x = 1",
+        "y = 2",
+        "%%tfcluster 2 workers --no-dashboard\n"
+        "total = strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.0)), axis=None)\n"
+        "raise ValueError('after the reduce')",
+        "import tfdist_nb\n"
+        "print(sorted(set(tfdist_nb.current().collectives(last=None)['where'])))",
+        "%tfdist_stop",
+    ], tmp_path)
+    failing = nb.cells[4]
+    assert failing.execution_count == 5
+    text = text_of(failing)
+    assert "Cell In[5], line 3" in text, text
+    assert "'cell 5 line 2'" in text_of(nb.cells[5])

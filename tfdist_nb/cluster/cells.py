@@ -90,13 +90,15 @@ class Cells:
             rundir: RunDirectory, hub: EventHub, loop: LoopThread, inspector: Inspector,
             alive: Callable[[], bool],
             network: Callable[[], NetTrouble | None] = lambda: None,
-            on_input: InputHandler | None = None) -> RunResult:
+            on_input: InputHandler | None = None, number: int | None = None) -> RunResult:
         """Run ``code`` on ``targets`` and wait for every task; ``on_event`` gets the events in
         this thread, and an interrupt here interrupts the tasks; ``on_input`` answers the
         tasks' questions (None: their ``input()`` raises). ClusterNotRunningError if a task
         cannot take the cell (one still stalled in an earlier cell)."""
         _check_can_run(targets)
-        self.last += 1
+        # the notebook's In[n] when the magic gives it (its cells are named one way in the
+        # notebook, the tasks' tracebacks and the ledger), else the next; always increasing
+        self.last = max(self.last + 1, number or 0)
         cell = self.last
         hub.new_cell([rt.name for rt in targets])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -361,8 +361,12 @@ class Cluster:
     def run(self, code: str, on: Any = None, timeout: float | None = None, *,
             on_event: Callable[[Event], None] | None = None,
             stall_timeout: float | None = None,
-            on_input: InputHandler | None = None) -> RunResult:
+            on_input: InputHandler | None = None, number: int | None = None) -> RunResult:
         """Run ``code`` on the targeted tasks at once and return when all have ended.
+
+        ``number``: the cell's number in the notebook (``%%tfcluster`` gives its ``In[n]``), so
+        the run, the tasks' tracebacks (``Cell In[n]``) and the ledger (``cell n line L``) name
+        it as the notebook does; a number not above the last run's takes the next.
 
         ``on_event`` is called in the caller's thread with every event while the cell runs (the
         magic uses it to show output live). Pressing interrupt interrupts the tasks. A task with
@@ -380,7 +384,8 @@ class Cluster:
                                on_event, rundir=self.rundir, hub=self.hub,
                                loop=self._require_loop(), inspector=self._inspector(),
                                alive=lambda: self._loop is not None,
-                               network=self.launcher.network_trouble, on_input=on_input)
+                               network=self.launcher.network_trouble, on_input=on_input,
+                               number=number)
 
     def debug(self, on: Any = None, *, on_input: InputHandler | None = None,
               on_event: Callable[[Event], None] | None = None) -> TaskResult:

@@ -195,7 +195,8 @@ class RunMagics(Magics):
             result = cluster.run(code, on=request.on,
                                  timeout=request.timeout, on_event=printer,
                                  stall_timeout=request.stall_timeout,
-                                 on_input=notebook_asks())
+                                 on_input=notebook_asks(),
+                                 number=notebook_cell_number(self.shell))
         finally:
             printer.flush()  # the tasks' lines go out before the closing lines, in order
             if dashboard is not None:
@@ -344,3 +345,19 @@ def running_of(cluster: Any) -> Running | None:
                    launcher_options=dict(cluster.launcher_options),
                    line_values=cluster.launcher.line_values(),
                    restartable=cluster.launcher.restartable, warm=cluster.warm)
+
+
+def notebook_cell_number(shell: Any) -> int | None:
+    """The notebook's ``In[n]`` of the cell running now: the number IPython's compiler named
+    the cell's code by, found on the stack (``execution_count`` is n during the cell in
+    IPython 8 and n + 1 in IPython 9)."""
+    import sys
+
+    names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        number = names.get(frame.f_code.co_filename)
+        if isinstance(number, int):
+            return number
+        frame = frame.f_back
+    return None

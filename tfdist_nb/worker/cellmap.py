@@ -40,8 +40,11 @@ def install(kernel: Any) -> None:
 
     def cache_and_remember(transformed_code: str, number: int = 0,
                            raw_code: str | None = None) -> str:
-        name: str = cache(transformed_code, number, raw_code)
         cell = (kernel.get_parent("shell").get("metadata") or {}).get("tfdist_cell")
+        # the controller's number names the cell's file, so the task's own tracebacks say
+        # Cell In[n] as the notebook does (docs/reference.md, "Collectives and hangs")
+        name: str = cache(transformed_code, cell if isinstance(cell, int) else number,
+                          raw_code)
         if isinstance(cell, int):
             _by_name[name] = cell
         return name
