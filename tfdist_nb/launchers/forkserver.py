@@ -42,7 +42,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +56,7 @@ from traitlets import Unicode
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.launchers.import_env import LATE, import_time_env
 from tfdist_nb.launchers.zygote import KERNEL_MODULE, MAX_MESSAGE
+from tfdist_nb.owned_files import private_temp_dir
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,8 @@ class ForkServer:
         self._pending: dict[int, concurrent.futures.Future[int]] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._dir = Path(tempfile.mkdtemp(prefix="tfdist-fork-"))  # 0700
+        # 0700; the ones a notebook killed with SIGKILL left are removed here
+        self._dir = private_temp_dir("fork")
         self.log_path = self._dir / "server.log"
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         argv = [key.python, "-m", "tfdist_nb.launchers.zygote", str(theirs.fileno()),
