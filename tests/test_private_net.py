@@ -368,3 +368,30 @@ def test_a_misspelt_environment_switch_is_refused_naming_the_variable(
         Cluster(workers=2)
     monkeypatch.setenv("TFDIST_FORK", "off")
     assert not Cluster(workers=2).launcher.fork
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(os.geteuid() != 0, reason="a root notebook's tasks (containers run as root)")
+def test_a_root_notebooks_tasks_keep_roots_file_access_in_the_private_network(
+        tmp_path: Path) -> None:
+    """Root's tasks used to be root mapped into a user namespace: an unprivileged uid outside
+    it, refused another user's 0600 file the notebook and net=host tasks read, chown EINVAL.
+    Root makes the network namespace alone: its tasks stay root."""
+    if why := private_net_missing_namespace():
+        pytest.skip(f"no network namespace here: {why}")
+    private_net.close_shared()
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    os.chmod(data, 0o600)
+    os.chown(data, 65534, 65534)
+    with Cluster(workers=1, preload=(), warm=False,
+                 launcher_options={"net": "private"}) as c:
+        out = c.run(f"import os\nprint(os.getuid(), open({str(data)!r}).read().split()[0])\n"
+                    f"os.chown({str(data)!r}, 0, 0)\nprint('chowned')")
+        assert out.ok, out.summary()
+        assert out.tasks["worker:0"].stdout.split() == ["0", "a,b", "chowned"]
+        assert os.environ.get("TFDIST_NETNS") is None  # the notebook itself is not inside
+        said = c.run("import os\nprint(os.environ.get('TFDIST_NETNS'))").tasks["worker:0"]
+        assert said.stdout.strip() == "cluster"  # the task is in the private network
+    private_net.close_shared()

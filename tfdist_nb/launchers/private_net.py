@@ -69,6 +69,10 @@ class PrivateNetwork:
     scratch: Path | None = None  # the private resolv.conf's directory
     wants_outbound: bool = True  # made to have one (slirp4netns started, where found)
     confinement: tuple[str, ...] = CONFINEMENTS[0]  # the flags slirp4netns accepted
+    #: made inside a user namespace (an ordinary user); root makes the network namespace alone,
+    #: so its tasks stay root and keep their file access (root mapped into a user namespace is
+    #: an unprivileged uid outside it: files of other users refused, chown EINVAL)
+    user_ns: bool = True
     _slirp_exit: int | None = field(default=None, repr=False)
 
     @property
@@ -116,9 +120,10 @@ class PrivateNetwork:
 
     def enter(self, argv: list[str]) -> list[str]:
         """``argv`` run inside the namespace, as this user with this user's credentials."""
-        spaces = ["--user", "--net"] + (["--mount"] if self.scratch is not None else [])
-        return ["nsenter", f"--target={self.pid}", *spaces, "--preserve-credentials", "--",
-                *argv]
+        user = ["--user"] if self.user_ns else []
+        spaces = [*user, "--net"] + (["--mount"] if self.scratch is not None else [])
+        return ["nsenter", f"--target={self.pid}", *spaces,
+                *(["--preserve-credentials"] if user else []), "--", *argv]
 
     def close(self) -> None:
         with swallowed(logger):
@@ -158,12 +163,13 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
             (scratch / "resolv.conf").write_text(f"nameserver {SLIRP_DNS}\n")
             os.chmod(scratch / "resolv.conf", 0o644)
             setup += f" && mount --bind {scratch}/resolv.conf {resolv} || exit 4"
-    argv = ["unshare", "--user", "--map-current-user", "--keep-caps", "--net",
-            *(["--mount"] if scratch is not None else []), "--",
+    user_ns = os.geteuid() != 0
+    argv = ["unshare", *(["--user", "--map-current-user", "--keep-caps"] if user_ns else []),
+            "--net", *(["--mount"] if scratch is not None else []), "--",
             "sh", "-c", f"{setup}; echo up; read _"]
     holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, start_new_session=True)
-    net = PrivateNetwork(holder, scratch=scratch, wants_outbound=outbound)
+    net = PrivateNetwork(holder, scratch=scratch, wants_outbound=outbound, user_ns=user_ns)
     try:
         said = _read_line(holder, READY_TIMEOUT_S)
         if said != "up":
@@ -209,7 +215,8 @@ def _run_slirp(net: PrivateNetwork, slirp: str, flags: tuple[str, ...]) -> None:
     try:
         net.slirp = subprocess.Popen(
             [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", *flags,
-             f"--userns-path=/proc/{net.pid}/ns/user", f"--ready-fd={ready_w}",
+             *([f"--userns-path=/proc/{net.pid}/ns/user"] if net.user_ns else []),
+             f"--ready-fd={ready_w}",
              f"--exit-fd={exit_r}", str(net.pid), "tap0"],
             pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, start_new_session=True)
