@@ -363,6 +363,40 @@ def test_status_from_the_controller_record() -> None:
     assert cluster_status({"state": "stopped", "controller": remote}) == "finished"
 
 
+def test_a_later_controller_writes_down_the_runs_a_killed_one_left_running(
+        tmp_path: Path) -> None:
+    """A notebook kernel killed with SIGKILL leaves state.json saying 'running': the next
+    cluster started under the same root marks it 'orphaned'; a live one, a stopped one and
+    another host's are left as they are."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from tfdist_nb.store.state import mark_orphans, read_state
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    here = socket.gethostname()
+    docs = {
+        "killed": {"state": "running", "controller": {"pid": gone.pid, "host": here},
+                   "updated": 5.0},
+        "live": {"state": "running", "controller": {"pid": os.getpid(), "host": here}},
+        "stopped": {"state": "stopped", "controller": {"pid": gone.pid, "host": here}},
+        "remote": {"state": "running", "controller": {"pid": 1, "host": "elsewhere.invalid"},
+                   "updated": time.time()},
+    }
+    for name, doc in docs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "state.json").write_text(json.dumps(doc))
+    assert mark_orphans(tmp_path) == [tmp_path / "killed"]
+    after = {name: read_state(tmp_path / name) for name in docs}
+    assert after["killed"] is not None and after["killed"]["state"] == "orphaned"
+    assert after["killed"]["stopped"] == 5.0
+    assert [after[n]["state"] for n in ("live", "stopped", "remote")] == [  # type: ignore[index]
+        "running", "stopped", "running"]
+
+
 def test_discovery_finds_runs_under_the_root_its_folders_and_the_env(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tfdist_nb.lab.discovery import bases, find_clusters

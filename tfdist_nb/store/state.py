@@ -3,7 +3,7 @@
 Written by the controller, read by the Jupyter server extension (:mod:`tfdist_nb.lab`) so it can
 tell a live cluster from a finished or an orphaned one without talking to any kernel::
 
-    {"schema": 1, "id": ..., "spec": "2 workers", "state": "starting|running|stopped",
+    {"schema": 1, "id": ..., "spec": "2 workers", "state": "starting|running|stopped|orphaned",
      "controller": {"pid": ..., "host": ..., "create_time": ...},
      "started": t, "updated": t, "stopped": t | null,
      "tasks": [{"task": "worker:0", "role": "worker", "state": "idle", "step": 12, "pid": ...,
@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.owned_files import read_regular
+from tfdist_nb.owned_files import read_regular, regular_stat
 from tfdist_nb.store.rundir import replace_private
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore
@@ -95,6 +95,8 @@ class StateFile:
             "updated": None, "stopped": None, "tasks": [], "alerts": []}
 
     def start(self) -> StateFile:
+        with swallowed(logger):
+            mark_orphans(self.path.parent.parent)
         self.write()
         self._thread = threading.Thread(target=self._loop, name=f"tfdist-state-{self._doc['id']}",
                                         daemon=True)
@@ -172,6 +174,26 @@ def controller_alive(controller: dict[str, Any], updated: float | None,
     return expected is None or abs(created - float(expected)) < 1.0
 
 
+def mark_orphans(root: Path, now: float | None = None) -> list[Path]:
+    """The clusters under ``root`` whose controller on this host ended without stopping them
+    (a notebook kernel killed with SIGKILL), written down as ``orphaned``: their state file
+    said ``running`` forever (every reader already called them orphaned). Another host's
+    controller is left to that host; another user's file is not touched. Returns the ones
+    marked."""
+    host, marked = socket.gethostname(), []
+    for state_file in root.glob(f"*/{STATE_FILE}"):
+        st = regular_stat(state_file)
+        doc = read_state(state_file.parent) if st and st.st_uid == os.geteuid() else None
+        if (doc is None or doc.get("state") not in ("starting", "running")
+                or (doc.get("controller") or {}).get("host") != host
+                or cluster_status(doc, now) != "orphaned"):
+            continue
+        doc.update(state="orphaned", stopped=doc.get("updated"))
+        write_atomic(state_file, doc)
+        marked.append(state_file.parent)
+    return marked
+
+
 def cluster_status(state: dict[str, Any] | None, now: float | None = None) -> str:
     """``live``, ``finished`` (stopped cleanly), ``orphaned`` (its controller is gone without a
     clean stop) or ``unknown`` (no state file: a run of an older tfdist_nb)."""
@@ -179,5 +201,7 @@ def cluster_status(state: dict[str, Any] | None, now: float | None = None) -> st
         return "unknown"
     if state.get("state") == "stopped":
         return "finished"
+    if state.get("state") == "orphaned":  # written so by a later controller (mark_orphans)
+        return "orphaned"
     alive = controller_alive(state.get("controller") or {}, state.get("updated"), now)
     return "live" if alive else "orphaned"
