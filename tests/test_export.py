@@ -161,3 +161,19 @@ def test_files_and_directories_of_another_user_are_never_written(tmp_path: Path)
     with pytest.raises(ExportError, match=r"train\.py exists and was not written by"):
         _export(mine)
     assert theirs.read_text().endswith("(theirs)\n")
+
+
+def test_restarts_are_found_by_their_notes_topic_never_by_words() -> None:
+    """Isolate and export replay the cells after the last restart: a restart is a note of
+    topic 'restart' (one time for the notes its tasks wrote together), not a line or a note
+    whose text begins with 'restart'."""
+    from tfdist_nb.cluster.export import restart_times
+
+    events = [
+        {"kind": "output", "time": 1.0, "task": "worker:0", "text": "restarting the epoch"},
+        {"kind": "note", "time": 2.0, "task": "worker:0", "text": "restarted by hand?"},
+        {"kind": "note", "time": 10.0, "task": "worker:0", "text": "x", "topic": "restart"},
+        {"kind": "note", "time": 10.5, "task": "worker:1", "text": "y", "topic": "restart"},
+        {"kind": "note", "time": 30.0, "task": "worker:1", "text": "z", "topic": "restart"},
+    ]
+    assert restart_times(events) == [10.0, 30.0]

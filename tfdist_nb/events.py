@@ -64,9 +64,17 @@ class TaskNote:
     text: str
     level: str = "INFO"
     kind: str = "note"
+    topic: str | None = None  # what a program reads it by (RESTART), never by its text
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.topic is None:
+            del out["topic"]
+        return out
+
+
+#: a TaskNote's topic: this task was restarted (one per task per restart)
+RESTART = "restart"
 
 
 @dataclass(frozen=True)

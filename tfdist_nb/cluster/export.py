@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb import redaction
+from tfdist_nb.events import RESTART
 from tfdist_nb.store.rundir import foreign, replace_private
 from tfdist_nb.topology import ClusterSpec
 
@@ -253,10 +254,11 @@ exit $failed
 
 
 def restart_times(events: Iterable[dict[str, Any]]) -> list[float]:
-    """When every task was restarted, from the run's notes (one time per restart)."""
+    """When tasks were restarted, from the run's notes of topic ``events.RESTART`` (one time
+    per restart: its tasks' notes come within seconds)."""
     times: list[float] = []
     for rec in events:
-        restart = rec.get("kind") == "note" and rec.get("text", "").startswith("restart")
+        restart = rec.get("kind") == "note" and rec.get("topic") == RESTART
         if restart and (not times or rec["time"] - times[-1] > 5):
             times.append(rec["time"])
     return times

@@ -92,11 +92,12 @@ class EventHub:
             self._findings_said.add((finding, text))
         self.note(task, text, level)
 
-    def note(self, task: str, text: str, level: str = "INFO") -> None:
-        """A finding or a controller message about ``task``, kept with its events."""
+    def note(self, task: str, text: str, level: str = "INFO", topic: str | None = None) -> None:
+        """A finding or a controller message about ``task``, kept with its events; ``topic``
+        what a program finds it by (``events.RESTART``)."""
         if level in ("WARNING", "ERROR", "CRITICAL"):
             self.alerts.append(f"{task}: {text}")
-        self.sink([TaskNote(time.time(), task, text, level)])
+        self.sink([TaskNote(time.time(), task, text, level, topic=topic)])
 
     def _check_stragglers(self) -> None:
         roles = self._task_states()

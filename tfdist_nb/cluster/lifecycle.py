@@ -40,6 +40,7 @@ from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.errors import AgentError, ClusterStartError
+from tfdist_nb.events import RESTART
 from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory, open_private
 from tfdist_nb.topology import ClusterSpec, TaskId
@@ -185,7 +186,7 @@ class Lifecycle:
                 await self.readdress(targets)
             else:
                 for rt in targets:
-                    self.hub.note(rt.name, "restarting with the same TF_CONFIG")
+                    self.hub.note(rt.name, "restarting with the same TF_CONFIG", topic=RESTART)
             await self.launch(targets, deadline, spares)
         else:
             if {rt.task for rt in targets} == set(self.tasks):
@@ -193,7 +194,7 @@ class Lifecycle:
                 # adopted, and nothing waits for their ports to be freed. Their exit is awaited:
                 # returning while they die made the next strategy's start-up retry about one
                 # time in three (+1 s, docs/performance.md)
-                await self.readdress(targets)
+                await self.readdress(targets, from_spares=True)
                 if self.warm is not None:
                     self.warm = replace(self.warm, fresh_ports=True)
                 killed = self._killing = asyncio.ensure_future(self._kill(old))
@@ -204,7 +205,8 @@ class Lifecycle:
                     await killed
             else:  # the others know these addresses: the old processes go first
                 for rt in targets:
-                    self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG")
+                    self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG",
+                                  topic=RESTART)
                 await self._kill(old)
                 await self.launch(targets, deadline, spares)
             await self._port_check(targets)
@@ -235,15 +237,18 @@ class Lifecycle:
             self.hub.note("spares", str(self.warm))
         return taken
 
-    async def readdress(self, runtimes: list[TaskRuntime]) -> None:
+    async def readdress(self, runtimes: list[TaskRuntime], from_spares: bool = False) -> None:
         """Fresh TF addresses for ``runtimes`` (every task of the cluster): new TF_CONFIGs and
-        environments, written to the run directory."""
+        environments, written to the run directory; ``from_spares``: spares become them (else
+        they start cold, their ports taken by another program)."""
         addresses = await asyncio.to_thread(self.setup.launcher.tf_addresses,
                                             list(self.tasks), {})
         for rt in runtimes:
             fresh = self.runtime(rt.task, addresses)
             rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
-            self.hub.note(rt.name, f"restarting from a spare on a fresh TF port ({rt.address})")
+            how = "from a spare " if from_spares else ""
+            self.hub.note(rt.name, f"restarting {how}on a fresh TF port ({rt.address})",
+                          topic=RESTART)
 
     async def _port_check(self, runtimes: list[TaskRuntime]) -> None:
         """A TF port found taken at adoption (another program took it meanwhile) is said; the
