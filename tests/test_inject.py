@@ -213,3 +213,23 @@ def test_injected_crash_and_oom_are_classified(ip_cluster: tuple[Any, Cluster]) 
     assert "likely out of memory" in oom.error.evalue
     assert "against its own limit" in oom.explanation
     c.restart()
+
+
+def test_injected_oom_at_a_step_waits_for_the_training_cell(
+        ip_cluster: tuple[Any, Cluster]) -> None:
+    """``oom --at-step K``: the task idles with its limit set and dies in its K-th step, in the
+    training cell, with the memory evidence (notebook 09; issue 41: it used to die while idle,
+    so the next cell found it dead with no evidence shown)."""
+    import time
+
+    ip, c = ip_cluster
+    assert "oom armed" in magic(ip, "oom --on 0 --limit-mb 300 --at-step 3")
+    time.sleep(3)  # the fault without --at-step grows 300 MB in about a second
+    states = c.status().set_index("task")["state"].to_dict()
+    assert states == {"worker:0": "idle", "worker:1": "idle"}, states
+    result = c.run(LOOP.format(steps=10**6), timeout=120)
+    oom = result.tasks["worker:0"]
+    assert oom.status == "crashed", result.summary()
+    assert "likely out of memory" in oom.error.evalue
+    assert "against its own limit" in oom.explanation
+    c.restart()

@@ -10,8 +10,11 @@ loops, the step timer tfdist_nb adds to ``model.fit``. Faults:
   ``model.fit`` stops), as per-task data of different lengths would;
 - ``crash``: SIGKILL this task at step ``at_step``;
 - ``nan``: at step ``at_step``, poison the model's weights with NaN (Keras ``fit``);
-- ``oom``: grow memory until a limit set on this task alone (``limit_mb`` above its RSS now)
-  is passed; the agent then kills the task with SIGKILL, as a cgroup memory limit would;
+- ``oom``: grow memory until a limit set on this task alone (``limit_mb`` above its RSS when
+  armed) is passed; the task then kills itself with SIGKILL, as a cgroup memory limit would.
+  Without ``at_step`` it grows at once, on a thread (a task that runs no steps of its own: a
+  parameter-server worker); with ``at_step`` it grows when its training reaches that step, in the
+  step itself, so it dies in the training cell, never while idle between cells;
 - ``bad-shard``: turn auto-sharding off for datasets this task distributes, so every task reads
   the same data.
 """
@@ -35,7 +38,7 @@ def set_fault(kind: str, params: dict[str, Any]) -> str:
         raise ValueError(f"unknown fault {kind!r}; one of {', '.join(KINDS)}")
     _faults[kind] = dict(params)
     if kind == "oom":
-        _start_oom(float(params.get("limit_mb") or 500))
+        _start_oom(float(params.get("limit_mb") or 500), at_once=params.get("at_step") is None)
     if kind == "bad-shard":
         _patch_distribute_dataset()
     return f"{kind} armed {params or ''}".strip()
@@ -87,26 +90,37 @@ def before_step(step: int, model: Any = None, timed_input: bool = False) -> None
     if _step_reached("hang", step):
         while "hang" in _faults:  # SIGINT (interrupt) or a clear ends it
             time.sleep(0.1)
+    oom = _faults.get("oom")
+    if oom is not None and oom.get("at_step") is not None and _step_reached("oom", step):
+        _grow_until_killed()  # this step allocates past the limit: the task dies in it
 
 
-def _start_oom(limit_mb: float) -> None:
+def _start_oom(limit_mb: float, at_once: bool = True) -> None:
+    """Set this task's own limit (``limit_mb`` above its RSS now); ``at_once``: start growing
+    toward it now, on a thread, else when a step reaches ``at_step`` (:func:`before_step`)."""
     global _oom_thread, mem_limit_mb
     import psutil
 
+    mem_limit_mb = psutil.Process().memory_info().rss / 2**20 + limit_mb
+    if at_once:
+        _oom_thread = threading.Thread(target=_grow_until_killed, name="tfdist-inject-oom",
+                                       daemon=True)
+        _oom_thread.start()
+
+
+def _grow_until_killed() -> None:
+    """Allocate 32 MB every 50 ms until the RSS passes this task's limit, then SIGKILL it (as a
+    cgroup's limit would); returns only if the fault is cleared first."""
+    import psutil
+
     proc = psutil.Process()
-    mem_limit_mb = proc.memory_info().rss / 2**20 + limit_mb
-
-    def grow() -> None:
-        hoard = []
-        while "oom" in _faults:
-            hoard.append(bytearray(b"x" * (32 * 2**20)))
-            if proc.memory_info().rss / 2**20 > (mem_limit_mb or 0):
-                _last_heartbeat()
-                os.kill(os.getpid(), signal.SIGKILL)  # the limit acts like a cgroup's would
-            time.sleep(0.05)
-
-    _oom_thread = threading.Thread(target=grow, name="tfdist-inject-oom", daemon=True)
-    _oom_thread.start()
+    hoard: list[bytearray] = []
+    while "oom" in _faults:
+        hoard.append(bytearray(b"x" * (32 * 2**20)))
+        if proc.memory_info().rss / 2**20 > (mem_limit_mb or 0):
+            _last_heartbeat()
+            os.kill(os.getpid(), signal.SIGKILL)  # the limit acts like a cgroup's would
+        time.sleep(0.05)
 
 
 def _last_heartbeat() -> None:
