@@ -26,7 +26,8 @@ class TeachMagics(Magics):
               help="straggler | hang | raise | uneven | crash | nan | oom | bad-shard | clear")
     @on_option
     @argument("--at-step", type=NOT_NEGATIVE_N, metavar="K",
-              help="step at which hang/raise/crash/nan happen; uneven: steps before data ends")
+              help="step at which hang/raise/crash/nan/oom happen (oom without it: at once); "
+                   "uneven: steps before data ends")
     @argument("--seconds", type=POSITIVE_S, metavar="S", help="straggler delay per step (0.3)")
     @argument("--where", choices=["input", "step"], help="straggler: delay the input or step")
     @argument("--limit-mb", type=POSITIVE_S, metavar="MB",
@@ -51,6 +52,8 @@ class TeachMagics(Magics):
           the all-reduced gradients turn NaN;
         - ``oom``: grow that task's memory until a limit set on it alone (``--limit-mb`` above
           its RSS now) kills it with SIGKILL, as a cgroup limit would (never the whole machine);
+          with ``--at-step K`` the growth starts in step K, so the task dies in its training
+          cell, never while idle;
         - ``bad-shard``: turn auto-sharding off, so every task reads the same data;
         - ``clear``: disarm every fault on the targeted tasks (all by default).
 
