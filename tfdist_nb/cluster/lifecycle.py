@@ -178,11 +178,15 @@ class Lifecycle:
             taken = {} if {rt.task for rt in targets} != set(self.tasks) else \
                 await asyncio.to_thread(self.setup.launcher.taken,
                                         {rt.task: rt.address for rt in targets})
-            if taken:  # held by another program (another notebook's task): fresh ports
+            if taken:  # held by another program, or still closing: fresh ports
                 for task, address in taken.items():
-                    self.hub.note(str(task), f"TF port {address} is taken on its host (another "
-                                  "program holds it, perhaps another notebook's cluster): "
-                                  "every task moves to fresh TF ports", "WARNING")
+                    other = self.setup.launcher.held_by_another(address)
+                    why = ("another program holds it, perhaps another notebook's cluster"
+                           if other else "the last process's connections on it are still "
+                           "closing (TIME_WAIT, up to a minute)")
+                    self.hub.note(str(task), f"TF port {address} is taken on its host ({why}): "
+                                  "every task moves to fresh TF ports",
+                                  "WARNING" if other else "INFO")
                 await self.readdress(targets)
             else:
                 for rt in targets:

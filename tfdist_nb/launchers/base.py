@@ -257,6 +257,11 @@ class Launcher(abc.ABC):
         where the launcher can tell; a restart of every task then moves to fresh ports."""
         return {}
 
+    def held_by_another(self, address: str) -> bool:
+        """Whether a port ``taken`` found is listened on by another program (an alarm), not
+        only held by the last process's closing connections; True where it cannot tell."""
+        return True
+
     def base_environment(self) -> Mapping[str, str] | None:
         """What each task's environment starts from; None: this process's own environment."""
         return None

@@ -50,6 +50,8 @@ from tfdist_nb.topology import TaskId
 logger = logging.getLogger(__name__)
 KERNEL_NAME = "tfdist-worker"
 TRANSPORTS = ("ipc", "tcp")
+#: how long a restart waits for a TF port the old task held to be free before moving ports
+TAKEN_SETTLE_S = 1.0
 #: sun_path holds 108 bytes; the longest socket is "<prefix>-5" plus a NUL.
 MAX_SOCKET_PREFIX = 100
 
@@ -309,8 +311,26 @@ class LocalLauncher(Launcher):
     def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
         if self._net is not None:  # the tasks' own namespace: no one else binds there
             return {}
-        return {t: a for t, a in addresses.items()
-                if not ports.bindable(int(a.rpartition(":")[2]))}
+        # a port the old process held may need a moment after its exit is seen (its sockets
+        # go with the last of its threads): asked again for up to TAKEN_SETTLE_S
+        deadline = time.monotonic() + TAKEN_SETTLE_S
+        while True:
+            taken = {t: a for t, a in addresses.items()
+                     if not ports.bindable(int(a.rpartition(":")[2]))}
+            if not taken or time.monotonic() >= deadline:
+                return taken
+            addresses = taken
+            time.sleep(0.1)
+
+    def held_by_another(self, address: str) -> bool:
+        import psutil
+
+        port = int(address.rpartition(":")[2])
+        try:
+            return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                       for c in psutil.net_connections("tcp"))
+        except (psutil.Error, OSError):
+            return True
 
     def release(self) -> None:
         ports.release(self._ports)

@@ -40,10 +40,12 @@ def private_socket_dir(files: list[Path]) -> Path | None:
     """The owner-only ``tfdist-*`` directory the controller made for this kernel's sockets in
     the temp directory (a run directory too deep for a socket path), if it did."""
     temp = Path(tempfile.gettempdir()).resolve()
+    # the task's own temp dir is a tfdist-task-* inside the one the controller used
+    temps = {temp, temp.parent} if temp.name.startswith("tfdist-task-") else {temp}
     for f in files[1:]:
         parent = f.parent
         with contextlib.suppress(OSError):
-            if parent.name.startswith("tfdist-") and parent.resolve().parent == temp \
+            if parent.name.startswith("tfdist-") and parent.resolve().parent in temps \
                     and parent.stat().st_uid == os.geteuid():
                 return parent
     return None
