@@ -99,22 +99,14 @@ def private_temp_dir(kind: str) -> Path:
     import shutil
     import tempfile
 
+    import psutil
+
     base = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for old in base.glob(f"tfdist-{kind}-*-*"):
             pid = old.name.split("-")[2]
             st = lstat_or_none(old)
             if (pid.isdigit() and st is not None and stat.S_ISDIR(st.st_mode)
-                    and st.st_uid == os.geteuid() and not _alive(int(pid))):
+                    and st.st_uid == os.geteuid() and not psutil.pid_exists(int(pid))):
                 shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"tfdist-{kind}-{os.getpid()}-"))  # 0700
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -30,6 +30,7 @@ from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_s
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
+from tfdist_nb.worker.ledger import RELEASED_ERRORS
 from tfdist_nb.worker.memory_limits import read_oom_kills
 
 POLL_S = 0.2
@@ -279,10 +280,6 @@ def _memory_after_death(rt: TaskRuntime, last: dict[str, Any] | None) -> dict[st
     return {"oom_kills": read_oom_kills(cgroup)}
 
 
-#: what a collective raises when ``abort_collectives`` released it (TensorFlow's types)
-RELEASED_BY_ABORT = ("UnavailableError", "CancelledError", "AbortedError")
-
-
 async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
                      done: dict[str, TaskResult], control: RunControl, grace_s: float,
                      inspector: Inspector | None, stall_timeout: float | None,
@@ -328,7 +325,7 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         out[rt.name] = got = await _early_result(rt, execs[rt.name], status, reason, grace_s,
                                                  inspector)
         if (hang is not None and rt.name in aborted and got.status is S.INTERRUPTED
-                and got.error is not None and got.error.ename in RELEASED_BY_ABORT):
+                and got.error is not None and got.error.ename in RELEASED_ERRORS):
             # in a collective the abort released, though its ledger row had not reached the
             # hang rules yet (a wait shorter than the ledger's 0.2 s send; at 8 tasks and more
             # most of them): released because of the culprit, not interrupted by the user

@@ -6,6 +6,8 @@ The explanation is shown above the task's traceback, so the user reads the cause
 
 from __future__ import annotations
 
+from tfdist_nb.worker.ledger import RELEASED_ERRORS
+
 KERAS3_MWMS = (
     "Keras 3 `model.fit` does not work under MultiWorkerMirroredStrategy (keras-team/keras#20585): "
     "it hands a PerReplica value to an op that expects a tensor. Fix: use tf_keras by starting "
@@ -81,7 +83,7 @@ def explain(ename: str, evalue: str, keras_flavour: str | None = None) -> str | 
         return STRATEGY_NOT_FIRST
     if "Could not start gRPC server" in evalue:
         return PORT_TAKEN
-    if ename in ("UnavailableError", "CancelledError", "AbortedError") and (
+    if ename in RELEASED_ERRORS and (
         "unhealthy" in evalue or "Connection refused" in evalue or "collective" in evalue.lower()
     ):
         return CLUSTER_PEER_GONE

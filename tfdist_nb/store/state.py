@@ -95,8 +95,6 @@ class StateFile:
             "updated": None, "stopped": None, "tasks": [], "alerts": []}
 
     def start(self) -> StateFile:
-        with swallowed(logger):
-            mark_orphans(self.path.parent.parent)
         self.write()
         self._thread = threading.Thread(target=self._loop, name=f"tfdist-state-{self._doc['id']}",
                                         daemon=True)
@@ -129,6 +127,8 @@ class StateFile:
                 self._written = now
 
     def _loop(self) -> None:
+        with swallowed(logger):  # off the cluster's start: it reads every run of the root
+            mark_orphans(self.path.parent.parent)
         while not self._wake.wait(self.interval):
             try:
                 current = self._source()

@@ -51,11 +51,16 @@ class Op:
         return f"{self.kind} {describe_tensor(self.dtype, self.shape)}"
 
 
+#: what TensorFlow raises in a collective that was released, not failed: aborted
+#: (``abort_collective_ops``, a peer gone), cancelled; the ledger, the runner and the
+#: explanations read a released collective by these names
+RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
+
+
 def failed_state(exc: BaseException) -> str:
     """``aborted`` when the collective was released (aborted, cancelled, interrupted)."""
     name = type(exc).__name__
-    return "aborted" if name in ("UnavailableError", "CancelledError", "AbortedError",
-                                 "KeyboardInterrupt") else "failed"
+    return "aborted" if name in (*RELEASED_ERRORS, "KeyboardInterrupt") else "failed"
 
 
 class CollectiveMismatchError(RuntimeError):
