@@ -10,6 +10,7 @@ import pytest
 from tfdist_nb import Cluster
 from tfdist_nb.chart_axes import CHARTS
 from tfdist_nb.display.compact import named_tasks, outliers
+from tfdist_nb.events import Alert
 
 
 def test_outliers_and_alert_named_tasks() -> None:
@@ -19,9 +20,12 @@ def test_outliers_and_alert_named_tasks() -> None:
     assert outliers({f"worker:{i}": 100.0 + i % 3 for i in range(32)}, " ms") == ""
     idle = {f"worker:{i}": float(i % 2) for i in range(32)} | {"worker:3": 4.0}
     assert outliers(idle, "%", min_gap=15.0) == ""  # a few % of CPU on idle tasks is noise
-    alerts = ["worker:3: a note", "worker:9: straggler", "cluster: nothing named",
-              "worker:3: again"]
-    assert named_tasks(alerts, [f"worker:{i}" for i in range(32)]) == ["worker:3", "worker:9"]
+    alerts = [Alert("worker:3", "a note"), Alert("worker:9", "straggler"),
+              Alert("cluster", "waits for worker:5 to join", about=("worker:12",)),
+              Alert("worker:3", "again, naming worker:30 in words only")]
+    # by the alert's fields, never its words: worker:30 is only in a sentence
+    assert named_tasks(alerts, [f"worker:{i}" for i in range(32)]) == [
+        "worker:3", "worker:12", "worker:9"]
 
 
 @pytest.mark.cluster

@@ -19,6 +19,27 @@ class Finding(StrEnum):
 
 
 @dataclass(frozen=True)
+class Alert:
+    """A warning the detectors or the controller raised: which task it is about, what kind
+    (a ``Finding``, a note topic, or None), and every task it concerns (``about``), so views pick
+    tasks by field, never from the words; ``str()`` is the sentence people read."""
+
+    task: str
+    text: str
+    level: str = "WARNING"
+    kind: str | None = None
+    about: tuple[str, ...] = ()
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        """The task it is about first, then the others it names."""
+        return (self.task, *(t for t in self.about if t != self.task))
+
+    def __str__(self) -> str:
+        return f"{self.task}: {self.text}"
+
+
+@dataclass(frozen=True)
 class OutputLine:
     """One line of text a task wrote: stdout/stderr stream, a traceback, or a rich output's text.
 

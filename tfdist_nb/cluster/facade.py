@@ -543,7 +543,7 @@ class Cluster:
 
     def alerts(self) -> list[str]:
         """What the cluster warned about, newest last (the dashboard's alerts area)."""
-        return list(self.hub.alerts) if self.hub is not None else []
+        return [str(a) for a in self.hub.alerts] if self.hub is not None else []
 
     @property
     def stragglers(self) -> dict[str, Straggler]:
@@ -570,7 +570,7 @@ class Cluster:
             tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host,
                                      tuple(waiting.get(rt.name, ())))
                         for rt in tasks),
-            alerts=tuple(self.alerts()),
+            alerts=tuple(self.hub.alerts) if self.hub is not None else (),
             stragglers={name: s.lag_ms for name, s in self.stragglers.items()},
             spares=self.spares(), disk_trouble=self.disk_trouble(),
             persistent_mode=self.persistent_mode)

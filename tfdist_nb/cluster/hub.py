@@ -18,7 +18,7 @@ from typing import Any
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
 from tfdist_nb.diagnostics.straggler import Straggler, find_stragglers
 from tfdist_nb.diagnostics.straggler import evidence as straggler_evidence
-from tfdist_nb.events import Event, OutputLine, TaskNote, TelemetrySample
+from tfdist_nb.events import Alert, Event, OutputLine, TaskNote, TelemetrySample
 from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.store.tails import LiveStore
 
@@ -40,7 +40,7 @@ class EventHub:
         self.rundir = rundir
         self.live = live
         self._task_states = task_states
-        self.alerts: deque[str] = deque(maxlen=ALERTS_KEPT)
+        self.alerts: deque[Alert] = deque(maxlen=ALERTS_KEPT)
         self.stragglers: dict[str, Straggler] = {}
         self._startup_waits = StartupWaitDetector()
         self._waits_said: dict[str, int] = {}  # task -> start-up waits TF reported this cell
@@ -90,13 +90,15 @@ class EventHub:
             if (finding, text) in self._findings_said:
                 level = "INFO"
             self._findings_said.add((finding, text))
-        self.note(task, text, level)
+        self.note(task, text, level, kind=str(finding) if finding else None)
 
-    def note(self, task: str, text: str, level: str = "INFO", topic: str | None = None) -> None:
+    def note(self, task: str, text: str, level: str = "INFO", topic: str | None = None,
+             kind: str | None = None, about: tuple[str, ...] = ()) -> None:
         """A finding or a controller message about ``task``, kept with its events; ``topic``
-        what a program finds it by (``events.RESTART``)."""
+        what a program finds it by (``events.RESTART``); a warning is also an ``Alert`` of
+        ``kind`` (default: the topic) concerning ``task`` and the tasks in ``about``."""
         if level in ("WARNING", "ERROR", "CRITICAL"):
-            self.alerts.append(f"{task}: {text}")
+            self.alerts.append(Alert(task, text, level, kind or topic, about))
         self.sink([TaskNote(time.time(), task, text, level, topic=topic)])
 
     def _check_stragglers(self) -> None:
@@ -114,7 +116,7 @@ class EventHub:
                       if (f := self.live.view(name).local_fetch_ms(since=since)) is not None]
             why = straggler_evidence(view.latest, view.input_wait_ms(),
                                      view.local_fetch_ms(since=since), others)
-            self.note(task, f"{finding}; {why}", "WARNING")
+            self.note(task, f"{finding}; {why}", "WARNING", kind="straggler")
         self.stragglers = found
 
     def _check_startup_wait(self, line: OutputLine) -> None:
@@ -134,5 +136,5 @@ class EventHub:
         self.note(wait.task, f"creating the strategy waits for {wait.missing}/{wait.total} "
                   f"task(s) to join: {', '.join(named)}; run the cell on every task, and "
                   "%tfdist_check all checks TF_CONFIG, the network and the environment",
-                  "WARNING")
+                  "WARNING", kind="startup_wait", about=tuple(wait.stragglers))
 

@@ -84,7 +84,7 @@ class Inspector:
             text += f"; already ended this cell: {', '.join(done)}"
         if others:
             text += f"; not running this cell: {', '.join(others)}: run it on every task"
-        self.hub.note(rt.name, text, "WARNING")
+        self.hub.note(rt.name, text, "WARNING", kind="stall")
 
     def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None:
         """Say once per cell that ``rt`` waits in a collective while ``prompting`` tasks sit

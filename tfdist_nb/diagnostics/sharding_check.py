@@ -324,7 +324,7 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
             what = (f"{name_tasks(good)} read the same {shared} element(s)" +
                     (": every task reads the whole dataset" if whole else ""))
         else:
-            busiest = sorted({t for who in overlap["tasks"] for t in who.split(", ")},
+            busiest = sorted({t for fp in overlap["fingerprint"] for t in seen_by[fp]},
                              key=task_order)
             what = (f"{shared} element(s) read by more than one task ({name_tasks(busiest)}), "
                     f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")

@@ -6,7 +6,6 @@ the outliers, so the page stays readable and each refresh stays one small update
 from __future__ import annotations
 
 import html
-import re
 import statistics
 import time
 from collections import defaultdict
@@ -15,6 +14,7 @@ from typing import Any
 
 from tfdist_nb import chart_axes as axes
 from tfdist_nb.chart_axes import CHARTS, NO_GPU
+from tfdist_nb.events import Alert
 from tfdist_nb.store.tails import TaskView
 
 COMPACT_AT = 8  # more tasks than this: the compact view
@@ -22,19 +22,18 @@ ALERT_PANELS = 4  # tasks named by the newest alerts that get a full panel of th
 CHART_POINTS = 300
 OUTLIER_SPREAD = 3.0  # median absolute deviations from the median that make an outlier
 OUTLIER_MIN_GAP = 0.2  # ... and at least this far from the median, relative
-_TASK = re.compile(r"\b((?:worker|chief|ps|evaluator):\d+)\b")
 _STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "prompt": "#e0f7fa",
              "stalled": "#fff3e0", "dead": "#ffebee", "restarting": "#f3e5f5",
              "stopped": "#f5f5f5"}
 
 
-def named_tasks(alerts: Iterable[str], known: Iterable[str], limit: int = ALERT_PANELS
+def named_tasks(alerts: Iterable[Alert], known: Iterable[str], limit: int = ALERT_PANELS
                 ) -> list[str]:
-    """The tasks the newest alerts name (newest first), at most ``limit``."""
+    """The tasks the newest alerts concern (newest first), at most ``limit``."""
     known = set(known)
     found: list[str] = []
     for alert in reversed(list(alerts)):
-        for task in _TASK.findall(alert):
+        for task in alert.tasks:
             if task in known and task not in found:
                 found.append(task)
             if len(found) == limit:
@@ -103,11 +102,11 @@ class TaskGrid:
 
 def grid_rows(names: list[str], views: dict[str, TaskView],
               state_pid: Callable[[str], tuple[str, int | None]],
-              stragglers: dict[str, float], alerts: list[str]) -> list[dict[str, Any]]:
+              stragglers: dict[str, float], alerts: list[Alert]) -> list[dict[str, Any]]:
     """One grid row per task; ``stragglers``: task -> lateness (ms)."""
     counts: dict[str, int] = defaultdict(int)
     for alert in alerts:
-        for task in set(_TASK.findall(alert)):
+        for task in set(alert.tasks):
             counts[task] += 1
     rows = []
     for name in names:

@@ -27,6 +27,7 @@ from tfdist_nb.display.compact import (
     named_tasks,
 )
 from tfdist_nb.display.printer import task_colour
+from tfdist_nb.events import Alert
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore, TaskView
 
@@ -330,7 +331,7 @@ class Dashboard(_box_class()):  # type: ignore[misc]
             self._timer.join(2)
         self.refresh()
 
-    def _choose_panels(self, alerts: list[str]) -> bool:
+    def _choose_panels(self, alerts: list[Alert]) -> bool:
         """Compact view: full panels for the tasks typed in ``panels for`` and those the newest
         alerts name; True when the set changed."""
         typed = [t.strip() for t in (self.pick.value if self.pick else "").split(",")]
@@ -388,7 +389,7 @@ class Dashboard(_box_class()):  # type: ignore[misc]
                 self.header.value = header
                 changed = True
             text = "".join(f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
-                           for a in alerts[-5:])
+                           for a in map(str, alerts[-5:]))
             if text != self.alerts.value:
                 self.alerts.value = text
                 changed = True

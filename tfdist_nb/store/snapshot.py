@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfdist_nb.events import Alert
+
 
 @dataclass(frozen=True)
 class TaskSnapshot:
@@ -29,7 +31,7 @@ class ClusterSnapshot:
     running: bool
     run_dir: str
     tasks: tuple[TaskSnapshot, ...]
-    alerts: tuple[str, ...]
+    alerts: tuple[Alert, ...]
     #: straggler task -> how late it was on average (ms)
     stragglers: dict[str, float] = field(default_factory=dict)
     #: spare kernels: ``{"count", "ready", "warming", "pids", "note"}``

@@ -60,7 +60,7 @@ def state_doc(snap: ClusterSnapshot, live: LiveStore) -> dict[str, Any]:
             "lateness_ms": snap.stragglers.get(t.name), "straggler": t.name in snap.stragglers,
             "waits_for_prompt": list(t.waits_for_prompt),
         })
-    return {"tasks": tasks, "alerts": list(snap.alerts)}
+    return {"tasks": tasks, "alerts": [str(a) for a in snap.alerts]}
 
 
 def _own_create_time() -> float | None:
