@@ -26,7 +26,7 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - pynvml's own spelling
+class NVMLError_NotSupported(NVMLError):  # pynvml's own spelling
     pass
 
 

@@ -16,7 +16,7 @@ from tfdist_nb import Cluster
 from tfdist_nb.cluster import registry
 from tfdist_nb.diagnostics import sharding_check, variables_check
 from tfdist_nb.diagnostics.sharding_check import OverlapCause
-from tfdist_nb.worker.consistency import FULL_VALUES, summarise
+from tfdist_nb.worker.variables_probe import FULL_VALUES, summarise
 
 BOTH = "worker:0 and worker:1"
 

@@ -25,7 +25,7 @@ from tfdist_nb.diagnostics import (
 from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
 from tfdist_nb.launchers.base import Launcher
-from tfdist_nb.worker import consistency, probes
+from tfdist_nb.worker import consistency, probes, variables_probe
 
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
@@ -191,7 +191,7 @@ class CheckRunner:
 
     async def variables(self, expr: str, atol: float = variables_check.ATOL,
                         rtol: float = variables_check.RTOL,
-                        full_values: int = consistency.FULL_VALUES) -> CheckReport:
+                        full_values: int = variables_probe.FULL_VALUES) -> CheckReport:
         """Checksums of EXPR's variables from every task, read on the main shells between cells
         (so every task is at the same step), compared exactly and within atol/rtol."""
         answers = await self._ask(

@@ -43,7 +43,3 @@ def live_clusters() -> list[Cluster]:
     """Clusters started in this process and not yet stopped."""
     return SESSION.clusters.live()
 
-
-def stop_all() -> None:
-    """Stop every live cluster (the session does at exit)."""
-    SESSION.clusters.stop_all()

@@ -1,6 +1,6 @@
 """``%tfdist_check variables EXPR``: whether every task holds the same values in the same
 variables, and for those that differ by how much and the likely cause (pure: the tasks sent
-checksums, :mod:`tfdist_nb.worker.consistency`).
+checksums, :mod:`tfdist_nb.worker.variables_probe`).
 
 Each variable is compared exactly (a hash of its bytes) and with a tolerance
 (``|a - b| <= atol + rtol * max|a|``). A small variable travels whole, so its max abs difference
@@ -229,7 +229,7 @@ class _Tally:
 def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
             rtol: float = RTOL) -> CheckReport:
     """``answers[task]``: ``{"variables": [...], "strategy": name}`` from each task's
-    :func:`~tfdist_nb.worker.consistency.variable_checksums`, or ``{"error": why}``."""
+    :func:`~tfdist_nb.worker.variables_probe.variable_checksums`, or ``{"error": why}``."""
     tasks = sorted(answers, key=task_order)
     errors = [f"{t}: {answers[t]['error']}" for t in tasks if "error" in answers[t]]
     good = [t for t in tasks if "error" not in answers[t]]

@@ -55,11 +55,6 @@ _calls: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 _calls_lock = threading.Lock()
 
 
-def manifest(graph: Any) -> list[Op]:
-    """The collectives traced into a function graph (empty for one without)."""
-    return list(_manifests.get(graph, ()))
-
-
 def patch_collective_ops(module: ModuleType) -> bool:
     """Wrap the collective ops; False if already done. Raises AttributeError when
     ``all_reduce_v2`` is gone (another TensorFlow release)."""

@@ -1,5 +1,5 @@
-"""What the consistency checks ask of each task (docs/reference.md, Checks): the elements of a
-dataset as this task reads them, and checksums of variables as this task holds them.
+"""What ``%tfdist_check sharding`` asks of each task (docs/reference.md, Checks): the elements of
+a dataset as this task reads them (variables: :mod:`tfdist_nb.worker.variables_probe`).
 
 ``EXPR`` is evaluated in the task's user namespace (what the user's cells defined). Everything
 returned is plain JSON: fingerprints, counts and summaries; the controller lines the tasks up
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,7 +47,7 @@ SHUFFLE_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeat
 POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
 
 
-def _evaluate(expr: str) -> Any:
+def evaluate(expr: str) -> Any:
     # the user's own expression in the user's own namespace, as a cell of theirs would
     return eval(expr, _user_ns())
 
@@ -196,7 +195,7 @@ def sharding_describe(expr: str) -> dict[str, Any]:
     import tensorflow as tf
 
     try:
-        info = _resolve_dataset(_evaluate(expr))
+        info = _resolve_dataset(evaluate(expr))
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     out = {k: v for k, v in info.items() if k in ("kind", "made_by", "strategy_name",
@@ -362,7 +361,7 @@ def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,
     the reading short. ``with_reference``: also read the undistributed dataset (``reference``,
     an expression, or the distributed dataset's source) after the task's own reading, with
     ``max_elements`` times the number of workers as its bound."""
-    info = _resolve_dataset(_evaluate(expr))
+    info = _resolve_dataset(evaluate(expr))
     if info["kind"] == "dataset":
         dataset = info["dataset"]
         batched = describe_pipeline(dataset)["batched"] if unbatch is None else unbatch
@@ -384,7 +383,7 @@ def _read_reference(info: dict[str, Any], reference: str | None, unbatch: bool,
 
     try:
         if reference is not None:
-            whole = _evaluate(reference)
+            whole = evaluate(reference)
             if isinstance(whole, tf.distribute.DistributedDataset):
                 raise TypeError("the reference must be a plain tf.data.Dataset (the "
                                 "undistributed one), not a distributed dataset")
@@ -409,137 +408,3 @@ def _read_reference(info: dict[str, Any], reference: str | None, unbatch: bool,
     got["origin"] = origin
     return got
 
-
-# --- variables -----------------------------------------------------------------------------
-
-FULL_VALUES = 1024  # a variable this small is sent whole (exact max abs difference)
-FULL_TOTAL = 16384  # at most this many values in full per task; the rest as summaries
-SAMPLES = 16
-
-
-def _collect(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """``(name, variable)`` of a Keras model, a tf.Module, a list/tuple or dict of variables,
-    or one variable."""
-    import tensorflow as tf
-
-    if isinstance(obj, dict):
-        out = []
-        for key, value in obj.items():
-            out += _collect(value, f"{prefix}{key}") if not _is_variable(value) else [
-                (f"{prefix}{key}", value)]
-        return out
-    if isinstance(obj, list | tuple):
-        out = []
-        for i, value in enumerate(obj):
-            out += _collect(value, f"{prefix}[{i}]") if not _is_variable(value) else [
-                (_name(value, f"{prefix}[{i}]"), value)]
-        return out
-    if _is_variable(obj):
-        return [(_name(obj, prefix or "variable"), obj)]
-    weights = getattr(obj, "weights", None)  # Keras 3 and tf_keras models and layers
-    if weights is None and isinstance(obj, tf.Module):
-        weights = obj.variables
-    if weights is None:
-        weights = getattr(obj, "variables", None)
-    if weights is None:
-        raise TypeError(f"{type(obj).__name__} is not a model, a tf.Module, a variable or a "
-                        "list/dict of variables")
-    return [(_name(v, f"{prefix}[{i}]"), v) for i, v in enumerate(list(weights))]
-
-
-def _is_variable(value: Any) -> bool:
-    import tensorflow as tf
-
-    if isinstance(value, tf.Variable):
-        return True
-    keras_variable = getattr(sys.modules.get("keras"), "Variable", None)  # Keras 3
-    return isinstance(keras_variable, type) and isinstance(value, keras_variable)
-
-
-def _name(var: Any, fallback: str) -> str:
-    for attr in ("path", "name"):
-        value = getattr(var, attr, None)
-        if isinstance(value, str) and value:
-            return value
-    return fallback
-
-
-def _local(var: Any) -> tuple[Any, bool]:
-    """This task's own copy of ``var`` (no collective: a mirrored or sync-on-read variable's
-    first local component) and whether it is a distributed variable (made in a strategy's
-    scope)."""
-    import tensorflow as tf
-
-    inner = getattr(var, "_value", None) if not isinstance(var, tf.Variable) else var
-    inner = var if inner is None else inner
-    if isinstance(inner, tf.distribute.DistributedValues):
-        return inner.values[0], True
-    return inner, False
-
-
-def _summary(name: str, var: Any, budget: list[int], full_values: int) -> dict[str, Any]:
-    import numpy as np
-    import tensorflow as tf
-
-    local, mirrored = _local(var)
-    arr = np.asarray(local.numpy() if hasattr(local, "numpy") else local)
-    inner = var if isinstance(var, tf.Variable) else getattr(var, "_value", var)
-    out = summarise(name, arr, budget, full_values)
-    out.update(mirrored=mirrored, variable_type=type(inner).__name__)
-    return out
-
-
-def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> dict[str, Any]:
-    """One array's checksums (numpy only): exact hash, float64 sum / sum of squares / min /
-    max, values at fixed positions, and all values when it is small enough (``budget[0]``:
-    how many values this task may still send whole)."""
-    import numpy as np
-
-    arr = np.asarray(arr)
-    out: dict[str, Any] = {
-        "name": name, "dtype": str(arr.dtype), "shape": list(arr.shape), "size": int(arr.size),
-        "sha": hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode() +
-                              np.ascontiguousarray(arr).tobytes()).hexdigest()[:16],
-    }
-    if arr.dtype.kind not in "fiub":
-        return out
-    flat = arr.astype(np.float64).ravel()
-    finite = flat[np.isfinite(flat)]
-    out["nonfinite"] = int(flat.size - finite.size)
-    if finite.size:
-        out.update(sum=float(finite.sum()), sumsq=float((finite * finite).sum()),
-                   min=float(finite.min()), max=float(finite.max()))
-    if flat.size:
-        idx = np.unique(np.linspace(0, flat.size - 1, min(SAMPLES, flat.size)).astype(int))
-        out["samples"] = [[int(i), _num(flat[i])] for i in idx]
-    if flat.size <= full_values and flat.size <= budget[0]:
-        budget[0] -= flat.size
-        out["values"] = [_num(x) for x in flat]
-    return out
-
-
-def _num(x: float) -> float | str:
-    import math
-
-    return float(x) if math.isfinite(x) else str(x)  # JSON has no NaN / Infinity
-
-
-def variable_checksums(expr: str, full_values: int = FULL_VALUES) -> dict[str, Any]:
-    """Per variable of EXPR on this task: name, dtype, shape, whether it is mirrored, an exact
-    hash of its bytes, float64 sum / sum of squares / min / max, a few values at fixed
-    positions, and the whole value when it has at most ``full_values`` elements (and the
-    task's total stays within 16 times that)."""
-    try:
-        found = _collect(_evaluate(expr))
-    except Exception as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
-    seen: dict[str, int] = {}
-    budget = [max(FULL_TOTAL, 16 * full_values)]
-    rows = []
-    for name, var in found:
-        seen[name] = seen.get(name, 0) + 1
-        key = name if seen[name] == 1 else f"{name} #{seen[name]}"
-        rows.append(_summary(key, var, budget, full_values))
-    strategy = find_strategy()
-    return {"variables": rows,
-            "strategy": type(strategy).__name__ if strategy is not None else None}

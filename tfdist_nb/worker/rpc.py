@@ -13,7 +13,16 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import adopt, agent, consistency, numerics, postmortem, probes, profiling
+from tfdist_nb.worker import (
+    adopt,
+    agent,
+    consistency,
+    numerics,
+    postmortem,
+    probes,
+    profiling,
+    variables_probe,
+)
 from tfdist_nb.worker.ops import Op
 
 
@@ -50,7 +59,7 @@ OPERATIONS: dict[Op, Callable[..., Any]] = {
     Op.ENV_REPORT: probes.env_report,
     Op.SHARDING_DESCRIBE: consistency.sharding_describe,
     Op.SHARDING_FINGERPRINTS: consistency.sharding_fingerprints,
-    Op.VARIABLE_CHECKSUMS: consistency.variable_checksums,
+    Op.VARIABLE_CHECKSUMS: variables_probe.variable_checksums,
     Op.SET_NUMERICS: numerics.set_numerics,
     Op.PROFILER_SERVER: profiling.start_server,
     Op.PROFILE_CAPTURE: profiling.start_capture,
