@@ -22,7 +22,7 @@ from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers import forkserver
+from tfdist_nb.launchers import fork_handle, forkserver
 
 pytestmark = pytest.mark.cluster
 
@@ -42,7 +42,7 @@ def probe(cluster: Any) -> dict[str, dict[str, Any]]:
     return {name: json.loads(r.stdout) for name, r in result.tasks.items()}
 
 
-def server_of(pid: int) -> forkserver.ForkServer:
+def server_of(pid: int) -> fork_handle.ForkServer:
     [server] = [s for s in forkserver.live_servers() if pid in s.children]
     return server
 
@@ -168,19 +168,19 @@ def test_a_stopped_server_is_named_retired_and_the_restart_spawns(
 def test_what_decides_the_server() -> None:
     py = sys.executable
     base = {"TF_CPP_MIN_LOG_LEVEL": "1", "PATH": "/bin"}
-    key = forkserver.ServerKey.of(py, ("tensorflow",), "/w", base, None)
+    key = fork_handle.ServerKey.of(py, ("tensorflow",), "/w", base, None)
     late = {**base, "TF_CONFIG": "{}", "TFDIST_TASK": "worker:1", "PATH": "/usr/bin"}
-    assert forkserver.ServerKey.of(py, ("tensorflow",), "/w", late, None) == key
-    for other in (forkserver.ServerKey.of(py, ("tensorflow",), "/w",
+    assert fork_handle.ServerKey.of(py, ("tensorflow",), "/w", late, None) == key
+    for other in (fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
                                           {**base, "TF_CPP_MIN_LOG_LEVEL": "3"}, None),
                   # NumPy reads these at its import, which a forked kernel cannot redo
-                  forkserver.ServerKey.of(py, ("tensorflow",), "/w",
+                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
                                           {**base, "NUMPY_MADVISE_HUGEPAGE": "0"}, None),
-                  forkserver.ServerKey.of(py, ("tensorflow",), "/w",
+                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
                                           {**base, "TF2_BEHAVIOR": "0"}, None),
-                  forkserver.ServerKey.of(py, ("tensorflow",), "/elsewhere", base, None),
-                  forkserver.ServerKey.of(py, ("tensorflow",), "/w", base, 1234),
-                  forkserver.ServerKey.of(py, (), "/w", base, None)):
+                  fork_handle.ServerKey.of(py, ("tensorflow",), "/elsewhere", base, None),
+                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w", base, 1234),
+                  fork_handle.ServerKey.of(py, (), "/w", base, None)):
         assert other != key
     assert forkserver.kernel_args([py, "-m", "tfdist_nb.worker.kernel", "-f", "c.json"],
                                   py) == ["-f", "c.json"]
@@ -229,7 +229,7 @@ def test_a_preload_that_hangs_once_does_not_hang_every_later_start(
                 start_timeout=2).start()
     [hung] = [s for s in forkserver.live_servers() if s.key.preload == ("hangs_once",)]
     module.write_text("MENDED = True\n")
-    monkeypatch.setattr(forkserver, "HUNG_AFTER_S", 1.0)  # a minute in use: not waited out here
+    monkeypatch.setattr(fork_handle, "HUNG_AFTER_S", 1.0)  # a minute in use: not waited out here
     with Cluster(workers=1, env=env, preload=("hangs_once",), run_dir=tmp_path / "b",
                  start_timeout=60) as c:
         assert probe(c)["worker:0"]["ppid"] != hung.pid
@@ -237,8 +237,8 @@ def test_a_preload_that_hangs_once_does_not_hang_every_later_start(
 
 
 def test_a_fork_given_up_in_flight_is_killed_when_it_comes(tmp_path: Path) -> None:
-    key = forkserver.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
-    server = forkserver.ForkServer(key, dict(os.environ))
+    key = fork_handle.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
+    server = fork_handle.ForkServer(key, dict(os.environ))
     try:
         server.ready.result(timeout=60)
         request = server._fork(["-f", str(tmp_path / "kernel.json")], dict(os.environ),
@@ -256,15 +256,15 @@ def test_a_start_waiting_on_a_server_that_stops_gives_up_at_once_naming_it(
     """Not at the start's own timeout: the server is watched while a fork is asked of it."""
     import asyncio
 
-    key = forkserver.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
-    server = forkserver.ForkServer(key, dict(os.environ))
+    key = fork_handle.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
+    server = fork_handle.ForkServer(key, dict(os.environ))
     try:
         server.ready.result(timeout=60)
         os.kill(server.pid, signal.SIGSTOP)
         wait_for(lambda: psutil.Process(server.pid).status() == psutil.STATUS_STOPPED, 10,
                  "the server to stop")
         began = time.monotonic()
-        with pytest.raises(forkserver.ServerTrouble,
+        with pytest.raises(fork_handle.ServerTrouble,
                            match=rf"the fork server \(pid {server.pid}\) was stopped"):
             asyncio.run(server.spawn(["-f", str(tmp_path / "kernel.json")], dict(os.environ),
                                      str(tmp_path), "python -m tfdist_nb.worker.kernel", []))

@@ -31,22 +31,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import hashlib
-import itertools
-import json
 import logging
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -54,29 +47,23 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.launchers.import_env import LATE, import_time_env
-from tfdist_nb.launchers.zygote import KERNEL_MODULE, MAX_MESSAGE
-from tfdist_nb.owned_files import private_temp_dir
+from tfdist_nb.launchers.fork_handle import (
+    ForkServer,
+    ForkServerError,
+    ServerKey,
+    ServerTrouble,
+    zombie_status,
+)
+from tfdist_nb.launchers.zygote import KERNEL_MODULE
 
 logger = logging.getLogger(__name__)
 
 #: the name ``jupyter_client.kernel_provisioners`` knows :class:`ForkProvisioner` by (pyproject)
 PROVISIONER = "tfdist-fork-provisioner"
 MAX_SERVERS = 3
-#: how long a server may take to import ``preload`` before kernels are spawned without it
-READY_TIMEOUT_S = 300.0
-#: a server still importing ``preload`` after this long is taken for hung (an import that waits
-#: forever) and ended when a start asks for it again: the next start makes a new one, which
-#: imports the code as it is now (TensorFlow takes 3-10 s)
-HUNG_AFTER_S = 60.0
-#: a server that has not answered a fork request after this long is taken for hung (it forks
-#: in milliseconds): the kernel is spawned instead
-FORK_ANSWER_S = 10.0
 #: after a server was found stopped or hung, its key's kernels are spawned for this long; the
 #: next start after it makes a new server
 SPAWN_AFTER_TROUBLE_S = 60.0
-#: how often a start waiting on a server looks at whether it is stopped or dead
-WATCH_S = 0.2
 #: ``TFDIST_FORK=off`` starts every kernel as its own process (docs/reference.md)
 ENV_SWITCH = "TFDIST_FORK"
 #: ``TFDIST_FORK_IDLE_S``: seconds a server with no kernel is kept for the next start, then
@@ -111,312 +98,6 @@ def idle_after_s() -> float:
         raise ValueError(f"{IDLE_ENV}={raw}: give the seconds an idle fork server is kept "
                          f"(default {IDLE_S:.0f}; 0 ends it as soon as its last kernel has)")
     return value
-
-
-class ForkServerError(RuntimeError):
-    """The server could not start or serve (the message says why, with its log's end)."""
-
-
-class ServerTrouble(ForkServerError):
-    """The server was found stopped, dead or not answering while a start waited on it: it is
-    retired, the kernel is spawned, and the message (naming it) is said with the task."""
-
-
-@dataclass(frozen=True)
-class ServerKey:
-    """What a forked kernel shares with its server: a task differing in any of it is not forked
-    from that server."""
-
-    python: str
-    preload: tuple[str, ...]
-    cwd: str
-    env: tuple[tuple[str, str], ...]  # the import-time environment, sorted
-    net: int | None  # the private network holder's pid, or None on the host's network
-
-    @classmethod
-    def of(cls, python: str, preload: Sequence[str], cwd: str, env: Mapping[str, str],
-           net: int | None) -> ServerKey:
-        return cls(python, tuple(preload), cwd, tuple(sorted(import_time_env(env).items())), net)
-
-
-class ForkServer:
-    """One server process and the controller's end of its socket (thread-safe)."""
-
-    def __init__(self, key: ServerKey, env: Mapping[str, str],
-                 wrap: Callable[[list[str]], list[str]] | None = None) -> None:
-        self.key = key
-        self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        self.gone = False
-        self.children: set[int] = set()
-        self.used = self.began = time.monotonic()
-        self._exits: dict[int, int] = {}
-        self._pending: dict[int, concurrent.futures.Future[int]] = {}
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        # 0700; the ones a notebook killed with SIGKILL left are removed here
-        self._dir = private_temp_dir("fork")
-        self.log_path = self._dir / "server.log"
-        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        argv = [key.python, "-m", "tfdist_nb.launchers.zygote", str(theirs.fileno()),
-                str(self.log_path), *key.preload]
-        base = {k: v for k, v in env.items() if k not in LATE}
-        log = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        try:
-            self.proc = subprocess.Popen(
-                wrap(argv) if wrap else argv, env=base, cwd=key.cwd, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, pass_fds=(theirs.fileno(),), start_new_session=True)
-        except BaseException:
-            self._sock.close()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            raise
-        finally:
-            os.close(log)
-            theirs.close()
-        self._reader = threading.Thread(target=self._read, name="tfdist-fork-server",
-                                        daemon=True)
-        self._reader.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return not self.gone and self.proc.poll() is None
-
-    def exit_code(self, pid: int) -> int | None:
-        return self._exits.get(pid)
-
-    def hung(self) -> bool:
-        """Whether it has been importing ``preload`` for longer than ``HUNG_AFTER_S``."""
-        return not self.ready.done() and time.monotonic() - self.began > HUNG_AFTER_S
-
-    def trouble(self) -> str | None:
-        """What keeps it from serving, naming it ("the fork server (pid N) was stopped
-        (SIGSTOP)"), or None: watched like a task (docs/design.md, "Fork server")."""
-        code = self.proc.poll()
-        if code is not None:
-            return f"the fork server (pid {self.pid}) {_ended(code)}"
-        state = process_state(self.pid)
-        if state == "T":
-            return f"the fork server (pid {self.pid}) was stopped (SIGSTOP)"
-        if state == "t":
-            return f"the fork server (pid {self.pid}) is stopped by a debugger"
-        return None
-
-    def prune(self) -> None:
-        """Forget kernels that ended without a report (a stopped server reaps none)."""
-        for pid in list(self.children):
-            if process_state(pid) in (None, "Z", "X"):
-                self.children.discard(pid)
-
-    def stale(self) -> bool:
-        """Whether a file of the code it imported (outside the Python installation: the user's
-        own modules in ``preload``, an editable install) changed since: its forks would run
-        the old code."""
-        if not self.ready.done() or self.ready.exception() is not None:
-            return False
-        for path, mtime in self.ready.result().get("files", {}).items():
-            try:
-                if os.stat(path).st_mtime_ns != mtime:
-                    return True
-            except OSError:
-                return True
-        return False
-
-    # ------------------------------------------------------------------ asking
-    async def spawn(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
-                    stdio: Sequence[int], timeout: float = READY_TIMEOUT_S) -> int:
-        """Fork a worker kernel (``python -m tfdist_nb.worker.kernel ARGS``); its pid.
-
-        Cancelled while the server forks, the child is killed as soon as it is reported. A
-        server found stopped or dead meanwhile, or not answering within ``FORK_ANSWER_S``, is
-        given up at once (ForkServerError, naming it)."""
-        ready = asyncio.wrap_future(self.ready)
-        # looked at even when this start gave up waiting (else asyncio warns of it at exit)
-        ready.add_done_callback(lambda done: done.cancelled() or done.exception())
-        await self._watched(asyncio.shield(ready), timeout)
-        forking = self._fork(args, env, cwd, title, stdio)
-        try:
-            return await self._watched(asyncio.wrap_future(forking), FORK_ANSWER_S)
-        except asyncio.TimeoutError:
-            raise ServerTrouble(f"the fork server (pid {self.pid}) did not answer a fork "
-                                f"request within {FORK_ANSWER_S:.0f} s") from None
-        finally:
-            forking.cancel()  # given up: the child is killed if it still comes
-
-    async def _watched(self, waiting: Any, timeout: float) -> Any:
-        """``waiting``'s result, looking every ``WATCH_S`` at whether this server is stopped
-        or dead (a stopped server would keep it waiting until the start's own timeout)."""
-        task = asyncio.ensure_future(waiting)
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=WATCH_S)
-                if done:
-                    return task.result()
-                if (trouble := self.trouble()) is not None:
-                    raise ServerTrouble(trouble)
-                if time.monotonic() >= deadline:
-                    raise asyncio.TimeoutError
-        finally:
-            task.cancel()
-
-    def _fork(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
-              stdio: Sequence[int]) -> concurrent.futures.Future[int]:
-        future: concurrent.futures.Future[int] = concurrent.futures.Future()
-        number = next(self._ids)
-        request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
-                   "title": title, "umask": current_umask(), "rlimits": current_rlimits()}
-        data = json.dumps(request).encode()
-        if len(data) > MAX_MESSAGE:
-            future.set_exception(ForkServerError(f"the request is {len(data)} bytes long"))
-            return future
-        with self._lock:
-            if self.gone:
-                future.set_exception(ForkServerError(self.why()))
-                return future
-            self._pending[number] = future
-            self.used = time.monotonic()
-            try:
-                socket.send_fds(self._sock, [data], list(stdio))
-            except OSError as exc:
-                self._pending.pop(number, None)
-                future.set_exception(ForkServerError(f"the fork server is gone ({exc})"))
-        return future
-
-    # ------------------------------------------------------------------ hearing
-    def _read(self) -> None:
-        while True:
-            try:
-                data = self._sock.recv(MAX_MESSAGE)
-            except OSError:
-                data = b""
-            if not data:
-                break
-            with swallowed(logger):
-                self._heard(json.loads(data))
-        with self._lock:
-            self.gone = True
-            pending, self._pending = self._pending, {}
-        why = self.why()
-        if not self.ready.done():
-            self.ready.set_exception(ForkServerError(why))
-        for future in pending.values():
-            if not future.done():
-                future.set_exception(ForkServerError(why))
-
-    def idle_for(self) -> float | None:
-        """Seconds since its last kernel ended or its last fork was asked, while it has neither
-        a kernel nor a request in flight and is ready; None when it is not idle."""
-        self.prune()
-        if self.children or self._pending or not self.ready.done():
-            return None
-        return time.monotonic() - self.used
-
-    def _heard(self, message: dict[str, Any]) -> None:
-        if "exit" in message:
-            self._exits[message["exit"]] = message["code"]
-            self.children.discard(message["exit"])
-            self.used = time.monotonic()
-        elif "forked" in message:
-            with self._lock:
-                future = self._pending.pop(message["forked"], None)
-            pid = message["pid"]
-            self.children.add(pid)
-            if future is None or not future.set_running_or_notify_cancel():
-                _kill_group(pid)  # its start was given up meanwhile
-            else:
-                future.set_result(pid)
-        elif "ready" in message and not self.ready.done():
-            logger.debug("fork server %s ready in %ss", self.pid, message.get("seconds"))
-            self.ready.set_result(message)
-        elif "failed" in message and not self.ready.done():
-            self.ready.set_exception(ForkServerError(
-                "the fork server could not import "
-                f"{', '.join(self.key.preload) or 'the kernel'}: {message['failed'].strip()}"))
-
-    def why(self) -> str:
-        code = self.proc.poll()
-        tail = ""
-        with contextlib.suppress(OSError):
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-            tail = " | ".join(line.strip() for line in lines[-3:])
-        return (f"the fork server (pid {self.pid}) "
-                + (_ended(code) if code is not None else "ended")
-                + (f"; its log ends: {tail}" if tail else ""))
-
-    # ------------------------------------------------------------------ ending
-    def close(self) -> None:
-        """End the server; kernels forked from it end too (their parent watch)."""
-        with self._lock:
-            self.gone = True
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
-        try:
-            self.proc.wait(timeout=0 if process_state(self.pid) in ("T", "t") else 2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie...), or
-    None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:][:1] or None
-
-
-def zombie_status(pid: int) -> int | None:
-    """The exit code of ``pid`` when it is a zombie (ended, not yet reaped by its parent), from
-    ``/proc/PID/stat``'s exit_code field (Linux 3.5+); None otherwise."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    if not fields or fields[0] != "Z" or len(fields) < 50:
-        return None
-    with contextlib.suppress(ValueError):
-        return os.waitstatus_to_exitcode(int(fields[-1]))
-    return None
-
-
-def _ended(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"was killed by signal {-code}"
-    return f"ended with exit code {code}"
-
-
-def current_umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` sets it, for a moment, for
-    every thread); a spawned kernel inherits it at its start, so a forked one is given it."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
-
-
-def current_rlimits() -> dict[str, tuple[int, int]]:
-    """This process's resource limits now (``RLIMIT_NOFILE``...), by name: a spawned kernel
-    inherits them at its start, so a forked one is given them."""
-    import resource
-
-    limits = {}
-    for name in dir(resource):
-        if name.startswith("RLIMIT_"):
-            with contextlib.suppress(ValueError, OSError):
-                limits[name] = resource.getrlimit(getattr(resource, name))
-    return limits
 
 
 class ForkedProcess:
@@ -694,8 +375,3 @@ def close_all() -> None:
     for server in servers:
         with swallowed(logger):
             server.close()
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-        os.killpg(pid, signal.SIGKILL)

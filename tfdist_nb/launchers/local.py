@@ -34,7 +34,7 @@ from jupyter_client.manager import AsyncKernelManager
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.launchers import forkserver, ports, private_net
+from tfdist_nb.launchers import fork_handle, forkserver, ports, private_net
 from tfdist_nb.launchers.base import (
     Launcher,
     LauncherOption,
@@ -375,12 +375,12 @@ class LocalLauncher(Launcher):
         return forkserver.server_for(key, env, net.enter if net is not None else None)
 
     def fork_key(self, spec: KernelSpec, launch: TaskLaunch,
-                 env: Mapping[str, str]) -> forkserver.ServerKey | None:
+                 env: Mapping[str, str]) -> fork_handle.ServerKey | None:
         if (not self.forks(launch.preload) or spec.env
                 or forkserver.kernel_args(spec.argv, launch.python) is None):
             return None
         net = self._net
-        return forkserver.ServerKey.of(launch.python, launch.preload,
+        return fork_handle.ServerKey.of(launch.python, launch.preload,
                                        launch.cwd or working_directory(), env,
                                        net.pid if net is not None else None)
 
