@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tfdist_nb.worker import state
+from tfdist_nb.worker import kernel_internals, state
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         mod = __import__(name)
         imported[name] = getattr(mod, "__version__", None)
     from tfdist_nb.worker import forked
+    from tfdist_nb.worker.gpu import given
 
     forked.replay()  # a forked kernel's import ran in the fork server (docs/design.md)
     port = own_port()
@@ -86,6 +87,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
         "os": platform.platform(),
         "port": port,
         "port_free": port_free(port) if port else None,
+        "gpus": given(),  # the GPUs it was given (docs/reference.md, GPUs)
         "imported": imported,
         # parts of the TensorFlow/Keras instrumentation that could not be installed so far
         # (importing ``preload`` runs the hooks); later ones come in telemetry samples too
@@ -190,7 +192,9 @@ def _reply_sooner(kernel: Any) -> None:
       DEBUG records are built per request. The logger now drops what its handlers would.
 
     Measured in docs/performance.md (the round trip after issue 22)."""
-    if isinstance(getattr(kernel, "_execute_sleep", None), float):
+    if not kernel_internals.lacking(kernel, "the reply without ipykernel's pause",
+                                    "each cell's reply waits 0.5 ms more",
+                                    (kernel_internals.EXECUTE_SLEEP,)):
         kernel._execute_sleep = 0.0
     log = getattr(kernel, "log", None)
     levels = [h.level for h in getattr(log, "handlers", ())]

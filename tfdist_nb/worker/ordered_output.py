@@ -38,6 +38,8 @@ from collections import defaultdict
 from io import StringIO
 from typing import Any
 
+from tfdist_nb.worker import kernel_internals
+
 MARKS = "tfdist_marks"
 READ_BYTES = 65536
 
@@ -56,9 +58,11 @@ class OrderedOutput:
     # ------------------------------------------------------------------ set-up
     def install(self, streams: list[Any]) -> None:
         for stream in streams:
-            if not (hasattr(stream, "_buffer_lock") and hasattr(stream, "register_hook")
-                    and isinstance(getattr(stream, "_buffers", None), dict)):
-                continue  # not ipykernel 7's OutStream: its output goes as it comes
+            if kernel_internals.lacking(
+                    stream, f"output order ({getattr(stream, 'name', 'stream')})",
+                    "its writes go out as ipykernel batches them, stamped when sent",
+                    kernel_internals.OUT_STREAM):
+                continue
             self._wrap(stream)
             self._take_over_fd(stream)
         if self._pipes:
