@@ -23,6 +23,8 @@
     telemetry sample <= 2 s old, 0 steps lost, controller under half a core.
 (i) ``bench.hangs``    a task that raised, finished early, or entered another collective, named
     by the hang rules within 2 s of the fact, vs the stall detector alone (about the stall timeout).
+(j) ``bench.memory``   a default 2-worker cluster's memory (PSS of the fork server, tasks, spares)
+    vs two plain processes importing TF; goal at most 1.0x (forked tasks share TF's pages).
 
 Each part runs in its own Python process (a fresh controller, so one part's leftovers cannot
 weigh on the next; a part that fails is reported and the others still run) and is runnable alone:
@@ -57,6 +59,7 @@ PARTS: dict[str, tuple[list[str], list[str]]] = {  # part -> (full args, --quick
     "warm": (["--repeat", "3", "--step-repeat", "5", "--steps", "300"], ["--quick"]),
     "fleet": (["--tasks", "32", "64", "--repeat", "2", "--rtt", "20"], ["--quick"]),
     "hangs": (["--repeat", "2", "--stall-timeout", "60"], ["--quick"]),
+    "memory": (["--workers", "2"], ["--quick"]),
 }
 BANDWIDTH_GOAL = (0.9, 1.1)
 START_GOAL = 0.5
@@ -280,16 +283,33 @@ def rows_hangs(res: dict[str, Any]) -> list[dict[str, str]]:
             for rule, r in res["rules"].items()]
 
 
+def rows_memory(res: dict[str, Any]) -> list[dict[str, str]]:
+    plain = res["plain"]["pss_mb"]
+    rows = []
+    for key, what in (("default", "default (spares on)"), ("no_spares", "warm=False"),
+                      ("no_fork_no_spares", "warm=False, TFDIST_FORK=off")):
+        if key in res:
+            r = res[key]
+            goal = key == "default"
+            rows.append(_row("(j)" if goal else "",
+                             f"{'' if goal else '  '}{res['workers']} workers, {what}: PSS of "
+                             f"{r['processes']} processes (MB; {r['spares_ready']} spares ready)",
+                             f"{r['pss_mb']:.0f}", f"plain processes {plain:.0f}",
+                             f"{r['pss_mb'] / plain:.2f}x", "<= 1.00x" if goal else "",
+                             r["pss_mb"] <= plain if goal else None))
+    return rows
+
+
 ROWS: dict[str, list[Callable[[dict[str, Any]], list[dict[str, str]]]]] = {
     "startup": [rows_startup, rows_startup_rtt], "rtt": [rows_rtt], "training": [rows_training],
     "ledger": [rows_ledger],
     "flood": [rows_flood], "detect": [rows_detect], "network": [rows_network],
-    "warm": [rows_warm], "fleet": [rows_fleet], "hangs": [rows_hangs],
+    "warm": [rows_warm], "fleet": [rows_fleet], "hangs": [rows_hangs], "memory": [rows_memory],
 }
 LETTER = {"startup": "(a)", "rtt": "(b)", "training": "(c)", "ledger": "(c)", "flood": "(d)",
           "detect": "(e)",
           "network": "(f)", "warm": "(g)", "fleet": "(h)",
-          "hangs": "(i)"}
+          "hangs": "(i)", "memory": "(j)"}
 
 
 def summary(parts: dict[str, dict[str, Any]]) -> list[dict[str, str]]:

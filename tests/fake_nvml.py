@@ -20,9 +20,27 @@ NVML_TEMPERATURE_GPU = 0
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_DEVICE_MIG_ENABLE = 1
+NVML_ERROR_NOT_SUPPORTED = 3
+nvmlEventTypeXidCriticalError = 0x8
+# the throttle-time field ids of nvidia-ml-py (nvml.h), by the reason names tfdist_nb decodes
+REASON_FIELD_IDS = {"sw_power_cap": 74, "sync_boost": 76, "board_limit": 77, "reliability": 79,
+                    "sw_thermal_slowdown": 269, "hw_thermal_slowdown": 270,
+                    "hw_power_brake_slowdown": 271}
 
 
 class NVMLError(Exception):
+    pass
+
+
+class NVMLError_LibraryNotFound(NVMLError):  # what a host without a driver raises
+    pass
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    pass
+
+
+class NVMLError_Timeout(NVMLError):  # an event wait that found none
     pass
 
 
@@ -60,6 +78,17 @@ class FakeGpu:
     compute_capability: tuple[int, int] = (9, 0)
     processes: dict[int, float] = field(default_factory=dict)  # pid -> MiB used
     migs: list[FakeMig] = field(default_factory=list)
+    # health, where the board reports it (None: NVML says NotSupported, as on consumer boards)
+    ecc_mode: tuple[int, int] | None = (1, 1)  # (current, pending)
+    ecc_uncorrected: int = 0  # volatile uncorrected ECC errors
+    retired_pending: int | None = 0  # pages waiting to be retired at the next reset
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # corr, unc, pending, failed
+    ecc_corrected: int = 0  # volatile corrected ECC errors
+    # cumulative ns each clock event reason held the clocks down (field values); None: the
+    # driver keeps no such counter (every field answers NotSupported)
+    throttle_ns: dict[str, int] | None = None
+    # XID critical errors waiting in the driver's event queue; None: events not supported here
+    xids: list[int] | None = field(default_factory=list)
 
     def __post_init__(self) -> None:
         h = self.index
@@ -92,12 +121,13 @@ class FakeNvml:
 
     def __init__(self, count: int = 2, fail_init: bool = False, no_power: bool = False,
                  gpus: list[FakeGpu] | None = None, driver: str = "560.35.03",
-                 cuda_driver: int = 12060) -> None:
+                 cuda_driver: int = 12060, init_error: NVMLError | None = None) -> None:
         self.gpus = gpus if gpus is not None else [FakeGpu(i) for i in range(count)]
         self.fail_init = fail_init
         self.no_power = no_power
         self.driver = driver
         self.cuda_driver = cuda_driver
+        self.init_error = init_error  # what nvmlInit raises (fail_init: the library is missing)
         self.calls: list[str] = []
 
     @property
@@ -106,6 +136,8 @@ class FakeNvml:
 
     # -- the library -------------------------------------------------------------------------
     def nvmlInit(self) -> None:
+        if self.init_error is not None:
+            raise self.init_error
         if self.fail_init:
             raise NVMLError("NVML Shared Library Not Found")
 
@@ -228,3 +260,62 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[SimpleNamespace]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=int(mb * 2**20))
                 for pid, mb in self._gpu(h).processes.items()]
+
+    def _supported(self, value: Any) -> Any:
+        if value is None:
+            raise NVMLError_NotSupported("Not Supported")
+        return value
+
+    def nvmlDeviceGetEccMode(self, h: Any) -> list[int]:
+        return list(self._supported(self._gpu(h).ecc_mode))
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
+        self._supported(self._gpu(h).ecc_mode)
+        gpu = self._gpu(h)
+        return gpu.ecc_uncorrected if error_type == 1 else gpu.ecc_corrected
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> int:
+        return int(self._supported(self._gpu(h).retired_pending))
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
+        return tuple(self._supported(self._gpu(h).remapped_rows))
+
+    # -- throttle time, XID events (additions for the GPU evidence, tests/test_gpu_evidence.py)
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = REASON_FIELD_IDS["sw_power_cap"]
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST = REASON_FIELD_IDS["sync_boost"]
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = REASON_FIELD_IDS["sw_thermal_slowdown"]
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = REASON_FIELD_IDS["hw_thermal_slowdown"]
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = \
+        REASON_FIELD_IDS["hw_power_brake_slowdown"]
+    NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT = REASON_FIELD_IDS["board_limit"]
+    NVML_FI_DEV_PERF_POLICY_RELIABILITY = REASON_FIELD_IDS["reliability"]
+    nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
+
+    def nvmlDeviceGetFieldValues(self, h: Any, ids: list[int]) -> list[SimpleNamespace]:
+        """One value per id, as nvidia-ml-py's c_nvmlFieldValue_t: its own nvmlReturn (3: not
+        supported) and an unsigned long long (valueType 3) in ns."""
+        by_id = {i: name for name, i in REASON_FIELD_IDS.items()}
+        known = self._gpu(h).throttle_ns
+        out = []
+        for i in ids:
+            ns = None if known is None else known.get(by_id.get(i, ""))
+            out.append(SimpleNamespace(fieldId=i, valueType=3, nvmlReturn=(
+                0 if ns is not None else NVML_ERROR_NOT_SUPPORTED),
+                value=SimpleNamespace(ullVal=ns or 0)))
+        return out
+
+    def nvmlEventSetCreate(self) -> list[int]:
+        return []  # the GPUs registered on it
+
+    def nvmlDeviceRegisterEvents(self, h: Any, types: int, event_set: list[int]) -> None:
+        if self._gpu(h).xids is None or not types & nvmlEventTypeXidCriticalError:
+            raise NVMLError_NotSupported("Not Supported")
+        event_set.append(self._gpu(h).index)
+
+    def nvmlEventSetWait(self, event_set: list[int], timeout_ms: int) -> SimpleNamespace:
+        for index in event_set:
+            pending = self.gpus[index].xids
+            if pending:
+                return SimpleNamespace(device=index, eventType=nvmlEventTypeXidCriticalError,
+                                       eventData=pending.pop(0))
+        raise NVMLError_Timeout("Timeout")  # never waits: the tests' timeout is 0

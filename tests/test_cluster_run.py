@@ -107,10 +107,10 @@ def test_timeout_interrupts_and_the_tasks_come_back(cluster2: Any) -> None:
 def test_status_has_every_spec_column(cluster2: Any) -> None:
     df = cluster2.status()
     assert list(df.columns) == STATUS_COLUMNS
-    assert STATUS_COLUMNS[:14] == ["task", "host", "pid", "state", "step", "step_time_ms",
-                                   "input_wait_ms", "cpu_percent", "rss_mb", "gpu_util_percent",
-                                   "gpu_mem_mb", "net_rx_mb_s", "net_tx_mb_s",
-                                   "last_output_s_ago"]  # docs/reference.md, in its order
+    assert STATUS_COLUMNS[:15] == ["task", "host", "pid", "state", "step", "step_time_ms",
+                                   "input_wait_ms", "cpu_percent", "rss_mb", "gpus",
+                                   "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
+                                   "net_tx_mb_s", "last_output_s_ago"]  # docs/reference.md
     assert set(df["flags"]) == {""}
     # local tasks share their cluster's private network, else the host's interfaces
     assert set(df["net_scope"]) == {"cluster-netns" if cluster2.launcher.confined else "host"}
@@ -121,6 +121,7 @@ def test_status_has_every_spec_column(cluster2: Any) -> None:
         assert df["gpu_mem_mb"].notna().all()
     else:
         assert df["gpu_util_percent"].isna().all()  # no GPU reads as empty, not 0
+        assert set(df["gpus"]) == {""}  # nothing was placed: no GPU given
 
 
 def test_run_directory_keeps_everything_owner_only(cluster2: Any) -> None:

@@ -179,6 +179,7 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
     assert "worker:0 waited for it in a collective and was released" in failing.summary
 
 
+@pytest.mark.cluster  # imports TensorFlow here (9 s)
 def test_auto_shard_policy_follows_the_files_of_the_source(tmp_path: Path) -> None:
     import tensorflow as tf
 

@@ -136,6 +136,15 @@ def test_03_environment_mismatch(tmp_path: Path) -> None:
         "worker:1": {"props": {"python": "3.11.7", "tensorflow": "2.20.0"}}}))
     markdown = "".join(c.source for c in nb.nb.cells if c.cell_type == "markdown")
     assert f"environment mismatch: {said} (%tfdist_env shows all)" in markdown
+    # section 5: no GPU here, said per task with its cause; --gpus none hides them
+    if not visible_nvml_gpus():
+        assert "<CheckReport gpu ok=True: no GPU: worker:0 and worker:1: no NVML library" in (
+            nb.text("%tfdist_check gpu"))
+    assert "--gpus none: no task sees a GPU (CUDA_VISIBLE_DEVICES='')" in nb.text("--gpus none")
+    hidden = nb.text("report = %tfdist_check gpu")
+    assert hidden.count("hidden: CUDA_VISIBLE_DEVICES='' (what --gpus none gives)") == 2, hidden
+    assert re.search(r"worker:1\s+NaN\s+NaN", nb.text("status = %tfdist_status")), (
+        nb.text("status = %tfdist_status"))
 
 
 @pytest.mark.timeout(LIMIT_S)
@@ -282,6 +291,14 @@ def test_08_nan_and_divergence(tmp_path: Path) -> None:
     first = re.search(r"NaN/Inf first produced on (worker:[01]) by op Log", text)
     assert first, text
     assert f"{first.group(1)} error (InvalidArgumentError" in text  # the one that raised
+    # a post-mortem in that task, its prompts answered by --commands: the step and the batch
+    debug = nb.find("%tfdist_debug --commands")
+    said, task = cell_text(debug, errors=True), re.escape(first.group(1))
+    assert not errors_of(debug), said
+    assert re.search(rf"\[{task}\] post-mortem of InvalidArgumentError", said), said
+    assert re.search(rf"\[{task}\] ipdb> up 3\n(.*\n)*?\[{task}\] > .*\(30\)train\(\)", said)
+    assert re.search(rf"\[{task}\] ipdb> p step\n\[{task}\] 2\n", said), said
+    assert re.search(rf"\[{task}\] ipdb> p yb\n(.*\n)*?\[{task}\] +\[-1\. +\],", said), said
     fixed = nb.text("keep = y[:, 0] > 0")
     assert "[worker:0] after 8 steps: loss" in fixed and "loss nan" not in fixed
     drift = nb.text("# outside strategy.scope()")

@@ -14,6 +14,7 @@ from tests import remote_hosts
 from tests.remote_hosts import TestHosts
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.exposure import describe, exposed, listening
+from tfdist_nb.host_os import tcp_table_listeners
 
 TCP = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid
    0: 00000000:4E21 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0
@@ -26,7 +27,7 @@ TCP6 = """  sl  local_address                         remote_address            
 
 
 def test_the_socket_tables_say_how_each_port_is_bound() -> None:
-    tables = {"tcp": TCP, "tcp6": TCP6}
+    tables = tcp_table_listeners(TCP) + tcp_table_listeners(TCP6)
     assert listening(tables) == {20001: {"every interface"}, 20002: {"loopback"},
                                  20004: {"every interface"}}
     # a connected socket (st 01) on 20003 is not a listener

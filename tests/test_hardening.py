@@ -191,6 +191,7 @@ def run_worker(directory: Path, *args: str, code: str | None = None,
                           timeout=60, stdin=subprocess.DEVNULL)
 
 
+@pytest.mark.cluster
 def test_a_group_writable_connection_dir_is_refused_by_worker_and_controller(
         tmp_path: Path) -> None:
     shared = tmp_path / "connect"
@@ -212,6 +213,7 @@ def test_a_group_writable_connection_dir_is_refused_by_worker_and_controller(
     assert not c.running
 
 
+@pytest.mark.cluster
 @NEEDS_ROOT
 def test_a_connection_dir_of_another_user_is_refused_by_worker_and_controller(
         tmp_path: Path) -> None:
@@ -224,6 +226,7 @@ def test_a_connection_dir_of_another_user_is_refused_by_worker_and_controller(
         Cluster(workers=1, launcher="attach", launcher_options={"connection_dir": theirs})
 
 
+@pytest.mark.cluster
 def test_a_network_ip_without_curvezmq_is_refused(tmp_path: Path) -> None:
     """Where zmq has CurveZMQ (as here, asserted), its absence is simulated at the module
     boundary: ``zmq.has('curve')`` answers False inside the worker process, nothing else."""

@@ -21,7 +21,7 @@ import pytest
 from tests.support.processes import worker_kernels
 from tfdist_nb import Cluster, current
 from tfdist_nb.cluster import registry
-from tfdist_nb.diagnostics.isolate import Finding
+from tfdist_nb.diagnostics.isolate_variants import Finding
 from tfdist_nb.errors import SpecError
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]

@@ -12,12 +12,12 @@ from tfdist_nb.diagnostics.cell_edits import (
     prelude_code,
     with_bound,
 )
-from tfdist_nb.diagnostics.isolate import (
+from tfdist_nb.diagnostics.isolate import Walk
+from tfdist_nb.diagnostics.isolate_variants import (
     Failure,
     Finding,
     Outcome,
     Row,
-    Walk,
     judge,
     signature,
 )
@@ -182,16 +182,22 @@ def test_a_walk_stopped_before_the_share_alone_ran_claims_nothing() -> None:
 
 
 def test_another_collective_implementation_is_tried_only_with_gpus() -> None:
-    answers = {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+ring": P}
+    """On GPUs AUTO runs RING (TensorFlow picks NCCL only when asked), so the other one is
+    NCCL, never RING again; on CPUs the report says why none was tried, from what it saw."""
+    answers = {"same": F, "tasks=1": P, "mirrored": P, "same+eager": F, "same+nccl": P}
     w = walk()
-    assert "same+ring" not in play(w, answers)
-    assert w.not_tried() == ["another collective implementation was not tried: on CPUs AUTO "
-                             "is RING, and NCCL needs GPUs"]
+    assert "same+nccl" not in play(w, answers)
+    assert w.not_tried() == ["another collective implementation was not tried: the tasks "
+                             "showed no GPU, and on CPUs AUTO runs RING and NCCL needs GPUs"]
     w = walk(gpus=True)
-    assert play(w, answers)[-1] == "same+ring"
+    assert play(w, answers)[-1] == "same+nccl"
     assert w.finding() is Finding.COLLECTIVE_IMPLEMENTATION
-    assert "passes with implementation=RING: the collective implementation AUTO" in w.verdict()
+    assert ("passes with implementation=NCCL: the collective implementation AUTO (RING on GPUs)"
+            in w.verdict())
     assert w.not_tried() == []
+    w = walk(gpus=True)
+    w.implementation_used = "ring"
+    assert play(w, {**answers, "same+nccl": F})[-1] == "same+nccl"
 
 
 def test_epochs_are_halved_not_set_to_the_steps_done() -> None:

@@ -246,6 +246,7 @@ def test_stream_says_when_a_cluster_finishes(run_base: Path, server: dict[str, s
     assert [c["state"] for c in get(server, "") if c["id"] == other.id] == ["finished"]
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_a_run_whose_controller_died_is_orphaned(run_base: Path, server: dict[str, str]) -> None:
     from tfdist_nb.store.state import StateFile
@@ -265,6 +266,7 @@ def test_a_run_whose_controller_died_is_orphaned(run_base: Path, server: dict[st
     assert found[0]["tasks"][0]["state"] == "busy"  # the last state it wrote
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_a_fifo_or_a_symlink_in_a_run_directory_hangs_nothing_and_leaks_nothing(
         run_base: Path, server: dict[str, str], tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def test_prebuilt_output_is_whole_and_small() -> None:
     assert total < 200_000, f"prebuilt output is {total} bytes"
 
 
+@pytest.mark.cluster
 def test_installed_copy_is_the_prebuilt_output_and_enabled() -> None:
     prefix_ext = Path(sysconfig.get_paths()["data"]) / "share" / "jupyter" / "labextensions" / NAME
     assert prefix_ext.is_dir(), f"{prefix_ext} missing: pip install -e . (it installs shared data)"
@@ -84,6 +85,7 @@ def _jupyter(*args: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_wheel_ships_the_lab_extension_and_the_server_config(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
@@ -111,6 +113,7 @@ def _tool_or_skip(cmd: list[str], what: str) -> None:
         pytest.skip(f"{what} not available here")
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(420)
 def test_rebuild_from_yarn_lock_gives_the_committed_output(tmp_path: Path) -> None:
     """A clean ``jlpm install --immutable`` (the lock must be current) and build."""

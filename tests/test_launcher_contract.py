@@ -13,6 +13,7 @@ from tfdist_nb import Cluster
 pytestmark = pytest.mark.timeout(240)
 
 
+@pytest.mark.cluster
 def test_the_local_launcher_keeps_the_contract() -> None:
     with Cluster(workers=2, preload=(), warm=False) as c:
         check_launcher_contract(c)

@@ -118,6 +118,7 @@ def test_help_is_complete(ip: Any) -> None:
         assert option in doc
 
 
+@pytest.mark.cluster
 def test_a_refused_host_is_a_usage_error_and_keeps_the_running_cluster(ip: Any) -> None:
     """A line whose launcher refuses its arguments fails before the running cluster stops."""
     ip.run_cell_magic("tfcluster", "1 worker", "x = 1")
@@ -168,6 +169,7 @@ def test_numbers_out_of_range_are_usage_errors_before_anything_runs(
         ip.run_line_magic(magic, line)
 
 
+@pytest.mark.cluster
 def test_bad_paths_and_log_options_are_usage_errors_and_save_is_owner_only(
         ip: Any, tmp_path: Any) -> None:
     """A regular expression that does not compile, a tail that is not a count of lines, and a
@@ -216,6 +218,7 @@ def test_a_telemetry_interval_that_would_starve_the_tasks_is_refused_up_front(
     assert worker_kernels() == workers
 
 
+@pytest.mark.cluster
 def test_a_dead_task_is_answered_with_advice_by_every_magic_that_acts_on_it(ip: Any) -> None:
     """One error wrapper for all magics: a dead task is a UsageError saying how to bring it
     back (it escaped as a raw ClusterNotRunningError from %tfdist_env and %tfdist_loglevel)."""

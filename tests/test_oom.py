@@ -256,8 +256,8 @@ def test_memory_errors_are_said_with_the_limit_they_hit() -> None:
         "ran out of memory (ResourceExhaustedError) with no memory limit of its own; the host "
         "has 300 MB of 24000 MB free")
     gpu_oom = "OOM when allocating tensor on /job:worker/replica:0/task:0/device:GPU:0"
+    # a GPU's is the controller's to explain, with every task's GPUs (tests/test_gpu_evidence.py)
     assert out_of_memory_error("ResourceExhaustedError", gpu_oom, {"gpus": [
-        {"index": 0, "mem_used_mb": 140000.0, "mem_total_mb": 143771.0}]}) == (
-        "ran out of GPU memory (ResourceExhaustedError); GPU 0: 140000 of 143771 MB in use")
+        {"index": 0, "mem_used_mb": 140000.0, "mem_total_mb": 143771.0}]}) is None
     assert out_of_memory_error("ValueError", "OOM", sample) is None
     assert out_of_memory_error("ResourceExhaustedError", "too many open files", sample) is None

@@ -24,7 +24,7 @@ from tests import remote_hosts
 from tests.remote_hosts import DOWN_ALIAS, TestHosts, make_hosts
 from tests.support.processes import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

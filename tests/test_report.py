@@ -27,6 +27,7 @@ def test_what_looks_like_a_secret_is_redacted_and_nothing_else(text: str, said: 
     assert redact(text) == said
 
 
+@pytest.mark.cluster
 def test_a_report_of_a_failed_cell_has_its_evidence_and_no_secret(tmp_path: Path) -> None:
     with Cluster(workers=2, preload=(), warm=False, env={"WANDB_API_KEY": "sekrit-env"}) as c:
         assert c.run("api_key = 'sekrit-cell'\nprint('hello', api_key[:2])").ok

@@ -43,8 +43,8 @@ def test_evidence_names_cpu_contention_and_gpu_throttling() -> None:
               "gpus": [{"index": 1, "sm_clock_mhz": 1480.0, "temperature_c": 87.0,
                         "throttle": ["hw_thermal_slowdown"]}]}
     text = evidence(latest, 210.0)
-    assert text == ("its input wait 210 ms; its CPU 35%; host load 3.9 on 2 cores; GPU 1: SM "
-                    "clock 1480 MHz, 87 C, throttled (hw_thermal_slowdown)")
+    assert text == ("its input wait 210 ms; its CPU 35%; host load 3.9 on 2 cores; its GPU 1 "
+                    "at 1480 MHz, hw thermal slowdown, 87 C")
     assert "GPU" not in evidence({"cpu_percent": 5.0, "load1": 0.2, "cpus": 2, "gpus": None},
                                  None)
 

@@ -97,10 +97,12 @@ def test_a_warm_outcome_says_how_spares_were_used_in_one_line() -> None:
 
 def test_import_time_variables_are_told_apart_from_late_ones() -> None:
     for key in ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
-                "CUDA_VISIBLE_DEVICES", "TF_USE_LEGACY_KERAS", "XLA_FLAGS", "OMP_NUM_THREADS",
+                "CUDA_MODULE_LOADING", "TF_USE_LEGACY_KERAS", "XLA_FLAGS", "OMP_NUM_THREADS",
                 "LD_LIBRARY_PATH", "PYTHONPATH", "TFDIST_TELEMETRY_INTERVAL", "KERAS_BACKEND"):
         assert import_time(key), key
-    for key in ("TF_CONFIG", "TFDIST_TASK", "TFDIST_SPARE", "MY_LATE", "PATH", "USER"):
+    # a task's GPUs: CUDA reads them when it initialises, after the import (docs/reference.md)
+    for key in ("TF_CONFIG", "TFDIST_TASK", "TFDIST_SPARE", "MY_LATE", "PATH", "USER",
+                "CUDA_VISIBLE_DEVICES", "TF_FORCE_GPU_ALLOW_GROWTH"):
         assert not import_time(key), key
     assert env_delta({"A": "1", "B": "2", "TFDIST_SPARE": "1"}, {"A": "1", "B": "3", "C": "4"}) \
         == ({"B": "3", "C": "4"}, ["TFDIST_SPARE"])
@@ -249,7 +251,7 @@ def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
     from tfdist_nb.cluster import lifecycle
 
     killed: list[int] = []
-    real = lifecycle._append_process_log
+    real = lifecycle.copy_start_log
 
     def kill_then_go_on(spare: Any, path: Any) -> None:
         if not killed and spare.pid:
@@ -260,7 +262,7 @@ def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
     with Cluster(workers=2) as c:
         cold = losses(c.run(cell("mwms_loop"), timeout=180))
         ready_spares(c, 2)
-        monkeypatch.setattr(lifecycle, "_append_process_log", kill_then_go_on)
+        monkeypatch.setattr(lifecycle, "copy_start_log", kill_then_go_on)
         c.restart()
         assert len(killed) == 1 and killed[0] not in {rt.pid for rt in c.tasks.values()}
         assert any("could not take spare-" in a and "starting it cold" in a

@@ -147,6 +147,23 @@ def test_exercise_5_the_nan_on_the_other_task_after_run_all(tmp_path: Path) -> N
 
 
 @pytest.mark.timeout(240)
+def test_exercise_5b_a_post_mortem_finds_the_record(tmp_path: Path) -> None:
+    """Exercise 5 (from a cell up to its setup), then the debugger in the task that raised."""
+    name = "08_nan_and_divergence"
+    nb = code(name)
+    restart, record = boxes("5")
+    setup = changed(nb[1], "y[75] = -1.0", record)
+    out = run([nb[0], restart, setup, "%tfdist_numerics on",
+               cell(name, "%%tfcluster --stall-timeout 6"), *boxes("5b")], tmp_path, 5)
+    said = text(out[-1])
+    assert not errors_of(out[-1]), said
+    for needle in ("[worker:1] ipdb> p step\n[worker:1] 6\n",
+                   "[worker:1] ipdb> p int(tf.argmin(yb.values[0][:, 0]))\n[worker:1] 7\n"):
+        assert needle in said, said
+    answer("step `6`, row `7`, record 215")
+
+
+@pytest.mark.timeout(240)
 def test_exercise_6_a_straggler_in_its_step(tmp_path: Path) -> None:
     name = "07_straggler"
     nb = code(name)

@@ -39,7 +39,7 @@ class TaskError(TfdistError, RuntimeError):
 
 
 #: why this platform cannot run a cluster, said at %load_ext and Cluster(): the package is
-#: built on POSIX processes, Unix sockets and /proc (docs/reference.md, Supported versions)
+#: built on POSIX processes, Unix sockets and /proc (docs/reference.md, Platforms)
 WINDOWS = ("tfdist_nb runs on Linux and macOS, not on native Windows (it needs POSIX "
            "processes and Unix sockets): install WSL2 (wsl --install), then follow the README's "
            "two commands in its Ubuntu shell")

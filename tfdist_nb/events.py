@@ -16,6 +16,10 @@ class Finding(StrEnum):
     """Kinds of a task's note that the controller acts on (a note's text is for people)."""
 
     SECOND_STRATEGY = "second_strategy"  # another MWMS in a process that made one
+    # a MWMS was made; its ``facts``: collectives ("AUTO", "RING", "NCCL"), device type, devices
+    STRATEGY = "strategy"
+    RING_ON_GPUS = "ring_on_gpus"  # the advice the controller derives from STRATEGY's facts
+    GPU_XID = "gpu_xid"  # the driver reported an XID error on one of the task's GPUs
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class OutputLine:
 
     ``cell`` is the sequence number of the cell the kernel attributed it to (``None`` for output
     outside any cell, e.g. at start-up); background-thread output keeps its task either way.
+    ``origin`` is ``CONSOLE`` for what code run from a console on the task wrote (and, stream
+    ``input``, that code itself), else None.
     """
 
     time: float
@@ -53,11 +59,20 @@ class OutputLine:
     text: str
     cell: int | None = None
     kind: str = "output"
+    origin: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         # by hand: dataclasses.asdict deep-copies, and this runs for every line of a flood
-        return {"time": self.time, "task": self.task, "stream": self.stream, "text": self.text,
-                "cell": self.cell, "kind": self.kind}
+        out = {"time": self.time, "task": self.task, "stream": self.stream, "text": self.text,
+               "cell": self.cell, "kind": self.kind}
+        if self.origin is not None:
+            out["origin"] = self.origin
+        return out
+
+
+#: the ``origin`` of a line written by code run from a console on the task (a JupyterLab
+#: console on its kernel, docs/reference.md, Consoles on a task), not by a cell of the cluster
+CONSOLE = "console"
 
 
 @dataclass(frozen=True)
@@ -71,9 +86,13 @@ class RichOutput:
     metadata: dict[str, Any] = field(default_factory=dict)
     cell: int | None = None
     kind: str = "rich"
+    origin: str | None = None  # as OutputLine's
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.origin is None:
+            del out["origin"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -128,13 +147,15 @@ def describe_tensor(dtype: str, shape: Any) -> str:
 
 def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
     """Mean utilisation and summed memory of a task's GPUs, from a telemetry sample's ``gpus``
-    (None, None without a GPU; values that are not numbers are left out)."""
+    (None, None without a GPU; values that are not numbers are left out). The memory is the
+    task's own processes' (``task_mem_mb``) where NVML told them apart, else the GPUs' use."""
     if not isinstance(gpus, list) or not gpus:
         return None, None
-    utils = [u for g in gpus if isinstance(g, dict) and (u := _number(g.get("util_percent")))
-             is not None]
-    mems = [m for g in gpus if isinstance(g, dict) and (m := _number(g.get("mem_used_mb")))
-            is not None]
+    gpus = [g for g in gpus if isinstance(g, dict)]
+    utils = [u for g in gpus if (u := _number(g.get("util_percent"))) is not None]
+    own = any(_number(g.get("task_mem_mb")) is not None for g in gpus)
+    mems = [m for g in gpus
+            if (m := _number(g.get("task_mem_mb" if own else "mem_used_mb"))) is not None]
     return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
 
 

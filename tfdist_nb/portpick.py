@@ -1,8 +1,9 @@
 """Drawing TCP ports that are free now and unlikely to be taken before TensorFlow binds them.
 
 Ports are drawn at random below the kernel's ephemeral range (where outgoing connections and
-``bind(0)`` callers would collide with them) and checked by binding. Stdlib only: the controller
-uses it for local tasks and the remote bootstrap (``tfdist_nb.worker.remote``) on each SSH host.
+``bind(0)`` callers would collide with them) and checked by binding. Stdlib only (and
+:mod:`tfdist_nb.host_os`): the controller uses it for local tasks and the remote bootstrap
+(``tfdist_nb.worker.remote``) on each SSH host.
 """
 
 from __future__ import annotations
@@ -10,16 +11,10 @@ from __future__ import annotations
 import random
 import socket
 from collections.abc import Callable, Collection
-from pathlib import Path
+
+from tfdist_nb.host_os import ephemeral_low
 
 LOW = 20000
-
-
-def ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def bindable(port: int, host: str = "0.0.0.0") -> bool:

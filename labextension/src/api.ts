@@ -16,6 +16,10 @@ export interface ITaskSummary {
   step_time_ms?: Num;
   lateness_ms?: Num;
   straggler?: boolean | null;
+  /** the GPUs the task was given (its CUDA_VISIBLE_DEVICES; "" none) */
+  gpus?: string | null;
+  /** a console can be opened on its kernel (it has a connection file on the server's host) */
+  console?: boolean;
 }
 
 export interface IClusterSummary {
@@ -133,6 +137,18 @@ export async function requestAPI<T>(path = ''): Promise<T> {
     throw new ServerConnection.ResponseError(response);
   }
   return (await response.json()) as T;
+}
+
+/** The task's kernel, registered with the server for a console (tfdist_nb/lab/consoles.py). */
+export async function openTaskKernel(cluster: string, task: string): Promise<{ kernel_id: string }> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, API, encodeURIComponent(cluster), 'console');
+  const init = { method: 'POST', body: JSON.stringify({ task }) };
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  if (!response.ok) {
+    throw new ServerConnection.ResponseError(response, (await response.json()).message);
+  }
+  return (await response.json()) as { kernel_id: string };
 }
 
 export function streamUrl(id: string): string {

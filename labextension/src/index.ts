@@ -1,7 +1,8 @@
 /**
  * tfdist-nb: JupyterLab panes over tfdist_nb's run directories (docs/reference.md, JupyterLab
  * panes). A "tfdist" sidebar lists the clusters the server sees; ``tfdist:open-dashboard``
- * opens one dockable pane per cluster, restored by the layout restorer after a reload.
+ * opens one dockable pane per cluster, restored by the layout restorer after a reload;
+ * ``tfdist:open-console`` (and each task's button in a pane) a console on a task's kernel.
  */
 import {
   ILayoutRestorer,
@@ -13,6 +14,7 @@ import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { IClusterSummary, requestAPI } from './api';
+import { CONSOLE_COMMAND, addConsoleCommand } from './console';
 import { openerFactory } from './opener';
 import { ClusterPanel } from './panel';
 import { ClusterSidebar } from './sidebar';
@@ -58,7 +60,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
           app.shell.activateById(existing.id);
           return existing;
         }
-        const content = new ClusterPanel(id);
+        const cluster = id;
+        const content = new ClusterPanel(
+          cluster,
+          task => void app.commands.execute(CONSOLE_COMMAND, { cluster, task })
+        );
         const widget = new MainAreaWidget({ content });
         widget.id = `tfdist-dashboard-${id}`;
         widget.title.label = content.title.label;
@@ -76,6 +82,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
       }
     });
     palette?.addItem({ command: COMMAND, category: 'tfdist' });
+    addConsoleCommand(app, tfdistIcon);
+    palette?.addItem({ command: CONSOLE_COMMAND, category: 'tfdist' });
 
     const sidebar = new ClusterSidebar(app.commands, COMMAND);
     sidebar.id = 'tfdist-sidebar';

@@ -128,7 +128,8 @@ export class ClusterPanel extends Widget {
   private _streamFilter: HTMLSelectElement;
   private _grep: HTMLInputElement;
 
-  constructor(clusterId: string) {
+  /** ``onConsole``: open a console on a task (a button in its row while the cluster runs) */
+  constructor(clusterId: string, onConsole?: (task: string) => void) {
     super();
     this.clusterId = clusterId;
     this.addClass('tfdist-lab-panel');
@@ -158,6 +159,7 @@ export class ClusterPanel extends Widget {
       'lateness',
       'CPU',
       'RSS',
+      'GPUs',
       'GPU',
       'GPU mem',
       'collective',
@@ -166,6 +168,16 @@ export class ClusterPanel extends Widget {
       head.appendChild(h('th', '', col));
     }
     this._rows = table.createTBody();
+    if (onConsole) {
+      // one listener for the rows' buttons: the rows are redrawn with every update
+      this._rows.addEventListener('click', ev => {
+        const button = (ev.target as HTMLElement).closest('.tfdist-lab-console-button');
+        const task = button?.closest('tr')?.dataset.task;
+        if (task) {
+          onConsole(task);
+        }
+      });
+    }
     n.appendChild(table);
 
     this._legend = h('div', 'tfdist-lab-legend');
@@ -433,6 +445,11 @@ export class ClusterPanel extends Widget {
       swatch.style.background = PALETTE[i % PALETTE.length];
       const first = row.insertCell();
       first.append(swatch, document.createTextNode(name));
+      if (this.live && t?.console) {
+        const button = h('button', 'jp-Button tfdist-lab-console-button', 'console');
+        button.title = `a JupyterLab console (and debugger) on ${name}'s kernel`;
+        first.appendChild(button);
+      }
       const stepTime = t?.step_time_ms ?? medianStep(series);
       const step = t?.step ?? latest.step ?? null;
       const total = latest.total_steps ? ` / ${latest.total_steps}` : '';
@@ -445,6 +462,7 @@ export class ClusterPanel extends Widget {
         num(lateness, 0, ' ms'),
         num(latest.cpu_percent, 0, ' %'),
         num(latest.rss_mb, 0, ' MB'),
+        t?.gpus ?? '',
         num(latest.gpu_util_percent, 0, ' %'),
         num(latest.gpu_mem_mb, 0, ' MB'),
         collectiveText(latest, now),

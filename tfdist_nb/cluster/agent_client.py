@@ -165,12 +165,17 @@ class AgentClient:
                                                       timeout=timeout, addresses=addresses)
         return reach
 
-    async def allreduce_bandwidth(self, *, sizes_mb: list[float],
-                                  timeout: float) -> dict[str, Any]:
+    async def allreduce_bandwidth(self, *, sizes_mb: list[float], timeout: float,
+                                  implementation: str | None = None) -> dict[str, Any]:
         """All-reduce timings through the task's strategy (``replicas`` and ``rows``, or
-        ``skipped``); on the main shell, every task at once."""
+        ``skipped``), with ``implementation`` (RING, NCCL) for these calls when given; on the
+        main shell, every task at once."""
         return dict(await self.call(Op.ALLREDUCE_BANDWIDTH, timeout=timeout,
-                                    sizes_mb=list(sizes_mb)))
+                                    sizes_mb=list(sizes_mb), implementation=implementation))
+
+    async def gpu_readings(self, *, timeout: float) -> dict[str, Any]:
+        """The task's GPUs as it was given them, NVML reads them and TensorFlow sees them."""
+        return dict(await self.call(Op.GPU_READINGS, inspect=True, timeout=timeout))
 
     async def env_report(self, *, timeout: float) -> EnvReport:
         report: EnvReport = await self.call(Op.ENV_REPORT, inspect=True, timeout=timeout)

@@ -32,6 +32,7 @@ from tfdist_nb.diagnostics.explain import (
     explain_second_strategy,
     network_gone,
 )
+from tfdist_nb.diagnostics.gpu_faults import failure_fault
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.errors import ClusterNotRunningError
 from tfdist_nb.events import Event, Finding
@@ -126,6 +127,7 @@ class Cells:
             hub.note("cluster", origin.splitlines()[0], "WARNING")
         self._explain_network(result, network)
         self._explain_second_strategy(result, hub)
+        self._explain_gpu(result, hub, targets)
         self._remember(result, code)
         return result
 
@@ -186,6 +188,19 @@ class Cells:
             if (r.error is not None and Finding.SECOND_STRATEGY in hub.live.view(r.task).findings
                     and (said := explain_second_strategy(r.error.evalue))):
                 r.explanation = said
+
+    @staticmethod
+    def _explain_gpu(result: RunResult, hub: EventHub, targets: list[TaskRuntime]) -> None:
+        """A GPU out-of-memory, NCCL error or XID behind a failure, named with its cause from
+        every task's last GPU reading (diagnostics/gpu_faults.py), first in the explanation
+        and as an alert."""
+        latest = {name: hub.live.view(name).latest for name in hub.live.tasks()}
+        envs = {rt.name: rt.env for rt in targets}
+        for r in result.failed:
+            if (fault := failure_fault(r, latest, envs.get(r.task))) is not None:
+                r.explanation = fault.text if r.status is TaskStatus.ERROR or not \
+                    r.explanation else f"{fault.text}\n{r.explanation}"
+                hub.note(r.task, fault.text, "WARNING", kind=fault.kind, about=fault.about)
 
     def stop_all(self, loop: LoopThread) -> None:
         """The cluster stops: a cell still running ends now, not later."""

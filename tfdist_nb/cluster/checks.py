@@ -17,6 +17,7 @@ from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics import (
     env_check,
+    gpu_check,
     network_check,
     sharding_check,
     tfconfig_check,
@@ -27,7 +28,7 @@ from tfdist_nb.errors import AgentError, SpecError
 from tfdist_nb.launchers.base import Launcher
 from tfdist_nb.worker import consistency, probes, variables_probe
 
-KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables")
+KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables", "gpu")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
 EXPR_KINDS = ("sharding", "variables")
 PROBE_TIMEOUT_S = 15.0
@@ -35,6 +36,8 @@ BANDWIDTH_TIMEOUT_S = 120.0
 BANDWIDTH_SIZES_MB = (1.0, 16.0, 64.0)
 READ_MARGIN_S = 60.0  # beyond the sharding check's time bounds: iterator set-up, tracing
 VARIABLES_TIMEOUT_S = 60.0
+GPU_PROBE_TIMEOUT_S = 60.0  # TensorFlow's first look at its GPUs initialises CUDA
+GPU_SIZES_MB = (1.0, 16.0, 256.0)
 
 #: one check's call into a task's agent, given the agent and the call's bound in seconds
 Ask = Callable[[AgentClient, float], Awaitable[Any]]
@@ -90,6 +93,8 @@ class CheckRunner:
             return await self.network()
         if kind == "env":
             return env_report(await self.env())
+        if kind == "gpu":
+            return await self.gpu()
         if kind == "all":
             return combine([await self.tfconfig(None), await self.network(),
                             env_report(await self.env())])
@@ -142,6 +147,29 @@ class CheckRunner:
                 reached[rt.name] = got[rt.name][network_check.OUTSIDE]
         trouble = self.launcher.network_trouble()
         return reached, address, (f"{trouble.cause}. Fix: {trouble.cure}" if trouble else None)
+
+    async def gpu(self) -> CheckReport:
+        """Each task's GPUs as given, read by NVML and seen by TensorFlow; then, where every
+        task's TensorFlow sees one, the strategy's all-reduce with RING and with NCCL, all
+        tasks at once, stopped at the first that fails (docs/gpus.md)."""
+        readings = await self._ask(lambda agent, limit: agent.gpu_readings(timeout=limit),
+                                   GPU_PROBE_TIMEOUT_S)
+        plan, not_timed = gpu_check.allreduce_plan(readings)
+        timed: dict[str, dict[str, Any]] = {}
+        for impl in plan:
+            def reduce(rt: TaskRuntime, limit: float, impl: str = impl) -> Awaitable[Any]:
+                return _agent(rt).allreduce_bandwidth(sizes_mb=list(GPU_SIZES_MB),
+                                                      implementation=impl, timeout=limit)
+
+            got = await self._ask_each(reduce, BANDWIDTH_TIMEOUT_S, release=True)
+            skipped = next((a["skipped"] for a in got.values() if "skipped" in a), None)
+            if skipped:
+                not_timed = skipped
+                break
+            timed[impl] = got
+            if _any_failed(got):
+                break
+        return gpu_check.analyse(readings, timed, not_timed)
 
     async def _reach_from(self, rt: TaskRuntime, others: dict[str, str]) -> dict[str, Any]:
         """``{rt: {peer: {"ok", "ms", "error"}}}`` for each of ``others`` (name -> address);

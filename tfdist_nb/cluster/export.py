@@ -72,15 +72,16 @@ class SecretsWarning(UserWarning):
 def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterSpec,
            cells: list[dict[str, Any]], env: Mapping[str, str], python: str,
            restarts: Iterable[float] = (), default_targets: list[str] | None = None,
-           force: bool = False) -> Path:
+           force: bool = False, task_env: Mapping[str, Mapping[str, str]] | None = None) -> Path:
     """Write ``train.py`` (0600) and ``launch.sh`` (0700) into ``directory`` (created
     owner-only when new); ``restarts``: times at which all tasks were restarted (marked between
-    cells). A file of those names that export did not write is left alone (ExportError) unless
-    ``force``; a symlink is never followed. What looks like a secret in the cells or ``env``
+    cells); ``task_env``: each task's own variables (its GPUs). A file of those names that
+    export did not write is left alone (ExportError) unless ``force``; a symlink is never
+    followed. What looks like a secret in the cells or ``env``
     is named in a ``SecretsWarning``."""
     out = Path(directory)
     texts = {"train.py": train_script(cluster_id, spec, cells, list(restarts)),
-             "launch.sh": launch_script(spec, env, python, default_targets)}
+             "launch.sh": launch_script(spec, env, python, default_targets, task_env)}
     try:
         out.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
@@ -184,13 +185,19 @@ def plain_python(code: str) -> str:
 
 
 def launch_script(spec: ClusterSpec, env: Mapping[str, str], python: str,
-                  default_targets: list[str] | None = None) -> str:
-    """A bash script that runs every task of ``spec`` here, like the cluster did."""
+                  default_targets: list[str] | None = None,
+                  task_env: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """A bash script that runs every task of ``spec`` here, like the cluster did; a task's own
+    variables (``task_env``: its ``CUDA_VISIBLE_DEVICES``) where ``env`` does not set them."""
     tasks = [str(t) for t in spec.tasks]
     runs = default_targets or tasks
     servers = [t for t in tasks if t not in runs]  # with ps: the servers the chief drives
     exports = "\n".join(f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     layout = json.dumps({t.role: t.index for t in spec.tasks})
+    own = {task: " ".join(f"{k}={shlex.quote(v) if v else ''}" for k, v in sorted(kv.items())
+                          if k not in env)
+           for task, kv in (task_env or {}).items()}
+    per_task = " ".join(f"[{t}]={shlex.quote(v)}" for t, v in own.items() if v)
     return f'''#!/usr/bin/env bash
 # Exported by tfdist_nb: starts the tasks of {spec} on this machine with the same TF_CONFIG
 # layout as the cluster (fresh free ports), runs train.py on {", ".join(runs)}, prefixes every
@@ -202,6 +209,7 @@ TASKS=({" ".join(tasks)})
 RUNS=({" ".join(runs)})
 SERVERS=({" ".join(servers)})
 {exports}
+declare -A TASK_ENV=({per_task})  # each task's own variables (its GPUs), as the cluster gave
 # one free port per task, and each task's TF_CONFIG ({layout})
 readarray -t CONFIGS < <("$PYTHON" - "${{TASKS[@]}}" <<'PY'
 import json, socket, sys
@@ -224,8 +232,9 @@ PY
 )
 run_task() {{  # task, tf_config, command...
     local task=$1 cfg=$2; shift 2
+    local own=(${{TASK_ENV[$task]:-}})
     ( set -o pipefail
-      TF_CONFIG="$cfg" TFDIST_TASK="$task" "$@" 2>&1 | sed -u "s/^/[$task] /" )
+      TF_CONFIG="$cfg" TFDIST_TASK="$task" env "${{own[@]}}" "$@" 2>&1 | sed -u "s/^/[$task] /" )
 }}
 pids=(); names=(); server_pids=()
 for i in "${{!TASKS[@]}}"; do

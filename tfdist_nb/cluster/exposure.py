@@ -2,29 +2,27 @@
 
 TensorFlow's gRPC server (started with the strategy) binds ``0.0.0.0`` and ``::`` whatever
 TF_CONFIG says, and takes any request unauthenticated (docs/security.md, "What TensorFlow itself
-opens"). A local cluster's tasks share the controller's network namespace, so the controller's
-``/proc/net/tcp`` and ``tcp6`` list their listening sockets; a port bound to every interface is
-said once per cluster and set of ports, naming the tasks and ports. Remote tasks' tables are on
-their hosts: there the line follows what the tasks did (a strategy whose start-up completed, a
-parameter-server cluster's servers), naming each task's host and port (``describe_remote``).
+opens"). A local cluster's tasks share the controller's network namespace, so the controller sees
+their listening sockets (:func:`tfdist_nb.host_os.tcp_listeners`: ``/proc/net/tcp`` and ``tcp6``,
+or psutil on macOS); a port bound to every interface is said once per cluster and set of ports,
+naming the tasks and ports. Remote tasks' tables are on their hosts: there the line follows what
+the tasks did (a strategy whose start-up completed, a parameter-server cluster's servers),
+naming each task's host and port (``describe_remote``).
 ``exposure_line`` picks the way for a cluster's launcher (``Cluster.exposure_note``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb import host_os
 from tfdist_nb.strenum import StrEnum
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.task import TaskRuntime
     from tfdist_nb.launchers.base import Launcher
-
-LISTEN = "0A"
-_WILDCARD = {"00000000", "0" * 32}
-_LOOPBACK = {"0100007F", "00000000000000000000000001000000"}
 
 
 class Scope(StrEnum):
@@ -37,39 +35,26 @@ class Scope(StrEnum):
 
 
 def scope_of(address: str) -> Scope:
-    """The scope of a socket table's local address (hex, as ``/proc/net/tcp`` writes it)."""
-    if address in _WILDCARD:
+    """The scope of a listening socket's local address (``0.0.0.0``, ``::1``...)."""
+    ip = ipaddress.ip_address(address)
+    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is loopback too
+    if ip.is_unspecified:
         return Scope.EVERY_INTERFACE
-    return Scope.LOOPBACK if address in _LOOPBACK else Scope.ONE_ADDRESS
+    return Scope.LOOPBACK if ip.is_loopback else Scope.ONE_ADDRESS
 
 
-def listening(tables: dict[str, str]) -> dict[int, set[Scope]]:
-    """Listening TCP ports and how each is bound: ``{20001: {Scope.EVERY_INTERFACE}}``, from
-    the text of ``/proc/net/tcp`` and ``tcp6`` (``{"tcp": text, "tcp6": text}``)."""
+def listening(sockets: Iterable[tuple[str, int]]) -> dict[int, set[Scope]]:
+    """Listening TCP ports and how each is bound, ``{20001: {Scope.EVERY_INTERFACE}}``, from
+    ``(address, port)`` pairs (:func:`tfdist_nb.host_os.tcp_listeners`)."""
     found: dict[int, set[Scope]] = {}
-    for text in tables.values():
-        for line in text.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) < 4 or fields[3] != LISTEN:
-                continue
-            address, _, port = fields[1].partition(":")
-            found.setdefault(int(port, 16), set()).add(scope_of(address))
+    for address, port in sockets:
+        found.setdefault(port, set()).add(scope_of(address))
     return found
 
 
-def read_tables(proc: str = "/proc") -> dict[str, str]:
-    tables = {}
-    for name in ("tcp", "tcp6"):
-        try:
-            tables[name] = (Path(proc) / "net" / name).read_text()
-        except OSError:  # no IPv6, or no /proc: nothing to say
-            continue
-    return tables
-
-
-def exposed(ports: dict[str, int], tables: dict[str, str]) -> dict[str, int]:
+def exposed(ports: dict[str, int], sockets: Iterable[tuple[str, int]]) -> dict[str, int]:
     """The tasks (of ``ports``, task -> its TF port) whose port listens on every interface."""
-    bound = listening(tables)
+    bound = listening(sockets)
     return {task: port for task, port in ports.items()
             if Scope.EVERY_INTERFACE in bound.get(port, set())}
 
@@ -96,9 +81,11 @@ def _line(named: dict[str, str], host: str, user: str, whose: str) -> str:
 def open_ports(tasks: Iterable[TaskRuntime]) -> dict[str, int]:
     """Of local ``tasks`` with a process, those whose TF port listens on every interface of
     this host now (task -> port)."""
-    ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in tasks
-             if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()}
-    return exposed(ports, read_tables()) if ports else {}
+    mine = [rt for rt in tasks
+            if rt.handle is not None and rt.address.rpartition(":")[2].isdigit()]
+    ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in mine}
+    pids = [rt.pid for rt in mine if rt.pid is not None]
+    return exposed(ports, host_os.tcp_listeners(pids)) if ports else {}
 
 
 def remote_servers(tasks: Iterable[TaskRuntime], has_ps: bool, live: Any) -> dict[str, str]:

@@ -26,15 +26,17 @@ from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.environment import check_env, resolve_python
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.cluster.gpus import place
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, IsolateReport, Isolation
-from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle, Setup, start_error
+from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle, start_error
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome
 from tfdist_nb.cluster.spare_control import ClusterSpares
+from tfdist_nb.cluster.start_steps import Setup
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame, waiting_for_prompt
@@ -85,7 +87,8 @@ class Cluster:
                  run_dir: str | os.PathLike[str] | None = None,
                  preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
                  launcher_options: Mapping[str, Any] | None = None,
-                 warm: bool | int | None = None) -> None:
+                 warm: bool | int | None = None, gpus: Any = "auto",
+                 gpus_per_task: int | None = None) -> None:
         if said := platform_refusal():
             raise SpecError(said)
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
@@ -102,9 +105,11 @@ class Cluster:
                   else make_launcher(launcher, self.hosts, python, self.launcher_options))
         # A remote interpreter is looked up on its host (the probe says if it is missing there).
         interpreter = (python or sys.executable) if chosen.remote else resolve_python(python)
+        # each task's GPUs (docs/reference.md, GPUs): NVML is read here, before any start
+        self.gpu_request, plan = place(gpus, gpus_per_task, spec, chosen, env or {})
         self.setup = Setup(spec=spec, launcher=chosen, python=interpreter,
                            preload=tuple(preload), extra_env=dict(env or {}),
-                           start_timeout=float(start_timeout))
+                           start_timeout=float(start_timeout), gpus=plan)
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self.running = False
         # spare kernels (docs/reference.md, warm=): how many, and the pool while running
@@ -137,9 +142,11 @@ class Cluster:
     preload = property(lambda self: self.setup.preload)
     extra_env = property(lambda self: self.setup.extra_env)
     start_timeout = property(lambda self: self.setup.start_timeout)
+    #: each task's GPUs, and the line said about them (``.line``; None: nothing placed)
+    gpu_plan = property(lambda self: self.setup.gpus)
 
     @property
-    def last_failure(self) -> tuple[RunResult, str] | None:
+    def _last_failure(self) -> tuple[RunResult, str] | None:
         """The last run that failed and its cell's code (``%tfdist_report``)."""
         return self._cells.last_failure
 
@@ -189,8 +196,9 @@ class Cluster:
         trouble = self.launcher.network_trouble()
         level = logging.WARNING if trouble is not None or (
             not self.launcher.remote and not self.launcher.confined) else logging.INFO
-        logger.log(level, "tfdist_nb: %s ready; %s%s", self.spec, self.network(),
-                   f"; {trouble.cause}: {trouble.cure}" if trouble is not None else "")
+        logger.log(level, "tfdist_nb: %s ready; %s%s%s", self.spec, self.network(),
+                   f"; {trouble.cause}: {trouble.cure}" if trouble is not None else "",
+                   f"; {self.gpu_plan.line}" if self.gpu_plan.line else "")
 
     def stop(self, *, keep_spares: bool = False) -> list[StopReport]:
         """End every task and spare at once (shutdown request, short grace, then SIGKILL).
@@ -282,20 +290,15 @@ class Cluster:
         """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
         self._spares.set_count(warm)
 
-    def lend_spares(self) -> bool:
+    def _lend_spares(self) -> bool:
         """Hand this cluster's spare kernels to the session for clusters started beside it
-        (``isolate()``'s variants); False if it has none. ``reclaim_spares`` takes them back."""
+        (``isolate()``'s variants); False if it has none. ``_reclaim_spares`` takes them back."""
         return self._spares.lend()
 
-    def reclaim_spares(self, lent: bool) -> None:
+    def _reclaim_spares(self, lent: bool) -> None:
         """After clusters started beside this one: take the session's kept pool back if this
         cluster ``lent`` its spares (an empty pool of its own if none is left), else end it."""
         self._spares.reclaim(lent)
-
-    def make_current(self) -> None:
-        """The cluster the magics drive again (after clusters started beside it)."""
-        if self.running:
-            registry.set_current(self)
 
     # ------------------------------------------------------------------ inspection and control
     def stacks(self, on: Any = None) -> dict[str, str]:
@@ -376,7 +379,7 @@ class Cluster:
         asked (``ask_here`` asks this process's user); without it they raise ipykernel's
         StdinNotImplementedError (docs/reference.md, Input from the tasks).
         """
-        targets = self._runtimes(self.default_targets() if on is None else on)
+        targets = self._runtimes(self._default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
             raise ValueError("timeout must be positive")
         assert self.rundir is not None and self.hub is not None
@@ -414,7 +417,7 @@ class Cluster:
                 raise SpecError(f"debug one task at a time, not {len(named)}: e.g. "
                                 "%tfdist_debug --on 1")
             return str(named[0])
-        failure = self.last_failure
+        failure = self._last_failure
         first = first_raised(failure[0]) if failure is not None else None
         if first is None:
             raise SpecError("no task raised in a cell of this cluster yet (the last failing cell "
@@ -434,7 +437,7 @@ class Cluster:
     def status(self) -> pd.DataFrame:
         """One row per task: the columns of docs/reference.md (Status columns); the spare
         kernels are in ``.attrs["spares"]``."""
-        frame = status_frame(self.tasks.values(), self.live, self.stragglers)
+        frame = status_frame(self.tasks.values(), self.live, self._stragglers)
         frame.attrs["spares"] = self.spares()
         return frame
 
@@ -499,13 +502,14 @@ class Cluster:
         write are kept (SpecError) unless ``force``; secrets are named in a SecretsWarning."""
         if self.rundir is None:
             raise ClusterNotRunningError("the cluster has not run anything yet")
-        targets = self.default_targets()
+        targets = self._default_targets()
         try:
             return export_reproducer(
                 directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
                 env=self.extra_env, python=self.python,
                 restarts=restart_times(self.rundir.iter_events()),
-                default_targets=None if targets == "all" else targets.split(","), force=force)
+                default_targets=None if targets == "all" else targets.split(","), force=force,
+                task_env={str(t): self.gpu_plan.env(t) for t in self.spec.tasks})
         except ExportError as exc:
             raise SpecError(str(exc)) from None
 
@@ -521,7 +525,7 @@ class Cluster:
         return report.write(
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
-            failure=self.last_failure, logs=self.logs(), live=self.live,
+            failure=self._last_failure, logs=self.logs(), live=self.live,
             cells=self.rundir.cells(), show_env=show_env)
 
     def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
@@ -546,7 +550,7 @@ class Cluster:
         return [str(a) for a in self.hub.alerts] if self.hub is not None else []
 
     @property
-    def stragglers(self) -> dict[str, Straggler]:
+    def _stragglers(self) -> dict[str, Straggler]:
         """The current cell's stragglers by task name, with their lateness."""
         return self.hub.stragglers if self.hub is not None else {}
 
@@ -568,21 +572,22 @@ class Cluster:
             id=self.id, spec=str(self.spec), running=self.running,
             run_dir=str(self.run_dir) if self.run_dir else "",
             tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host,
-                                     tuple(waiting.get(rt.name, ())))
+                                     tuple(waiting.get(rt.name, ())), rt.gpus,
+                                     rt.connection_file)
                         for rt in tasks),
             alerts=tuple(self.hub.alerts) if self.hub is not None else (),
-            stragglers={name: s.lag_ms for name, s in self.stragglers.items()},
+            stragglers={name: s.lag_ms for name, s in self._stragglers.items()},
             spares=self.spares(), disk_trouble=self.disk_trouble(),
             persistent_mode=self.persistent_mode)
 
-    def default_targets(self) -> str:
+    def _default_targets(self) -> str:
         """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
         if self.spec.ps:
             return "chief:0" if self.spec.chief else ",".join(
                 str(t) for t in self.spec.tasks if t.role == "worker")
         return "all"
 
-    def keras_summary(self) -> str:
+    def _keras_summary(self) -> str:
         """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
         the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
         return software.keras_summary([rt.info for rt in self.tasks.values()], self.spec)

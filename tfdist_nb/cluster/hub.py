@@ -15,10 +15,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from tfdist_nb.diagnostics.gpu_faults import ring_on_gpus
 from tfdist_nb.diagnostics.startup import StartupWaitDetector
 from tfdist_nb.diagnostics.straggler import Straggler, find_stragglers
 from tfdist_nb.diagnostics.straggler import evidence as straggler_evidence
-from tfdist_nb.events import Alert, Event, OutputLine, TaskNote, TelemetrySample
+from tfdist_nb.events import Alert, Event, Finding, OutputLine, TaskNote, TelemetrySample
 from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.store.tails import LiveStore
 
@@ -49,6 +50,8 @@ class EventHub:
         self._lock = threading.Lock()
         self._cell_started = 0.0
         self._findings_said: set[tuple[str, str]] = set()  # (kind, text) alerted already
+        #: each task's last MultiWorkerMirroredStrategy, as it said (``Finding.STRATEGY`` facts)
+        self.strategies: dict[str, dict[str, Any]] = {}
 
     def new_cell(self, targets: list[str] | None = None) -> None:
         """Stragglers are judged afresh in each cell, on its own steps, with a new alert;
@@ -91,6 +94,12 @@ class EventHub:
                 level = "INFO"
             self._findings_said.add((finding, text))
         self.note(task, text, level, kind=str(finding) if finding else None)
+        if finding == Finding.STRATEGY:
+            self.strategies[task] = note.get("facts") or {}
+            advice = ring_on_gpus(self.strategies[task])
+            if advice and (Finding.RING_ON_GPUS, "") not in self._findings_said:
+                self._findings_said.add((Finding.RING_ON_GPUS, ""))  # once per cluster
+                self.note(task, advice, "WARNING", kind=Finding.RING_ON_GPUS)
 
     def note(self, task: str, text: str, level: str = "INFO", topic: str | None = None,
              kind: str | None = None, about: tuple[str, ...] = ()) -> None:

@@ -13,8 +13,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import psutil
-
+from tfdist_nb import host_os
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -151,13 +150,10 @@ class Inspector:
 
 
 def _process_stopped(rt: TaskRuntime) -> bool:
-    """Whether a task on this host is a stopped process (``/proc/PID/stat`` state T)."""
+    """Whether a task on this host is a stopped process (state T)."""
     if rt.pid is None or getattr(rt.handle, "host", None) not in ("localhost", "127.0.0.1"):
         return False
-    try:
-        return psutil.Process(rt.pid).status() == psutil.STATUS_STOPPED
-    except psutil.Error:
-        return False
+    return host_os.process_state(rt.pid) == "T"
 
 
 def format_stacks(found: dict[str, Any] | None) -> str:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from tfdist_nb.cluster import registry
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.debuglog import swallowed
@@ -36,13 +37,13 @@ from tfdist_nb.diagnostics.cell_edits import (
     prelude_code,
     with_bound,
 )
-from tfdist_nb.diagnostics.isolate import (
+from tfdist_nb.diagnostics.isolate import Walk
+from tfdist_nb.diagnostics.isolate_variants import (
     Failure,
     Finding,
     Outcome,
     Row,
     Variant,
-    Walk,
     failure_of,
     judge,
     share_alone,
@@ -169,12 +170,17 @@ class Isolation:
         self.setup = self._setup_cells()
         self.failure = failure_of(result)
         self.bound: LoopBound | None = loop_bound(self.code, [c["code"] for c in self.setup])
+        # what the tasks showed: their strategies' own word (Finding.STRATEGY), else the code
+        made = list(cluster.hub.strategies.values()) if cluster.hub is not None else []
         self.walk = Walk(spec, self.failure, bound=self.bound.value if self.bound else None,
                          bound_counts_steps=self.bound is None or self.bound.counts_steps,
                          gpus=any(cluster.live.view(rt.name).latest.get("gpus")
-                                  for rt in cluster.tasks.values()),
-                         implementation_used=implementation_named(
-                             [c["code"] for c in self.setup] + [self.code]))
+                                  for rt in cluster.tasks.values())
+                         or any(f.get("device") == "GPU" for f in made),
+                         implementation_used=next(
+                             (str(f["implementation"]).lower() for f in made
+                              if f.get("implementation")),
+                             implementation_named([c["code"] for c in self.setup] + [self.code])))
         self.ran: dict[str, Ran] = {}
         self.template = prelude_template()
 
@@ -206,7 +212,7 @@ class Isolation:
     def run(self) -> IsolateReport:
         started = time.monotonic()
         deadline = started + self.budget_s
-        lent = self.warm and self.cluster.lend_spares()
+        lent = self.warm and self.cluster._lend_spares()
         try:
             while (variant := self.walk.next()) is not None:
                 left = deadline - time.monotonic()
@@ -230,7 +236,7 @@ class Isolation:
             self.walk.stopped = "interrupted"
         finally:
             if self.warm:
-                self.cluster.reclaim_spares(lent)
+                self.cluster._reclaim_spares(lent)
         return IsolateReport(
             cell=self.cell, failure=self.failure, rows=list(self.walk.rows),
             verdict=self.walk.verdict(), finding=self.walk.finding(),
@@ -265,7 +271,8 @@ class Isolation:
             start_timeout=max(1.0, min(user.start_timeout,
                                        deadline - STOP_RESERVE_S - time.monotonic())),
             launcher_options=user.launcher_options,
-            warm=len(user.spec.tasks) if self.warm else False)
+            warm=len(user.spec.tasks) if self.warm else False,
+            gpus=user.gpu_request.choice, gpus_per_task=user.gpu_request.per_task)
         try:
             try:
                 side.start(announce=False)
@@ -276,7 +283,8 @@ class Isolation:
         finally:
             with swallowed(logger):
                 side.stop(keep_spares=self.warm)
-            user.make_current()
+            if user.running:
+                registry.set_current(user)
 
     def _full_cap(self) -> float:
         return max(MIN_CELL_S, CELL_FACTOR * self.failure.seconds + CELL_EXTRA_S)

@@ -11,22 +11,20 @@ With a pool of spare kernels (:mod:`.spares`), a start or restart first takes sp
 adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
 tasks no spare fits start cold as above, said in one line (``warm``, a ``WarmOutcome``). A spare
 still warming when taken is waited for about as long as the rest of a cold start would take
-(``_await_warm``), then dropped for a cold start. A restart from spares
-A restart kills the old processes at once (no grace: nothing of theirs is kept, and TensorFlow
-only logs SIGTERM); one from spares that restarts every task moves it to fresh, verified TF
-ports so nothing waits for the old ones to be freed.
+(``spare.await_warm``), then dropped for a cold start. A restart kills the old processes at
+once (no grace: nothing of theirs is kept, and TensorFlow only logs SIGTERM); one from spares
+that restarts every task moves it to fresh, verified TF ports so nothing waits for the old ones
+to be freed. Each step of a start is watched by :mod:`.start_steps`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
@@ -34,50 +32,38 @@ from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.spare import Spare, WarmOutcome, env_delta, stop_spare
+from tfdist_nb.cluster.spare import (
+    Spare,
+    WarmOutcome,
+    await_warm,
+    copy_start_log,
+    env_delta,
+)
 from tfdist_nb.cluster.spares import SparePool
+from tfdist_nb.cluster.start_steps import Setup, StartFailed, late, log_size, unless_it_dies
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
-from tfdist_nb.errors import AgentError, ClusterStartError
+from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.events import RESTART
-from tfdist_nb.launchers.base import Launcher, StopReport, TaskLaunch
-from tfdist_nb.store.rundir import RunDirectory, open_private
+from tfdist_nb.launchers.base import StopReport, TaskLaunch
+from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.topology import ClusterSpec, TaskId
 from tfdist_nb.transport.channel import KernelChannel
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PORT_ATTEMPTS = 3
 STOP_GRACE_S = 1.0
 #: what a whole stop (every task and spare at once) may take, waited for from the caller
 STOP_TIMEOUT_S = 30.0
-POLL_S = 0.2
 SUBSHELL_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 20
-#: A spare still warming when taken is waited for its expected remaining warm-up times this,
-#: plus WARM_SLACK_S, before the task starts cold instead.
-WARM_PATIENCE = 1.5
-WARM_SLACK_S = 2.0
 #: what a failed start adds: how to check what the tasks need before they start
 START_HINT = ("tfdist_nb: check what the tasks need before they start: tfdist_nb."
               "check_tf_config(...) for a TF_CONFIG of your own; once a cluster runs, "
               "%tfdist_check all (TF_CONFIG, network, environment)")
-#: What a kernel writes to its process log when it cannot bind a channel (it may not exit).
-_FATAL_IN_LOG = re.compile(r"ZMQError|Address already in use")
-T = TypeVar("T")
-
-
-@dataclass
-class Setup:
-    """What every task of the cluster is started with."""
-
-    spec: ClusterSpec
-    launcher: Launcher
-    python: str
-    preload: tuple[str, ...]
-    extra_env: dict[str, str] = field(default_factory=dict)
-    start_timeout: float = 120.0
 
 
 def start_error(exc: BaseException, spec: ClusterSpec) -> ClusterStartError:
@@ -85,14 +71,6 @@ def start_error(exc: BaseException, spec: ClusterSpec) -> ClusterStartError:
     text = (str(exc) if isinstance(exc, ClusterStartError) else
             f"cluster of {spec} did not start: {exc}")
     return ClusterStartError(f"{text}\n{START_HINT}")
-
-
-class StartFailed(Exception):
-    """One task's start failed; ``retry``: worth one more try (the deadline is not past)."""
-
-    def __init__(self, message: str, retry: bool = True) -> None:
-        super().__init__(message)
-        self.retry = retry
 
 
 class Lifecycle:
@@ -120,6 +98,8 @@ class Lifecycle:
         began = time.monotonic()
         deadline = began + self.setup.start_timeout
         tasks = self.setup.spec.tasks
+        for note in self.setup.gpus.notes:  # where the GPUs went, in the run's log
+            self.hub.note("cluster", note.text, note.level)
         avoid: dict[TaskId, str] = {}
         for attempt in range(1, PORT_ATTEMPTS + 1):
             addresses = await asyncio.to_thread(self.setup.launcher.tf_addresses, tasks, avoid)
@@ -272,20 +252,23 @@ class Lifecycle:
 
     def runtime(self, task: TaskId, addresses: Mapping[TaskId, str]) -> TaskRuntime:
         tf_config = build_tf_config(task, addresses)
-        launcher = self.setup.launcher
-        env = worker_env(task, tf_config, self.setup.extra_env, self.setup.python,
-                         base=launcher.base_environment(), local=not launcher.remote)
         self.rundir.write_json(task.slug, "tf_config.json", json.loads(tf_config))
-        self.rundir.write_json(task.slug, "env.json", env)
-        return TaskRuntime(task=task, address=addresses[task], tf_config=tf_config, env=env)
+        return TaskRuntime(task=task, address=addresses[task], tf_config=tf_config,
+                           env=self._env(task, tf_config))
 
     def refresh_env(self) -> None:
         """Rebuild every task's environment after ``extra_env`` changed (applies at restart)."""
         for rt in self.tasks.values():
-            rt.env = worker_env(rt.task, rt.tf_config, self.setup.extra_env, self.setup.python,
-                                base=self.setup.launcher.base_environment(),
-                                local=not self.setup.launcher.remote)
-            self.rundir.write_json(rt.task.slug, "env.json", rt.env)
+            rt.env = self._env(rt.task, rt.tf_config)
+
+    def _env(self, task: TaskId, tf_config: str) -> dict[str, str]:
+        """The task's environment (its GPUs included), as written to its ``env.json``."""
+        setup, launcher = self.setup, self.setup.launcher
+        env = worker_env(task, tf_config, {**setup.gpus.env(task), **setup.extra_env},
+                         setup.python, base=launcher.base_environment(),
+                         local=not launcher.remote)
+        self.rundir.write_json(task.slug, "env.json", env)
+        return env
 
     async def launch(self, runtimes: list[TaskRuntime], deadline: float,
                      spares: dict[TaskId, Spare] | None = None) -> None:
@@ -378,7 +361,7 @@ class Lifecycle:
             await asyncio.shield(self._killing)
         tdir = self.rundir.task_dir(rt.task.slug)
         rt.log_path = tdir / "kernel.log"
-        rt.log_offset = _log_size(rt)
+        rt.log_offset = log_size(rt)
         try:
             rt.handle = await asyncio.wait_for(launcher.start(TaskLaunch(
                 task=rt.task, env=rt.env, python=self.setup.python, log_path=rt.log_path,
@@ -386,161 +369,66 @@ class Lifecycle:
                 preload=tuple(self.setup.preload))),
                 max(deadline - time.monotonic(), 0.1))
         except asyncio.TimeoutError:
-            raise StartFailed(self._late(), retry=False) from None
+            raise StartFailed(late(self.setup.start_timeout), retry=False) from None
         except (OSError, RuntimeError, ValueError) as exc:
             raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
         for text in rt.handle.notes:  # the launcher's word on this start (a fork server's fault)
             self.hub.note(rt.name, text, "WARNING")
         channel = KernelChannel(rt.name, rt.handle.client, self.hub.sink)
         rt.channel = channel
-        await self._unless_it_dies(
+        await self._until(
             rt, channel.start(timeout=max(deadline - time.monotonic(), 0.1)), deadline)
         agent = AgentClient(rt.name, channel)
         if not launcher.env_at_launch:
-            await self._unless_it_dies(rt, agent.set_environment(rt.env), deadline)
-        rt.info = await self._unless_it_dies(rt, agent.describe(list(self.setup.preload)),
+            await self._until(rt, agent.set_environment(rt.env), deadline)
+        rt.info = await self._until(rt, agent.describe(list(self.setup.preload)),
                                              deadline)
         # the handshake's own busy/idle status travels on iopub: it must have arrived
-        await self._unless_it_dies(rt, channel.iopub_alive.wait(), deadline,
+        await self._until(rt, channel.iopub_alive.wait(), deadline,
                                    silent_iopub_after=5.0)
-        agent.subshell = await self._unless_it_dies(
+        agent.subshell = await self._until(
             rt, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S), deadline)
         rt.agent = agent
-        rt.transition(TaskEvent.READY)
-        self.hub.note(rt.name, f"ready: pid {rt.pid}, {rt.info.get('keras_flavour')}, TF "
-                      f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}")
-        for what, error in (rt.info.get("instrumentation_errors") or {}).items():
-            self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
-                          "WARNING")
+        self._ready(rt, "")
 
     async def _adopt(self, rt: TaskRuntime, spare: Spare, deadline: float) -> None:
         """``spare`` becomes ``rt``'s task in one agent call, before any user code: the task's
         environment (TF_CONFIG included), ``tw.task``, the log tag, the task's process log,
         telemetry; it answers with the same self-description as a cold start's handshake."""
         if spare.warm_s is None:
-            await self._await_warm(rt, spare, deadline)
+            typical = ((self.spares.typical_warm_s() if self.spares is not None else None)
+                       or self.start_s or 10.0)
+            await await_warm(spare, typical, deadline)
         assert spare.handle is not None and spare.channel is not None
         rt.log_path = self.rundir.task_dir(rt.task.slug) / "kernel.log"
-        _append_process_log(spare, rt.log_path)
-        rt.log_offset = _log_size(rt)
+        copy_start_log(spare, rt.log_path)
+        rt.log_offset = log_size(rt)
         spare.handle.task = rt.task
         rt.handle, rt.channel = spare.handle, spare.channel
         spare.hand_over(self.hub.sink, rt.name)
         set_env, unset_env = env_delta(spare.env, rt.env)
         agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
-        info = await self._unless_it_dies(
+        info = await self._until(
             rt, agent.adopt(rt.name, set_env, unset_env, str(rt.log_path),
                             list(self.setup.preload),
                             timeout=max(deadline - time.monotonic(), 0.1)), deadline)
         adopted = info.pop("adopted", None) or {}
         rt.info = info
         rt.agent = agent
-        rt.transition(TaskEvent.READY)
         low = adopted.get("low_priority_threads")
-        self.hub.note(rt.name, f"ready: pid {rt.pid} from {spare.name} (warmed "
-                      f"{spare.warm_s}s before), {rt.info.get('keras_flavour')}, TF "
-                      f"{rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}"
-                      + (f"; {low} idle import thread(s) keep the spare's low priority"
-                         if low else ""))
+        self._ready(rt, f" from {spare.name} (warmed {spare.warm_s}s before)",
+                    f"; {low} idle import thread(s) keep the spare's low priority" if low else "")
+
+    def _ready(self, rt: TaskRuntime, origin: str, after: str = "") -> None:
+        """The task is ready: said with how it came (``origin``: cold is ""), and any
+        instrumentation its agent could not install."""
+        rt.transition(TaskEvent.READY)
+        self.hub.note(rt.name, f"ready: pid {rt.pid}{origin}, {rt.info.get('keras_flavour')}, "
+                      f"TF {rt.info.get('tensorflow')}, TF_CONFIG address {rt.address}{after}")
         for what, error in (rt.info.get("instrumentation_errors") or {}).items():
             self.hub.note(rt.name, f"instrumentation {what} could not be installed ({error})",
                           "WARNING")
 
-    async def _await_warm(self, rt: TaskRuntime, spare: Spare, deadline: float) -> None:
-        """Wait for a spare taken while still warming, about as long as the rest of a cold
-        start would take (the pool's typical warm-up, else the cluster's own start); a spare
-        that fails or is later than that is ended and the task starts cold (StartFailed)."""
-        typical = ((self.spares.typical_warm_s() if self.spares is not None else None)
-                   or self.start_s or 10.0)
-        ran = time.monotonic() - spare.began
-        patience = max(typical - ran, 0.0) * WARM_PATIENCE + WARM_SLACK_S
-        wait = min(patience, max(deadline - time.monotonic(), 0.0))
-        warming = spare.warming  # None: its warm-up failed already (and said so)
-        try:
-            if warming is not None:
-                await asyncio.wait([warming], timeout=wait)
-            if warming is not None and not warming.done():
-                raise StartFailed(f"{spare.name} was still warming {ran + wait:.1f}s after it "
-                                  f"started; a warm-up takes about {typical:.1f}s here")
-            if (warming is None or warming.cancelled() or warming.exception() is not None
-                    or not warming.result()):
-                raise StartFailed(f"{spare.name} could not be warmed")
-        except BaseException:
-            await stop_spare(spare)
-            raise
-
-    async def _unless_it_dies(self, rt: TaskRuntime, step: Awaitable[T], deadline: float,
-                              silent_iopub_after: float | None = None) -> T:
-        """Await a start-up step, but fail within POLL_S when the process exits or its log
-        says a channel could not bind, and at the deadline."""
-        assert rt.handle is not None
-        work = asyncio.ensure_future(step)
-        exited = rt.handle.exit_future()
-        started = time.monotonic()
-        log_size = _log_size(rt)
-        try:
-            while not work.done():
-                waiting: list[asyncio.Future[Any]] = [work, exited]
-                await asyncio.wait(waiting, timeout=POLL_S, return_when=asyncio.FIRST_COMPLETED)
-                if work.done():
-                    break
-                if exited.done():
-                    raise StartFailed(f"the process {rt.handle.describe_exit(exited.result())} "
-                                      "while starting")
-                if (size := _log_size(rt)) != log_size:
-                    log_size = size
-                    if fatal := _fatal_log_line(rt, rt.log_offset):
-                        raise StartFailed(f"its kernel could not set up a channel: {fatal}")
-                if (silent_iopub_after is not None
-                        and time.monotonic() - started > silent_iopub_after):
-                    raise StartFailed("its iopub channel sent nothing: output and telemetry "
-                                      "would be lost")
-                if time.monotonic() > deadline:
-                    raise StartFailed(self._late(), retry=False)
-            try:
-                return work.result()
-            except (AgentError, RuntimeError, OSError) as exc:
-                if time.monotonic() >= deadline - POLL_S:  # it ran out of the time it was given
-                    raise StartFailed(self._late(), retry=False) from exc
-                raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            if not work.done():
-                work.cancel()
-
-    def _late(self) -> str:
-        return (f"not ready within start_timeout={self.setup.start_timeout:.0f}s (the whole "
-                "start, retries included)")
-
-
-def _append_process_log(spare: Spare, path: Any) -> None:
-    """What the spare's process wrote before it was a task (its start-up) goes into the task's
-    process log first, so the log reads like a cold task's; the adoption re-points the rest."""
-    try:
-        text = spare.log_path.read_bytes()
-    except OSError:
-        return
-    with contextlib.suppress(OSError), open_private(path, "a") as f:
-        f.write(f"--- tfdist_nb: process {spare.pid} started as {spare.name} ---\n")
-        f.write(text.decode("utf-8", "replace"))
-
-
-def _fatal_log_line(rt: TaskRuntime, offset: int) -> str | None:
-    """A line written to the task's process log after ``offset`` saying that a channel could
-    not bind (the log is appended to by every attempt; earlier ones do not count)."""
-    if rt.log_path is None:
-        return None
-    try:
-        with open(rt.log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
-        return None
-    return next((line.strip() for line in reversed(text.splitlines())
-                 if _FATAL_IN_LOG.search(line)), None)
-
-
-def _log_size(rt: TaskRuntime) -> int:
-    try:
-        return rt.log_path.stat().st_size if rt.log_path is not None else 0
-    except OSError:
-        return 0
+    def _until(self, rt: TaskRuntime, step: Awaitable[T], deadline: float,
+               silent_iopub_after: float | None = None) -> Awaitable[T]:
+        return unless_it_dies(rt, step, deadline, self.setup.start_timeout, silent_iopub_after)

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.ending import end_kernel
+from tfdist_nb.cluster.start_steps import StartFailed
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle
 from tfdist_nb.launchers.import_env import import_time_env
+from tfdist_nb.store.rundir import open_private
 from tfdist_nb.transport.channel import KernelChannel
 
 logger = logging.getLogger(__name__)
@@ -181,3 +183,43 @@ def log_tail(path: Path, n: int = 3) -> str:
         lines = path.read_text(errors="replace").strip().splitlines()
         return " | ".join(line.strip() for line in lines[-n:])
     return ""
+
+
+def copy_start_log(spare: Spare, path: Path) -> None:
+    """What the spare's process wrote before it was a task (its start-up) goes into the task's
+    process log first, so the log reads like a cold task's; the adoption re-points the rest."""
+    try:
+        text = spare.log_path.read_bytes()
+    except OSError:
+        return
+    with contextlib.suppress(OSError), open_private(path, "a") as f:
+        f.write(f"--- tfdist_nb: process {spare.pid} started as {spare.name} ---\n")
+        f.write(text.decode("utf-8", "replace"))
+
+
+#: A spare still warming when taken is waited for its expected remaining warm-up times this,
+#: plus WARM_SLACK_S, before the task starts cold instead.
+WARM_PATIENCE = 1.5
+WARM_SLACK_S = 2.0
+
+
+async def await_warm(spare: Spare, typical: float, deadline: float) -> None:
+    """Wait for a spare taken while still warming, about as long as the rest of a cold start
+    would take (``typical``: the pool's usual warm-up, else the cluster's own start); a spare
+    that fails or is later than that is ended and the task starts cold (StartFailed)."""
+    ran = time.monotonic() - spare.began
+    patience = max(typical - ran, 0.0) * WARM_PATIENCE + WARM_SLACK_S
+    wait = min(patience, max(deadline - time.monotonic(), 0.0))
+    warming = spare.warming  # None: its warm-up failed already (and said so)
+    try:
+        if warming is not None:
+            await asyncio.wait([warming], timeout=wait)
+        if warming is not None and not warming.done():
+            raise StartFailed(f"{spare.name} was still warming {ran + wait:.1f}s after it "
+                              f"started; a warm-up takes about {typical:.1f}s here")
+        if (warming is None or warming.cancelled() or warming.exception() is not None
+                or not warming.result()):
+            raise StartFailed(f"{spare.name} could not be warmed")
+    except BaseException:
+        await stop_spare(spare)
+        raise

@@ -12,11 +12,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle, Setup
+from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome
 from tfdist_nb.cluster.spares import SparePool, spare_count
+from tfdist_nb.cluster.start_steps import Setup
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.errors import ClusterNotRunningError
@@ -95,7 +96,7 @@ class ClusterSpares:
             loop.call_soon(lifecycle.spares.start_refill)
 
     def lend(self) -> bool:
-        """``Cluster.lend_spares``: the pool, detached, kept in the session; False if none."""
+        """``Cluster._lend_spares``: the pool, detached, kept in the session; False if none."""
         lifecycle = self._lifecycle
         if not self._running() or lifecycle is None or lifecycle.spares is None:
             return False
@@ -105,7 +106,7 @@ class ClusterSpares:
         return True
 
     def reclaim(self, lent: bool) -> None:
-        """``Cluster.reclaim_spares``: the session's pool back if ``lent`` (else it ends)."""
+        """``Cluster._reclaim_spares``: the session's pool back if ``lent`` (else it ends)."""
         lifecycle = self._lifecycle
         if not lent or not self._running() or lifecycle is None or not self.count:
             SESSION.drop_pool()

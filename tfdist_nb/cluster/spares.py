@@ -46,7 +46,7 @@ from tfdist_nb.worker.state import SPARE_ENV
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from tfdist_nb.cluster.lifecycle import Setup
+    from tfdist_nb.cluster.start_steps import Setup
 
 T = TypeVar("T")
 

@@ -12,6 +12,7 @@ from typing import Any
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.state import TaskEvent, TaskState, next_state
+from tfdist_nb.gpu_plan import CVD
 from tfdist_nb.launchers.base import StopReport, TaskHandle
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
@@ -55,6 +56,23 @@ class TaskRuntime:
         if self.handle is None:
             raise RuntimeError(f"{self.name} has no process")
         return self.handle
+
+    @property
+    def gpus(self) -> str:
+        """The GPUs the task was given (its CUDA_VISIBLE_DEVICES, as it reported it once up, or
+        SLURM's); "" for none or unknown (docs/reference.md, GPUs)."""
+        return self.info.get("gpus", self.env.get(CVD)) or ""
+
+    @property
+    def connection_file(self) -> str:
+        """The kernel connection file of the task's process on this host, where it has one
+        (local, attach, SLURM; not ssh): what a JupyterLab console on the task connects with
+        (docs/reference.md, Consoles on a task); "" otherwise."""
+        if self.handle is None:
+            return ""
+        path = getattr(self.handle, "connection_file", None) or getattr(
+            self.handle.client, "connection_file", "")
+        return str(path or "")
 
     @property
     def host(self) -> str:

@@ -14,9 +14,9 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.store.tails import LiveStore
 
 STATUS_COLUMNS = ["task", "host", "pid", "state", "step", "step_time_ms", "input_wait_ms",
-                  "cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
-                  "net_tx_mb_s", "last_output_s_ago", "flags", "net_scope"]
-_NUMERIC = STATUS_COLUMNS[5:14]
+                  "cpu_percent", "rss_mb", "gpus", "gpu_util_percent", "gpu_mem_mb",
+                  "net_rx_mb_s", "net_tx_mb_s", "last_output_s_ago", "flags", "net_scope"]
+_NUMERIC = [c for c in STATUS_COLUMNS[5:15] if c != "gpus"]
 _SAMPLED = ("cpu_percent", "rss_mb", "gpu_util_percent", "gpu_mem_mb", "net_rx_mb_s",
             "net_tx_mb_s")
 
@@ -69,6 +69,7 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             "step": v.step_count, "step_time_ms": v.step_time_ms(),
             "input_wait_ms": v.input_wait_ms(),
             **{k: latest.get(k) for k in _SAMPLED},
+            "gpus": rt.gpus,  # what it was given (docs/reference.md, GPUs)
             "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
             "flags": task_flags(rt, latest, stragglers, rt.name in waiting),
             # what net_rx/tx measure: "host" (all interfaces of the host), "cluster-netns" (the

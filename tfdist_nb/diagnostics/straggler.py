@@ -104,7 +104,7 @@ def evidence(latest: dict[str, Any], input_wait_ms: float | None,
              others_fetch_ms: list[float] | None = None) -> str:
     """What may make a task slow, from its last heartbeat: its own input pipeline (local
     fetch against the others'), input wait, its CPU against its host's load (contention), and
-    on GPUs the clocks, temperature and throttle reasons."""
+    a GPU that is held back (:func:`gpu_slowdown`; a healthy GPU is not mentioned)."""
     parts = []
     if input_bound(local_fetch_ms, others_fetch_ms or []):
         parts.append(f"cause: its input pipeline - its own tf.data fetch takes "
@@ -113,10 +113,35 @@ def evidence(latest: dict[str, Any], input_wait_ms: float | None,
     parts += [f"its input wait {input_wait_ms or 0:.0f} ms",
              f"its CPU {latest.get('cpu_percent') or 0:.0f}%",
              f"host load {latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores"]
-    for gpu in latest.get("gpus") or []:
-        said = f"GPU {gpu.get('index')}: SM clock {gpu.get('sm_clock_mhz') or 0:.0f} MHz, " \
-               f"{gpu.get('temperature_c') or 0:.0f} C"
-        if gpu.get("throttle"):
-            said += f", throttled ({', '.join(gpu['throttle'])})"
-        parts.append(said)
+    parts += [said for gpu in latest.get("gpus") or () if (said := gpu_slowdown(gpu))]
     return "; ".join(parts)
+
+
+SLOW_CLOCK = 0.85  # of the SM clock's maximum, on a GPU that is not idle
+
+
+def gpu_slowdown(gpu: dict[str, Any]) -> str | None:
+    """What holds one GPU back, from its reading: its clock event reasons (idle aside), an SM
+    clock well under its maximum, a PCIe link narrower than it can be or replaying; None for a
+    healthy GPU (no reason, clock near its maximum)."""
+    reasons = [r for r in gpu.get("throttle") or () if r != "gpu_idle"]
+    clock, top = gpu.get("sm_clock_mhz"), gpu.get("sm_clock_max_mhz")
+    idle = "gpu_idle" in (gpu.get("throttle") or ())
+    slow = bool(clock and top and not idle and clock < SLOW_CLOCK * top)
+    width, widest = gpu.get("pcie_width"), gpu.get("pcie_width_max")
+    narrow = bool(width and widest and width < widest)
+    if not (reasons or slow or narrow or gpu.get("pcie_replays")):
+        return None
+    said = (f"its GPU {gpu.get('index')} at {clock / 1000:.2f} GHz of {top / 1000:.2f} GHz"
+            if clock and top else f"its GPU {gpu.get('index')} at {clock or 0:.0f} MHz")
+    said += "".join(f", {r.replace('_', ' ')}" for r in reasons)
+    if gpu.get("temperature_c") is not None:
+        said += f", {gpu['temperature_c']:.0f} C"
+    if "sw_power_cap" in reasons and gpu.get("power_w") and gpu.get("power_limit_w"):
+        said += f", {gpu['power_w']:.0f} of {gpu['power_limit_w']:.0f} W"
+    if narrow:
+        said += (f", PCIe gen {gpu.get('pcie_gen')} x{width} of gen {gpu.get('pcie_gen_max')} "
+                 f"x{widest}")
+    if gpu.get("pcie_replays"):
+        said += f", {gpu['pcie_replays']} PCIe replays"
+    return said

@@ -9,7 +9,7 @@ import html
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tfdist_nb import chart_axes as axes
@@ -60,8 +60,8 @@ def outliers(values: dict[str, float], unit: str, min_gap: float = 0.0) -> str:
 class TaskGrid:
     """Every task in one HTML table (one widget update per refresh, whatever the task count)."""
 
-    COLUMNS = ("task", "state", "step", "step ms", "late ms", "CPU %", "RSS MB", "GPU %",
-               "alerts")
+    COLUMNS = ("task", "state", "step", "step ms", "late ms", "CPU %", "RSS MB", "GPUs",
+               "GPU %", "alerts")
 
     def __init__(self) -> None:
         import ipywidgets as w
@@ -97,13 +97,15 @@ class TaskGrid:
                 f"style='background:{bg}'><td style='padding:0 5px'><b>"
                 f"{html.escape(r['task'])}</b></td>{cell(r['state'])}{cell(r['step'])}"
                 f"{cell(r['step_ms'], 1)}{cell(r['late_ms'])}{cell(r['cpu'])}{cell(r['rss'])}"
-                f"{cell(r['gpu'])}<td{flag}>{r['alerts'] or ''}</td></tr>")
+                f"{cell(r['gpus'])}{cell(r['gpu'])}<td{flag}>{r['alerts'] or ''}</td></tr>")
 
 
 def grid_rows(names: list[str], views: dict[str, TaskView],
               state_pid: Callable[[str], tuple[str, int | None]],
-              stragglers: dict[str, float], alerts: list[Alert]) -> list[dict[str, Any]]:
-    """One grid row per task; ``stragglers``: task -> lateness (ms)."""
+              stragglers: dict[str, float], alerts: list[Alert],
+              gpus: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """One grid row per task; ``stragglers``: task -> lateness (ms); ``gpus``: task -> the GPUs
+    it was given."""
     counts: dict[str, int] = defaultdict(int)
     for alert in alerts:
         for task in set(alert.tasks):
@@ -115,6 +117,7 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
         rows.append({"task": name, "state": state, "step": v.step_count,
                      "step_ms": v.step_time_ms(), "late_ms": stragglers.get(name),
                      "cpu": latest.get("cpu_percent"), "rss": latest.get("rss_mb"),
+                     "gpus": (gpus or {}).get(name, ""),
                      "gpu": latest.get("gpu_util_percent"), "alerts": counts.get(name, 0)})
     return rows
 

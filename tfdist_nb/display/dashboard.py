@@ -79,14 +79,15 @@ class TaskPanel:
         self._seen = ()
 
     def update(self, view: TaskView, state: str, pid: int | None, straggler: bool = False,
-               disk_trouble: str | None = None, waits_for_prompt: tuple[str, ...] = ()) -> bool:
+               disk_trouble: str | None = None, waits_for_prompt: tuple[str, ...] = (),
+               gpus: str = "") -> bool:
         """``waits_for_prompt``: the tasks at an input prompt its collective waits for (said
-        beside the badge: a wait for a person, not a hang)."""
+        beside the badge: a wait for a person, not a hang); ``gpus``: the GPUs it was given."""
         inside = view.ledger.current()
         # while the task waits in a collective the panel counts the seconds
         ticking = int(time.time()) if inside is not None else 0
         key = (view.revision, state, straggler, self.stream.value, self.grep.value, ticking,
-               disk_trouble, waits_for_prompt)
+               disk_trouble, waits_for_prompt, gpus)
         if key == self._seen:
             return False
         self._seen = key
@@ -94,7 +95,8 @@ class TaskPanel:
         self.title.value = (
             f"<b style='color:{colour_of(self.task)}'>{html.escape(self.task)}</b> "
             f"<span style='background:{badge};color:white;padding:1px 6px;border-radius:8px'>"
-            f"{state}</span> <small>pid {pid or '-'}</small>"
+            f"{state}</span> <small>pid {pid or '-'}"
+            + (f" · GPU {html.escape(gpus)}" if gpus else "") + "</small>"
             + (" <span style='background:#ef6c00;color:white;padding:1px 6px;"
                "border-radius:8px'>straggler</span>" if straggler else "")
             + (f" <small>waits for {html.escape(', '.join(waits_for_prompt))} at a prompt"
@@ -371,14 +373,16 @@ class Dashboard(_box_class()):  # type: ignore[misc]
             alerts = list(c.alerts)
             if self.grid is not None:
                 changed |= self.grid.update(grid_rows(self.names, views, state_pid,
-                                                      c.stragglers, alerts))
+                                                      c.stragglers, alerts,
+                                                      {t.name: t.gpus for t in c.tasks}))
                 changed |= self._choose_panels(alerts)
             for name, panel in self.panels.items():
                 state, pid = state_pid(name)
                 snap = c.task(name)
                 changed |= panel.update(views[name], state, pid, name in c.stragglers,
                                         c.disk_trouble,
-                                        snap.waits_for_prompt if snap is not None else ())
+                                        snap.waits_for_prompt if snap is not None else (),
+                                        snap.gpus if snap is not None else "")
             changed |= self.charts.update(list(views.values()), self.live.revision)
             header = (f"<b>tfdist_nb</b> {html.escape(c.spec)} · cluster "
                       f"<code>{c.id}</code> · {'running' if c.running else 'stopped'}"

@@ -57,6 +57,8 @@ class LivePrinter:
         self._holding: dict[tuple[str, str], float] = {}
 
     def __call__(self, event: Event) -> None:
+        if getattr(event, "origin", None) is not None:
+            return  # a console on the task wrote it: that console shows it (docs/reference.md)
         if isinstance(event, OutputLine):
             if event.stream in ("stdout", "stderr") and not self._hold(event):
                 self._line(event)

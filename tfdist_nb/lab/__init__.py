@@ -2,8 +2,10 @@
 
 It serves the run directories the server can see, read-only and under the server's own auth:
 cluster discovery, REST summaries and a websocket of new events per cluster, fed by tailing the
-run's JSON Lines files. It talks to no kernel and imports no controller code (an import-linter
-contract in pyproject.toml), so the panes keep working while a kernel is busy or dead.
+run's JSON Lines files. It imports no controller code (an import-linter contract in
+pyproject.toml), so the panes keep working while a kernel is busy or dead. The one way it leads
+to a kernel: a console on a live task, registered with the server's own kernel manager
+(:mod:`tfdist_nb.lab.consoles`).
 
 Enabled by ``etc/jupyter/jupyter_server_config.d/tfdist_nb.json`` (installed with the package);
 the prebuilt JupyterLab extension is ``share/jupyter/labextensions/tfdist-nb``.
@@ -42,6 +44,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
 def _load_jupyter_server_extension(serverapp: Any) -> None:
     from jupyter_server.utils import url_path_join
 
+    from tfdist_nb.lab.consoles import ConsoleHandler, TaskKernels
     from tfdist_nb.lab.discovery import bases
     from tfdist_nb.lab.handlers import (
         ClusterHandler,
@@ -56,12 +59,14 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
                          poll_interval=config.poll_interval)
     web_app = serverapp.web_app
     web_app.settings["tfdist_index"] = index
+    web_app.settings["tfdist_kernels"] = TaskKernels(serverapp.kernel_manager, index)
     base = url_path_join(web_app.settings["base_url"], "tfdist", "api", "clusters")
     cid = r"([A-Za-z0-9][A-Za-z0-9_-]{0,99})"
     web_app.add_handlers(".*$", [
         (base, ClustersHandler),
         (url_path_join(base, cid), ClusterHandler),
         (url_path_join(base, cid, "stream"), StreamHandler),
+        (url_path_join(base, cid, "console"), ConsoleHandler),
     ])
     serverapp.log.info("tfdist_nb.lab: serving run directories at %s", base)
 

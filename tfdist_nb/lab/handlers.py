@@ -4,6 +4,7 @@
 ``GET /tfdist/api/clusters/<id>``            one cluster: summary, alerts, log tail, series
 ``WS  /tfdist/api/clusters/<id>/stream``     a ``snapshot`` message, then ``update`` messages
                                              with what was appended to its files since
+``POST /tfdist/api/clusters/<id>/console``   a live task's kernel for a console (consoles.py)
 
 One :class:`ClusterIndex` per server owns the watches; a periodic callback polls the watched
 clusters' files (only their new bytes) and pushes the news to their subscribers.

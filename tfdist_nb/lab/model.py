@@ -209,8 +209,10 @@ class ClusterWatch:
                 "run_dir": str(self.path), "started": state.get("started"),
                 "updated": state.get("updated"), "stopped": state.get("stopped"),
                 "controller": {"pid": controller.get("pid"), "host": controller.get("host")},
-                "tasks": [{k: t.get(k) for k in ("task", "role", "state", "step", "pid", "host",
-                                                 "step_time_ms", "lateness_ms", "straggler")}
+                "tasks": [{**{k: t.get(k) for k in ("task", "role", "state", "step", "pid",
+                                                    "host", "step_time_ms", "lateness_ms",
+                                                    "straggler", "gpus")},
+                           "console": bool(t.get("connection_file"))}  # lab/consoles.py
                           for t in tasks],
                 "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
 

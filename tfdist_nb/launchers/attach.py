@@ -36,6 +36,8 @@ from jupyter_client.asynchronous import AsyncKernelClient
 from tfdist_nb.accounts import user_name
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
+from tfdist_nb.gpu_plan import Placement
+from tfdist_nb.host_os import boot_id
 from tfdist_nb.launchers.base import (
     Launcher,
     LauncherOption,
@@ -52,16 +54,7 @@ SIDECAR_SUFFIX = ".tfdist.json"  # as written by tfdist_nb.worker.__main__
 GONE = 255
 HEARTBEAT_GRACE_S = 3.0
 
-
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _CREATE_TIME_SLACK_S = 0.05  # psutil derives it from clock ticks; both sides compute it alike
-
-
-def _boot_id() -> str | None:
-    try:
-        return BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def check_connection_dir(path: Path) -> None:
@@ -214,6 +207,7 @@ class AttachLauncher(Launcher):
     name = "attach"
     remote = True  # their interpreter is whatever the scheduler ran
     env_at_launch = False
+    gpu_placement = Placement.SCHEDULER  # whoever started the workers gave them their GPUs
     restartable = False
     line_options = (
         LauncherOption("--connection-dir", "connection_dir", metavar="DIR", required=True,
@@ -266,7 +260,7 @@ class AttachLauncher(Launcher):
             return None
         info["sidecar"] = str(path)
         info["here"] = here = (info.get("hostname") == socket.gethostname()
-                               and info.get("boot_id", _boot_id()) == _boot_id())
+                               and info.get("boot_id", boot_id()) == boot_id())
         if here:
             alive, why = worker_process(info.get("pid"), info.get("create_time"), str(task))
             if not alive:  # left behind by a worker that died, its pid perhaps reused

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.gpu_plan import Placement
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import TaskId
 
@@ -197,6 +198,9 @@ class Launcher(abc.ABC):
     #: The ``%%tfcluster`` flags it takes (docs/reference.md, Launchers): any of them on a
     #: line without ``--launcher`` names this launcher; another launcher's flag is refused.
     line_options: tuple[LauncherOption, ...] = ()
+    #: Who gives its tasks their GPUs (docs/reference.md, GPUs): this host's NVML (HERE), the
+    #: user's count per host (PER_HOST), or the scheduler, asked through ``ask_gpus``.
+    gpu_placement: Placement = Placement.HERE
 
     # ------------------------------------------------------------------ capabilities
     @property
@@ -274,6 +278,15 @@ class Launcher(abc.ABC):
         ``avoid`` holds addresses that turned out to be taken; they are not chosen again.
         It may block (the SSH launcher asks each host); the core calls it off its loop.
         """
+
+    def task_hosts(self, tasks: Sequence[TaskId]) -> dict[TaskId, str]:
+        """The host each task will run on, where the launcher decides it before the start
+        (GPUs are placed per host); the default: one host."""
+        return {t: "" for t in tasks}
+
+    def ask_gpus(self, per_task: int) -> bool:
+        """Ask the scheduler for ``per_task`` GPUs per task; False: it cannot be asked."""
+        return False
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Make or mend what its tasks share before any of them starts (the local launcher's

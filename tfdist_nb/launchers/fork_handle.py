@@ -21,9 +21,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from tfdist_nb import host_os
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.launchers.import_env import LATE, import_time_env
 from tfdist_nb.launchers.zygote import MAX_MESSAGE
@@ -127,7 +127,7 @@ class ForkServer:
         code = self.proc.poll()
         if code is not None:
             return f"the fork server (pid {self.pid}) {ended_how(code)}"
-        state = process_state(self.pid)
+        state = host_os.process_state(self.pid)
         if state == "T":
             return f"the fork server (pid {self.pid}) was stopped (SIGSTOP)"
         if state == "t":
@@ -137,7 +137,7 @@ class ForkServer:
     def prune(self) -> None:
         """Forget kernels that ended without a report (a stopped server reaps none)."""
         for pid in list(self.children):
-            if process_state(pid) in (None, "Z", "X"):
+            if host_os.process_state(pid) in (None, "Z", "X"):
                 self.children.discard(pid)
 
     def stale(self) -> bool:
@@ -197,7 +197,7 @@ class ForkServer:
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         number = next(self._ids)
         request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
-                   "title": title, "umask": current_umask(), "rlimits": current_rlimits()}
+                   "title": title, "umask": host_os.umask(), "rlimits": current_rlimits()}
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE:
             future.set_exception(ForkServerError(f"the request is {len(data)} bytes long"))
@@ -285,36 +285,11 @@ class ForkServer:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
-            self.proc.wait(timeout=0 if process_state(self.pid) in ("T", "t") else 2)
+            self.proc.wait(timeout=0 if host_os.process_state(self.pid) in ("T", "t") else 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/PID/stat`` (R, S, D, T stopped, t traced, Z zombie...), or
-    None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rfind(")") + 2:][:1] or None
-
-
-def zombie_status(pid: int) -> int | None:
-    """The exit code of ``pid`` when it is a zombie (ended, not yet reaped by its parent), from
-    ``/proc/PID/stat``'s exit_code field (Linux 3.5+); None otherwise."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    if not fields or fields[0] != "Z" or len(fields) < 50:
-        return None
-    with contextlib.suppress(ValueError):
-        return os.waitstatus_to_exitcode(int(fields[-1]))
-    return None
 
 
 def ended_how(code: int) -> str:
@@ -323,18 +298,6 @@ def ended_how(code: int) -> str:
             return f"was killed by {signal.Signals(-code).name}"
         return f"was killed by signal {-code}"
     return f"ended with exit code {code}"
-
-
-def current_umask() -> int:
-    """This process's umask, read without changing it (``os.umask`` sets it, for a moment, for
-    every thread); a spawned kernel inherits it at its start, so a forked one is given it."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
 
 
 def current_rlimits() -> dict[str, tuple[int, int]]:

@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,13 +48,8 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.launchers.fork_handle import (
-    ForkServer,
-    ForkServerError,
-    ServerKey,
-    ServerTrouble,
-    zombie_status,
-)
+from tfdist_nb.host_os import seqpacket_pairs, zombie_status
+from tfdist_nb.launchers.fork_handle import ForkServer, ForkServerError, ServerKey, ServerTrouble
 from tfdist_nb.launchers.zygote import KERNEL_MODULE
 
 logger = logging.getLogger(__name__)
@@ -82,6 +78,19 @@ def enabled_by_default() -> bool:
         return True
     raise ValueError(f"{ENV_SWITCH}={raw}: choose on or off (off spawns every task's kernel "
                      "instead of forking it)")
+
+
+@functools.cache
+def can_fork() -> bool:
+    """Whether this host can run fork servers (their socket is ``AF_UNIX`` ``SOCK_SEQPACKET``:
+    Linux). Where it cannot (macOS), every local kernel is spawned, as ``TFDIST_FORK=off`` does,
+    and that is said once, at INFO, with its cost (docs/reference.md, "Platforms")."""
+    if seqpacket_pairs():
+        return True
+    logger.info("no fork server on %s (no AF_UNIX SOCK_SEQPACKET sockets): every local task "
+                "kernel is spawned, and each task imports TensorFlow itself: ~3-6 s of CPU per "
+                "start", sys.platform)
+    return False
 
 
 def idle_after_s() -> float:

@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tfdist_nb.gpu_plan import CVD, GROWTH
 from tfdist_nb.worker.state import SPARE_ENV
 
 #: Read when a strategy or a cluster resolver is made (TF_CONFIG), or set for the task itself
-#: (its identity, the spare flag): a kernel takes the task's values after the import.
-LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV})
+#: (its identity, the spare flag, its GPUs): a kernel takes the task's values after the import.
+#: CUDA reads CUDA_VISIBLE_DEVICES when it initialises (TensorFlow's first GPU op or device
+#: listing), never at the import, and TensorFlow the growth flag when it makes its GPU devices:
+#: so a spare or fork server serves any task's GPUs, and must never initialise CUDA itself
+#: (tests/test_gpu_placement.py).
+LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV, CVD, GROWTH})
 #: Variables read while the process starts or TensorFlow (and what it loads: CUDA, oneDNN,
 #: OpenMP, gRPC, absl, Keras, NumPy) is imported, or by the worker agent at kernel start.
 #: Anything else (a user's own ``--env MY_FLAG=1``, PATH) is read later and is set in the

@@ -32,6 +32,7 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from tfdist_nb import host_os
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers import fork_handle, forkserver, ports, private_net
@@ -68,7 +69,7 @@ def worker_kernel_spec(python: str) -> KernelSpec:
         display_name="tfdist_nb worker",
         language="python",
         interrupt_mode="signal",
-        metadata={"debugger": False},
+        metadata={"debugger": True},  # JupyterLab's debugger on a console on a task
     )
 
 
@@ -166,13 +167,10 @@ def working_directory() -> str:
     try:
         return os.getcwd()
     except FileNotFoundError:
-        try:
-            said = os.readlink("/proc/self/cwd").removesuffix(" (deleted)")
-        except OSError:
-            said = "(unknown)"
         raise ClusterStartError(
-            f"the notebook's working directory {said} was deleted, and local tasks start in "
-            "it: change to one that exists (%cd ~, or os.chdir) and try again") from None
+            f"the notebook's working directory {host_os.deleted_cwd()} was deleted, and local "
+            "tasks start in it: change to one that exists (%cd ~, or os.chdir) and try "
+            "again") from None
 
 
 def net_of_line(text: str) -> str:
@@ -219,7 +217,8 @@ class LocalLauncher(Launcher):
         self.transport = transport
         self.net_mode = net
         #: kernels forked from a fork server (docs/design.md, "Fork server"); env TFDIST_FORK
-        self.fork = forkserver.enabled_by_default() if fork is None else fork
+        self.fork = ((forkserver.enabled_by_default() if fork is None else fork)
+                     and forkserver.can_fork())  # no fork server on macOS: said once
         if self.fork:
             forkserver.idle_after_s()  # a misspelt TFDIST_FORK_IDLE_S is said before any start
         self._ports: list[int] = []

@@ -35,6 +35,7 @@ from typing import Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
+from tfdist_nb.gpu_plan import CVD, Placement
 from tfdist_nb.launchers.attach import (
     GONE,
     AttachedTaskHandle,
@@ -61,8 +62,9 @@ OWN_OPTIONS = {"--ntasks": "the cluster's SPEC sets the number of tasks",
                "--array": "one job runs the whole cluster", "--wrap": "the launcher writes the "
                "batch script", "--parsable": "the launcher reads the job id itself"}
 OWN_SHORT = {"-n": "--ntasks", "-o": "--output", "-e": "--error", "-a": "--array"}
+#: ... and the notebook's GPUs: SLURM gives the tasks theirs (docs/reference.md, GPUs)
 _SCRUB_EXACT = {"TF_CONFIG", "TFDIST_TASK", "PYTEST_CURRENT_TEST", "JPY_PARENT_PID",
-                "JPY_SESSION_NAME", "SLURM_CONF_IN_JOB"}
+                "JPY_SESSION_NAME", "SLURM_CONF_IN_JOB", CVD}
 STATUS_INTERVAL_S = 1.0  # between squeue calls while the job runs (one call per cluster)
 STOP_WAIT_S = 15.0  # after scancel, until squeue no longer lists the job
 
@@ -177,6 +179,7 @@ class SlurmLauncher(Launcher):
     remote = True  # the interpreter path is the one the nodes run
     env_at_launch = False
     restartable = False
+    gpu_placement = Placement.SCHEDULER  # --gpus-per-task N is asked of SLURM
     restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
                        "new job)")
     line_options = (
@@ -223,6 +226,7 @@ class SlurmLauncher(Launcher):
         self.python = python or sys.executable
         self.progress = progress if progress is not None else _print
         self.status_interval = status_interval
+        self.gpus_per_task: int | None = None  # asked with --gpus-per-task (ask_gpus)
         self.job: SlurmJob | None = None
         self.started: set[TaskId] = set()
         self.attach: AttachLauncher | None = None
@@ -234,6 +238,14 @@ class SlurmLauncher(Launcher):
 
     def line_values(self) -> dict[str, Any]:
         return {"sbatch_args": list(self.sbatch_args)}
+
+    def ask_gpus(self, per_task: int) -> bool:
+        self.gpus_per_task = per_task
+        return True
+
+    def base_environment(self) -> dict[str, str]:
+        """The notebook's environment, less its GPUs: SLURM's CUDA_VISIBLE_DEVICES is kept."""
+        return {k: v for k, v in os.environ.items() if k != CVD}
 
     # ------------------------------------------------------------------ submission
     def tf_addresses(self, tasks: Sequence[TaskId],
@@ -285,6 +297,7 @@ class SlurmLauncher(Launcher):
                 f.write(text)
         argv = ["sbatch", "--parsable", f"--job-name=tfdist-{directory.name[6:]}",
                 *self.sbatch_args, f"--ntasks={len(tasks)}",
+                *([f"--gpus-per-task={self.gpus_per_task}"] if self.gpus_per_task else []),
                 f"--output={directory}/slurm-%j.out", str(script)]
         proc = slurm_tool(argv, timeout=60, env=_job_environment())
         job_id = proc.stdout.strip().split(";")[0]

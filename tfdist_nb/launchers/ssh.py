@@ -41,6 +41,7 @@ from jupyter_client.asynchronous import AsyncKernelClient
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
+from tfdist_nb.gpu_plan import CVD, Placement
 from tfdist_nb.launchers.base import (
     Launcher,
     LauncherOption,
@@ -62,7 +63,9 @@ FORWARDED_PREFIXES = ("TF_", "TFDIST_", "CUDA_", "NCCL_", "KERAS_", "XLA_", "OMP
 SSH_LOST = 255  # what ssh exits with when the connection fails or is lost
 #: The controller's own ssh config file (``ssh -F``), when the launcher option is not given.
 SSH_CONFIG_ENV = "TFDIST_SSH_CONFIG"
-_NOT_FORWARDED = frozenset({SSH_CONFIG_ENV})  # a path on this machine, meaningless on a host
+#: a path on this machine, and this machine's GPUs (--gpus places them per host): meaningless
+#: on a host
+_NOT_FORWARDED = frozenset({SSH_CONFIG_ENV, CVD})
 
 
 def check_destination(host: str) -> str:
@@ -240,6 +243,7 @@ class SSHLauncher(Launcher):
 
     name = "ssh"
     remote = True
+    gpu_placement = Placement.PER_HOST
     line_options = (
         LauncherOption("--hosts", "hosts", metavar="H1,H2", required=True, parse=hosts_of_line,
                        help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
@@ -285,9 +289,12 @@ class SSHLauncher(Launcher):
         return {k: v for k, v in os.environ.items()
                 if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
 
+    def task_hosts(self, tasks: Sequence[TaskId]) -> dict[TaskId, str]:
+        return {t: self.hosts[i % len(self.hosts)] for i, t in enumerate(tasks)}
+
     def tf_addresses(self, tasks: Sequence[TaskId],
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
-        self.placement = {t: self.hosts[i % len(self.hosts)] for i, t in enumerate(tasks)}
+        self.placement = self.task_hosts(tasks)
         wanted: dict[str, list[TaskId]] = {}
         for task, host in self.placement.items():
             wanted.setdefault(host, []).append(task)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -151,6 +152,21 @@ def notebook_asks() -> Callable[[str, str, bool], str] | None:
     else:
         allowed = sys.stdin is not None and sys.stdin.isatty()
     return ask_here if allowed else None
+
+
+def answers_from(commands: str) -> Callable[[str, str, bool], str]:
+    """Answers to a task's prompts from ``commands`` instead of a person (``%tfdist_debug
+    --commands``): one ``;``-separated command per prompt, shown after it as if typed (``;;``
+    stays in its command: pdb's own separator), then end-of-file, which quits pdb."""
+    left = [c.strip() for c in re.split(r"(?<!;);(?!;)", commands) if c.strip()]
+
+    def answer(task: str, prompt: str, password: bool) -> str:
+        said = left.pop(0) if left else None
+        print(f"[{task}] {prompt}{'' if said is None else said}", flush=True)
+        if said is None:
+            raise EOFError  # the task's prompt reads end-of-file
+        return said
+    return answer
 
 
 def current() -> Any:

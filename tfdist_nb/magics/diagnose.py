@@ -47,7 +47,7 @@ class DiagnoseMagics(Magics):
     """Checks, NaN/Inf hunting, profiles, and the reproducer."""
 
     @magic_arguments()
-    @argument("kind", help="tfconfig | network | env | all | sharding | variables")
+    @argument("kind", help="tfconfig | network | env | all | sharding | variables | gpu")
     @argument("expr", nargs="*",
               help="tfconfig: a TF_CONFIG to check instead of the tasks' own (JSON text, a "
                    "file path, or a variable of this notebook holding either or a dict); "
@@ -66,7 +66,7 @@ class DiagnoseMagics(Magics):
     @on_option
     @line_magic
     @user_errors("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
-                   "sharding EXPR, variables EXPR)")
+                   "sharding EXPR, variables EXPR, gpu)")
     def tfdist_check(self, line: str) -> Any:
         """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
 
@@ -91,6 +91,13 @@ class DiagnoseMagics(Magics):
           them: per-variable checksums on every task, exact and within ``--atol`` /
           ``--rtol``; ``.diverged`` names the variables that differ with their max abs
           difference, and the likely cause.
+        - ``gpu``: per task, the GPUs it was given (``CUDA_VISIBLE_DEVICES``) against those
+          NVML finds (by UUID) and TensorFlow sees, its memory policy, the driver against the
+          CUDA / cuDNN TensorFlow was built for, compute capability, the PCIe link against its
+          maximum, ECC errors, pages waiting to be retired, row remapping; two tasks given one
+          GPU; and, when every task's TensorFlow sees a GPU and a cell made a strategy, its
+          all-reduce timed with RING and with NCCL. A task without a GPU is no failure: it
+          says why (no NVML library, no driver, no device, hidden by ``--gpus none``).
 
         EXPR is evaluated in each task, not here; quote it when it holds quotes or spaces.
 
@@ -102,11 +109,12 @@ class DiagnoseMagics(Magics):
             %tfdist_check sharding dist_dataset
             %tfdist_check sharding 'dataset.batch(8)' --reference 'tf.data.Dataset.range(64)'
             %tfdist_check variables model
+            %tfdist_check gpu
         """
         from tfdist_nb.cluster.checks import EXPR_KINDS, KINDS, check_tf_config
 
         example = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
-                   "sharding EXPR, variables EXPR)")
+                   "sharding EXPR, variables EXPR, gpu)")
         args = parse_line(self.tfdist_check, line)
         if args.kind not in KINDS:
             raise usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", example)

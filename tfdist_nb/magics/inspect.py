@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_N,
+    answers_from,
     notebook_asks,
     on_option,
     parse_line,
@@ -128,6 +129,9 @@ class InspectMagics(Magics):
     @argument("--on", metavar="TASK", default=None,
               help="the task to debug: 1 | worker:1 (default: the first task that raised in "
                    "the last failing cell)")
+    @argument("--commands", metavar="'CMD; CMD'", default=None,
+              help="answer the debugger's prompts with these, one per prompt, then quit: no "
+                   "person needed (a headless run, a workshop notebook), e.g. 'p x; up; p step'")
     @line_magic
     @user_errors("example: %tfdist_debug --on 1")
     def tfdist_debug(self, line: str) -> None:
@@ -136,10 +140,11 @@ class InspectMagics(Magics):
 
         ``p NAME``, ``pp locals()``, ``up``, ``down``, ``l``; ``q`` quits and leaves the task
         idle, as it was. The cluster keeps running and the other tasks are not touched. Needs a
-        frontend that takes input (JupyterLab, Notebook). Examples::
+        frontend that takes input (JupyterLab, Notebook), or ``--commands``. Examples::
 
             %tfdist_debug            # the first task that raised in the last failing cell
             %tfdist_debug --on 1     # worker:1's last exception
+            %tfdist_debug --commands "p x; up; p step"   # these answers, then quit
         """
         from tfdist_nb.display.printer import LivePrinter, failure_report
         from tfdist_nb.results import RunResult
@@ -147,11 +152,12 @@ class InspectMagics(Magics):
         example = "example: %tfdist_debug --on 1"
         args = parse_line(self.tfdist_debug, line)
         cluster = require()
-        ask = notebook_asks()
+        ask = answers_from(args.commands) if args.commands else notebook_asks()
         if ask is None:
             raise usage("this frontend takes no input for the cell (nbclient, a script), so no "
                         "debugger can be driven from it; in JupyterLab or Notebook the prompts "
-                        "come into the cell (cluster.debug(on_input=...) from code)", example)
+                        "come into the cell (--commands 'p x; q' answers them, or "
+                        "cluster.debug(on_input=...) from code)", example)
         printer = LivePrinter(run_dir=cluster.run_dir, verbose=True)
         try:
             result = cluster.debug(on=args.on, on_input=ask, on_event=printer)

@@ -24,7 +24,8 @@ from tfdist_nb.launchers.registry import available, launcher_class, launcher_cla
 #: The attributes of a parsed ``%%tfcluster`` line that are the magic's own: a launcher's flag
 #: with one of these names is not read as the launcher's (it would take the magic's value).
 MAGIC_OWN = frozenset({"spec", "on", "env", "timeout", "stall_timeout", "restart", "python",
-                       "launcher", "warm", "no_dashboard", "verbose", "from_mode"})
+                       "launcher", "warm", "no_dashboard", "verbose", "from_mode", "gpus",
+                       "gpus_per_task"})
 Schemas = Mapping[str, tuple[LauncherOption, ...]]
 
 

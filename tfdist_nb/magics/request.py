@@ -15,6 +15,7 @@ from typing import Any
 
 from tfdist_nb.cluster.environment import parse_env_items, resolve_python
 from tfdist_nb.errors import SpecError
+from tfdist_nb.gpu_plan import GpuRequest, gpu_request
 from tfdist_nb.launchers.registry import launcher_class
 from tfdist_nb.magics.launcher_flags import read_launcher_line
 from tfdist_nb.strenum import StrEnum
@@ -26,6 +27,7 @@ EXAMPLE = (
     "  %%tfcluster 1 chief 2 workers 1 ps --timeout 600\n"
     "  %%tfcluster 2 workers --on 1 --env TF_USE_LEGACY_KERAS=1\n"
     "  %%tfcluster 4 workers --hosts gpu1,gpu2\n"
+    "  %%tfcluster 2 workers --gpus 0,1\n"
     "  %%tfcluster 2 workers --launcher attach --connection-dir /shared/job42\n"
     "  %%tfcluster 2 workers --launcher slurm --sbatch \"--partition=gpu --nodes=2\""
 )
@@ -50,6 +52,8 @@ class ClusterRequest:
     dashboard: bool = True
     verbose: bool = False
     warm: bool | None = None  # --warm / --no-warm: spare kernels; None: as the cluster has
+    gpus: str | None = None  # --gpus auto|none|LIST; None: as the cluster has (else auto)
+    gpus_per_task: int | None = None  # --gpus-per-task N; None: as the cluster has
 
 
 def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> ClusterRequest:
@@ -66,6 +70,9 @@ def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> Cluster
         if value is not None and not value > 0:
             raise SpecError(f"--{name.replace('_', '-')} must be a positive number of seconds, "
                             f"got {value}")
+    gpus, per_task = getattr(args, "gpus", None), getattr(args, "gpus_per_task", None)
+    if gpus is not None or per_task is not None:
+        gpu_request(gpus or "auto", per_task)  # a bad --gpus fails here, before anything
     line = read_launcher_line(args.launcher, args, rest)
     options = dict(line.values)
     hosts = options.pop(HOSTS, None)
@@ -77,7 +84,8 @@ def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> Cluster
                           launcher=line.name, hosts=hosts, launcher_options=options,
                           flags=dict(line.flags), dashboard=not args.no_dashboard,
                           verbose=bool(getattr(args, "verbose", False)),
-                          warm=getattr(args, "warm", None))
+                          warm=getattr(args, "warm", None), gpus=gpus,
+                          gpus_per_task=per_task)
 
 
 def _runs_here(launcher: str | None) -> bool:
@@ -109,6 +117,7 @@ class Running:
     line_values: dict[str, Any] = field(default_factory=dict)
     restartable: bool = True
     warm: int = 0  # its spare kernels
+    gpus: GpuRequest = field(default_factory=GpuRequest)
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,7 @@ class NewCluster:
     stall_timeout: float = 60.0
     launcher_options: dict[str, Any] | None = None
     warm: bool | None = None  # None: the default (spares for the local launcher)
+    gpus: GpuRequest = field(default_factory=GpuRequest)
 
 
 @dataclass(frozen=True)
@@ -175,6 +185,8 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
         return "restarting the cluster: --env changed"
     if request.python and request.python != running.python:
         return "restarting the cluster: --python changed"
+    if _gpus(request, running) != running.gpus:
+        return "restarting the cluster: --gpus or --gpus-per-task changed"
     if request.launcher and request.launcher != running.launcher:
         return f"restarting the cluster: launcher {running.launcher} -> {request.launcher}"
     made_with = _made_with(running)
@@ -220,7 +232,15 @@ def _new(request: ClusterRequest, spec: ClusterSpec, running: Running | None) ->
             warm = False  # spares were turned off: the replacement has none either
     return NewCluster(spec=spec, launcher=launcher or "local", hosts=hosts, env=dict(env),
                       python=python, stall_timeout=request.stall_timeout or 60.0,
-                      launcher_options=options, warm=warm)
+                      launcher_options=options, warm=warm, gpus=_gpus(request, running))
+
+
+def _gpus(request: ClusterRequest, running: Running | None) -> GpuRequest:
+    """The GPUs the line asks for; a flag it does not give keeps the running cluster's."""
+    have = running.gpus if running is not None else GpuRequest()
+    choice = have.choice if request.gpus is None else gpu_request(request.gpus).choice
+    per_task = have.per_task if request.gpus_per_task is None else request.gpus_per_task
+    return GpuRequest(choice, per_task)
 
 
 def _check_targets(request: ClusterRequest, spec: ClusterSpec) -> None:

@@ -63,6 +63,12 @@ class RunMagics(Magics):
     @argument("--restart", action="store_true",
               help="start every task afresh before running (a second strategy needs this)")
     @argument("--python", metavar="PATH", help="worker interpreter (default: this kernel's)")
+    @argument("--gpus", metavar="auto|none|LIST",
+              help="GPUs for the workers and chief: auto (default) an even, disjoint share of "
+                   "the GPUs the notebook sees (NVML; none placed without it); none: hide all; "
+                   "a list (0,1 or GPU-UUIDs) shared out the same way. ps tasks get none")
+    @argument("--gpus-per-task", type=int, metavar="N",
+              help="GPUs each worker and the chief get (default: an even share)")
     # The built-in launchers' flags, declared so that %%tfcluster? lists them; each launcher's
     # line_options say which it takes (docs/design.md, "Where a new thing goes"), and
     # tests/test_launcher_registry.py checks these match them. A plugin's are read from the
@@ -124,6 +130,7 @@ class RunMagics(Magics):
             %%tfcluster 2 workers --env TF_USE_LEGACY_KERAS=1   # tf_keras for model.fit
             %%tfcluster --restart                  # fresh kernels, same cluster
             %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
+            %%tfcluster 2 workers --gpus 0,1       # worker:0 GPU 0, worker:1 GPU 1
             %%tfcluster 2 workers --sbatch "--nodes=2"  # one SLURM job, a task per node
         """
         args, request = self._read_line(line)
@@ -170,7 +177,7 @@ class RunMagics(Magics):
                           evaluator=bool(new.spec.evaluator), launcher=new.launcher,
                           hosts=new.hosts, env=new.env, python=new.python,
                           stall_timeout=new.stall_timeout, launcher_options=new.launcher_options,
-                          warm=new.warm)
+                          warm=new.warm, gpus=new.gpus.choice, gpus_per_task=new.gpus.per_task)
         if active is not None:  # the new cluster may take over its spare kernels
             active.stop(keep_spares=decided.keep_spares)
         where = f"on {', '.join(new.hosts)}" if new.hosts else cluster.launcher.name
@@ -178,9 +185,11 @@ class RunMagics(Magics):
         cluster.start(announce=False)  # said in the lines below
         if cluster.warm_note:
             print(f"tfdist_nb: {cluster.warm_note}")
-        print(f"tfdist_nb: {new.spec} ready ({cluster.keras_summary()}); run directory "
+        print(f"tfdist_nb: {new.spec} ready ({cluster._keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)
         print(f"tfdist_nb: {cluster.network()}", flush=True)
+        if cluster.gpu_plan.line:  # where the GPUs went (docs/reference.md, GPUs)
+            print(f"tfdist_nb: {cluster.gpu_plan.line}", flush=True)
         return cluster
 
     def _run(self, cluster: Any, code: str, request: ClusterRequest) -> None:
@@ -344,7 +353,8 @@ def running_of(cluster: Any) -> Running | None:
                    launcher=cluster.launcher.name, hosts=cluster.hosts,
                    launcher_options=dict(cluster.launcher_options),
                    line_values=cluster.launcher.line_values(),
-                   restartable=cluster.launcher.restartable, warm=cluster.warm)
+                   restartable=cluster.launcher.restartable, warm=cluster.warm,
+                   gpus=cluster.gpu_request)
 
 
 def notebook_cell_number(shell: Any) -> int | None:

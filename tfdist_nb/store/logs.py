@@ -17,6 +17,9 @@ COLUMNS = ["time", "task", "stream", "level", "text", "cell"]
 _CPP = re.compile(r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d|\S+ \S+: ([IWEF]) tensorflow/)")
 _PY = re.compile(r"^(?:\S*:)?\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b[: ]")
 _CPP_LEVELS = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "FATAL"}
+# NCCL's debug lines (NCCL_DEBUG=WARN or INFO): "host:pid:tid [cudaDev] file.cc:12 NCCL WARN ..."
+_NCCL = re.compile(r"^\S+:\d+:\d+ (?:\[\d+\] )?(?:\S+ )?NCCL (WARN|INFO|TRACE)\b")
+_NCCL_LEVELS = {"WARN": "WARNING", "INFO": "INFO", "TRACE": "DEBUG"}
 # TensorFlow's Python logger in a kernel: "INFO:tensorflow:..." (logging's basic format)
 _TF_PY_INFO = re.compile(r"^(?:INFO|DEBUG):tensorflow:")
 # what absl says once before TensorFlow's first C++ log record (in a task's first cell with
@@ -33,6 +36,8 @@ def level_of(stream: str, text: str) -> str | None:
     m = _CPP.match(text)
     if m:
         return _CPP_LEVELS[m.group(1) or text[0]]
+    if m := _NCCL.match(text):
+        return _NCCL_LEVELS[m.group(1)]
     m = _PY.match(text)
     return m.group(1) if m else None
 
@@ -51,8 +56,9 @@ def tensorflow_info(stream: str, text: str) -> bool:
 
 
 # Native lines known to be harmless, which every task prints (a machine without an NVIDIA
-# driver; a dataset made from a Python generator, as the quickstart's): said once per cluster
-# instead of once per task and cell (docs/reference.md, Output in the cell)
+# driver; a dataset made from a Python generator, as the quickstart's), and NCCL's debug lines
+# (their meaning reaches the cell as a classified error, diagnostics/gpu_faults.py): said once
+# per cluster instead of once per task and cell (docs/reference.md, Output in the cell)
 KNOWN_NOISE = {
     "no-gpu": (re.compile(r"failed call to cuInit"),
                "TensorFlow found no GPU on {n} task(s) ({tasks}): no NVIDIA driver here "
@@ -62,6 +68,8 @@ KNOWN_NOISE = {
         "TensorFlow noted on {n} task(s) ({tasks}) that a Dataset.from_generator input is not "
         "graph-optimized: harmless, the generator runs in Python as written (its line is kept "
         "on disk: %tfdist_logs --grep GeneratorDatasetOp)"),
+    "nccl-debug": (_NCCL, "NCCL's debug lines (NCCL_DEBUG) of {n} task(s) ({tasks}) are kept in "
+                          "their logs, not shown here: %tfdist_logs --grep NCCL"),
 }
 
 

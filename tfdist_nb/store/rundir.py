@@ -42,8 +42,9 @@ _STR = json.encoder.encode_basestring_ascii  # C-accelerated
 def _line_json(e: OutputLine) -> str:
     """The JSON of one output line, built directly: this runs for every line of a flood."""
     cell = "null" if e.cell is None else int(e.cell)
+    origin = "" if e.origin is None else f', "origin": {_STR(e.origin)}'
     return (f'{{"time": {float(e.time)!r}, "task": {_STR(e.task)}, "stream": {_STR(e.stream)}, '
-            f'"text": {_STR(e.text)}, "cell": {cell}, "kind": "output"}}')
+            f'"text": {_STR(e.text)}, "cell": {cell}, "kind": "output"{origin}}}')
 
 
 def new_cluster_id() -> str:

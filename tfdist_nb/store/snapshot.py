@@ -22,6 +22,9 @@ class TaskSnapshot:
     #: the tasks at an input prompt that this one waits for inside a collective (state
     #: ``prompt`` is theirs): a wait for a person, not a hang
     waits_for_prompt: tuple[str, ...] = ()
+    gpus: str = ""  # the GPUs it was given ("" none or unknown; docs/reference.md, GPUs)
+    #: its kernel's connection file on this host ("" none): what a lab console connects with
+    connection_file: str = ""
 
 
 @dataclass(frozen=True)

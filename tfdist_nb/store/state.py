@@ -8,7 +8,8 @@ tell a live cluster from a finished or an orphaned one without talking to any ke
      "started": t, "updated": t, "stopped": t | null,
      "tasks": [{"task": "worker:0", "role": "worker", "state": "idle", "step": 12, "pid": ...,
                 "host": ..., "step_time_ms": ..., "lateness_ms": ..., "straggler": false,
-                "waits_for_prompt": []}],
+                "waits_for_prompt": [], "gpus": "0",
+                "connection_file": ".../tasks/worker-0/kernel-connection.json"}],
      "alerts": ["worker:1: ..."]}
 
 Every write is atomic (a private temp file in the run directory, then ``os.replace``) and
@@ -58,7 +59,8 @@ def state_doc(snap: ClusterSnapshot, live: LiveStore) -> dict[str, Any]:
             "task": t.name, "role": t.role, "state": t.state, "step": view.step_count,
             "pid": t.pid, "host": t.host, "step_time_ms": view.step_time_ms(),
             "lateness_ms": snap.stragglers.get(t.name), "straggler": t.name in snap.stragglers,
-            "waits_for_prompt": list(t.waits_for_prompt),
+            "waits_for_prompt": list(t.waits_for_prompt), "gpus": t.gpus,
+            "connection_file": t.connection_file or None,
         })
     return {"tasks": tasks, "alerts": [str(a) for a in snap.alerts]}
 

@@ -7,6 +7,10 @@ into lines; a partial line waits for its end or for the cell to go idle.
 A cell sent with ``on_prompt`` may ask for input (``input()``, ``getpass``, pdb): the task's
 ``input_request`` on its stdin channel becomes a :class:`Prompt` handed to ``on_prompt``, and
 :meth:`KernelChannel.answer` sends the ``input_reply`` (docs/reference.md, Input from the tasks).
+
+Another client of the same kernel (a JupyterLab console on the task) is told apart by its
+session: the code it runs (stream ``input``) and what that code writes are kept with the task,
+marked ``origin="console"`` (docs/reference.md, Consoles on a task).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.events import Event, OutputLine, RichOutput, TelemetrySample
-from tfdist_nb.transport.ordering import StreamOrder
+from tfdist_nb.events import CONSOLE, Event, OutputLine, RichOutput, TelemetrySample
+from tfdist_nb.transport.ordering import Line, StreamOrder
 from tfdist_nb.transport.session import faster_session, message_time
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
@@ -76,6 +80,7 @@ class KernelChannel:
         self._sink = sink
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
+        self._console: set[str] = set()  # requests of another client (a console), by msg_id
         self._order = StreamOrder()
         self._pumps: list[asyncio.Task] = []
         self.iopub_alive = asyncio.Event()  # set by the first iopub message: that channel works
@@ -218,13 +223,16 @@ class KernelChannel:
 
     def _on_iopub(self, msg: dict[str, Any]) -> None:
         kind = msg["msg_type"]
-        parent = msg.get("parent_header", {}).get("msg_id", "")
+        header = msg.get("parent_header", {})
+        parent = header.get("msg_id", "")
         cell = self._cells.get(parent)
         ex = self._pending.get(parent)
         content = msg.get("content", {})
         now = time.time()
         t = message_time(msg, now)
         self.iopub_alive.set()
+        if parent and header.get("session") not in (None, self.client.session.session):
+            self._console.add(parent)  # another client's request: a console on this task
         if kind != "stream":  # what waited for a gap to fill may be due; rich output and
             # tracebacks come after the streams were flushed: everything before them is in
             self._sink_lines(self._order.release(now, force=kind != TELEMETRY_MSG))
@@ -235,20 +243,22 @@ class KernelChannel:
             text = content.get("text", "")
             if ex is not None:
                 (ex.stdout if name == "stdout" else ex.stderr).append(text)
-            self._sink_lines(self._order.add(name, text, content.get(MARKS), cell, now, t))
+            self._sink_lines(self._order.add(name, text, content.get(MARKS), parent, now, t))
         elif kind in ("display_data", "execute_result", "update_display_data"):
             if ex is not None:
                 ex.outputs.append({"output_type": kind, **content})
             self._sink([RichOutput(t, self.task, kind, content.get("data", {}),
-                                   content.get("metadata", {}), cell)])
+                                   content.get("metadata", {}), cell, origin=self._origin(parent))])
             plain = content.get("data", {}).get("text/plain")
             if plain:
-                self._emit_lines(t, "display", plain.splitlines(), cell)
+                self._emit_lines(t, "display", plain.splitlines(), parent)
         elif kind == "error":
             if ex is not None and ex.error_at is None:
                 ex.error_at = t
             lines = "\n".join(content.get("traceback", [])).splitlines()
-            self._emit_lines(t, "error", lines, cell)
+            self._emit_lines(t, "error", lines, parent)
+        elif kind == "execute_input" and parent in self._console:
+            self._emit_lines(t, "input", str(content.get("code", "")).splitlines(), parent)
         elif kind == "status" and content.get("execution_state") == "idle":
             self._flush_partials(cell)
             if ex is not None and not ex.idle.done():
@@ -259,15 +269,17 @@ class KernelChannel:
         self._sink_lines(self._order.release(time.time(), force=True))
         self._sink_lines(self._order.partials())
 
-    def _sink_lines(self, lines: list[tuple[float, str, str, int | None]]) -> None:
-        if lines:  # one batch per message: a flood costs one write, not one per line
-            self._sink([OutputLine(t, self.task, stream, text, cell)
-                        for t, stream, text, cell in lines])
+    def _origin(self, parent: str) -> str | None:
+        return CONSOLE if parent in self._console else None
 
-    def _emit_lines(self, t: float, stream: str, lines: list[str], cell: int | None) -> None:
+    def _sink_lines(self, lines: list[Line]) -> None:
         if lines:  # one batch per message: a flood costs one write, not one per line
-            self._sink([OutputLine(t, self.task, stream, line.rstrip("\r"), cell)
-                        for line in lines])
+            self._sink([OutputLine(t, self.task, stream, text, self._cells.get(parent),
+                                   origin=self._origin(parent))
+                        for t, stream, text, parent in lines])
+
+    def _emit_lines(self, t: float, stream: str, lines: list[str], parent: str) -> None:
+        self._sink_lines([(t, stream, line.rstrip("\r"), parent) for line in lines])
 
 
 def _close_prompt(ex: Execution) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HOLD_S = 0.5
+#: a line: ``(time, stream, text, parent)``, parent the msg_id of the request whose output it is
+Line = tuple[float, str, str, str]
 
 
 @dataclass
@@ -26,7 +28,7 @@ class _Write:
     time: float
     stream: str
     text: str
-    cell: int | None
+    parent: str
     arrived: float
 
 
@@ -37,13 +39,13 @@ class StreamOrder:
     _held: dict[int, _Write] = field(default_factory=dict)
     _next: int = 1
     _pid: int | None = None
-    _partial: dict[str, tuple[float, str, int | None]] = field(default_factory=dict)
+    _partial: dict[str, tuple[float, str, str]] = field(default_factory=dict)
 
-    def add(self, stream: str, text: str, marks: Any, cell: int | None, now: float,
-            sent: float) -> list[tuple[float, str, str, int | None]]:
-        """The lines this message completes, in write order: ``(time, stream, line, cell)``."""
-        pid, writes = self._writes(stream, text, marks, cell, now)
-        out: list[tuple[float, str, str, int | None]] = []
+    def add(self, stream: str, text: str, marks: Any, parent: str, now: float,
+            sent: float) -> list[Line]:
+        """The lines this message completes, in write order: ``(time, stream, line, parent)``."""
+        pid, writes = self._writes(stream, text, marks, parent, now)
+        out: list[Line] = []
         if pid is not None and pid != self._pid:
             if self._pid is not None and writes[0].seq != 1:
                 pid = None  # a forked child, numbering on from its parent: as it comes
@@ -52,7 +54,7 @@ class StreamOrder:
                 self._pid, self._next = pid, 1
         if pid is None:
             return out + self.release(now, force=True) + self._lines(
-                _Write(0, sent, stream, text, cell, now))
+                _Write(0, sent, stream, text, parent, now))
         for w in writes:
             if w.seq < self._next:  # late, its gap already passed over: show it now
                 out += self._lines(w)
@@ -60,9 +62,9 @@ class StreamOrder:
                 self._held[w.seq] = w
         return out + self.release(now)
 
-    def release(self, now: float, force: bool = False) -> list[tuple[float, str, str, int | None]]:
+    def release(self, now: float, force: bool = False) -> list[Line]:
         """Writes whose turn has come; ``force`` (the cell went idle) releases all."""
-        out: list[tuple[float, str, str, int | None]] = []
+        out: list[Line] = []
         while self._held:
             w = self._held.pop(self._next, None)
             if w is None:
@@ -75,13 +77,13 @@ class StreamOrder:
             out += self._lines(w)
         return out
 
-    def partials(self) -> list[tuple[float, str, str, int | None]]:
+    def partials(self) -> list[Line]:
         """Unfinished lines, as they are (the cell went idle)."""
-        out = [(t, stream, text, cell) for stream, (t, text, cell) in self._partial.items()]
+        out = [(t, stream, text, parent) for stream, (t, text, parent) in self._partial.items()]
         self._partial.clear()
         return sorted(out, key=lambda line: line[0])
 
-    def _writes(self, stream: str, text: str, marks: Any, cell: int | None,
+    def _writes(self, stream: str, text: str, marks: Any, parent: str,
                 now: float) -> tuple[int | None, list[_Write]]:
         try:
             pid, rows = int(marks["pid"]), marks["marks"]
@@ -89,20 +91,20 @@ class StreamOrder:
                 return None, []
             writes, at = [], 0
             for seq, t, n in rows:
-                writes.append(_Write(int(seq), float(t), stream, text[at:at + int(n)], cell,
+                writes.append(_Write(int(seq), float(t), stream, text[at:at + int(n)], parent,
                                      now))
                 at += int(n)
         except (TypeError, KeyError, ValueError, IndexError):
             return None, []
         return pid, writes
 
-    def _lines(self, w: _Write) -> list[tuple[float, str, str, int | None]]:
-        began, head, cell = self._partial.pop(w.stream, (w.time, "", w.cell))
+    def _lines(self, w: _Write) -> list[Line]:
+        began, head, parent = self._partial.pop(w.stream, (w.time, "", w.parent))
         *complete, rest = (head + w.text).split("\n")
         out = []
         for line in complete:
-            out.append((began, w.stream, line.rstrip("\r"), cell))
-            began, cell = w.time, w.cell
+            out.append((began, w.stream, line.rstrip("\r"), parent))
+            began, parent = w.time, w.parent
         if rest:
-            self._partial[w.stream] = (began, rest, cell)
+            self._partial[w.stream] = (began, rest, parent)
         return out

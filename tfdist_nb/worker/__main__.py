@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.accounts import user_name
+from tfdist_nb.host_os import boot_id
 
 TASK = re.compile(r"(chief|worker|ps|evaluator):(\d+)")
 SIDECAR_SUFFIX = ".tfdist.json"
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
 class Refused(Exception):
@@ -117,14 +117,6 @@ def write_private(path: Path, data: dict[str, Any]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def boot_id() -> str | None:
-    """This boot of this machine: with the hostname, tells the controller it runs here."""
-    try:
-        return BOOT_ID.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _kernel_app_class() -> Any:

@@ -37,8 +37,11 @@ def patch_strategy(module: ModuleType) -> bool:
         def initialize_multi_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
             rows = _enter()
             if rows is None:
-                return method(self, *args, **kwargs)
-            return LEDGER.run(rows, method, self, *args, **kwargs)
+                made = method(self, *args, **kwargs)
+            else:
+                made = LEDGER.run(rows, method, self, *args, **kwargs)
+            _observed(self)
+            return made
         return initialize_multi_worker
 
     return replace_method(module, "CollectiveAllReduceExtended", "_initialize_multi_worker",
@@ -80,6 +83,24 @@ def _second_strategy(nth: int, site: str) -> None:
                "strategy's state. Fix: restart the tasks (%%tfcluster --restart, or "
                "cluster.restart()) and make one strategy per process", "WARNING",
                Finding.SECOND_STRATEGY)
+
+
+def _observed(extended: Any) -> None:
+    """What the strategy just made runs its collectives with, and on: a typed note
+    (``Finding.STRATEGY``) whose facts the controller's advice reads (with AUTO, MWMS runs RING
+    on GPUs too: docs/reference.md, "GPU advice"). Silent where TensorFlow renamed them."""
+    from tfdist_nb.events import Finding
+    from tfdist_nb.worker import state
+
+    options = getattr(extended, "_communication_options", None)
+    implementation = getattr(getattr(options, "implementation", None), "name", None)
+    device = getattr(extended, "_local_device_type", None)
+    devices = getattr(extended, "_num_devices_per_worker", None)
+    if not isinstance(implementation, str) or not isinstance(device, str):
+        return
+    state.note(f"MultiWorkerMirroredStrategy: collectives {implementation} on this task's "
+               f"{devices} {device} device(s)", "INFO", Finding.STRATEGY,
+               {"implementation": implementation, "device": device, "devices": devices})
 
 
 def install() -> None:

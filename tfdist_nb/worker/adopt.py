@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from tfdist_nb import host_os
 from tfdist_nb.worker import state
 
 #: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
@@ -33,8 +34,9 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
 
     An unprivileged process cannot raise its priority again, so only this thread is niced (on
     Linux a nice value belongs to a thread): the kernel's own threads, and every thread the
-    task's TensorFlow context makes later, keep the normal priority of a cold task. The import
-    runs no TensorFlow op.
+    task's TensorFlow context makes later, keep the normal priority of a cold task. Where a
+    nice value is the whole process's (macOS, :func:`tfdist_nb.host_os.threads`) nothing is
+    niced. The import runs no TensorFlow op.
     """
     if not state.is_spare():
         raise RuntimeError("only a spare kernel is warmed")
@@ -42,8 +44,9 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
     imported: dict[str, Any] = {}
 
     def run() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+        if host_os.threads() is not None:  # else the pid named could be another process
+            with contextlib.suppress(OSError, AttributeError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         try:
             for name in preload:
                 mod = __import__(name)
@@ -116,16 +119,19 @@ def _redirect_process_log(path: str) -> None:
 def _restore_priority() -> int:
     """Give threads that inherited the warm-up thread's nice value the main thread's priority
     back where the system allows it (root, or an RLIMIT_NICE that permits it); returns how many
-    stayed low (idle helper threads TensorFlow made while it was imported)."""
+    stayed low (idle helper threads TensorFlow made while it was imported). Where a thread id
+    is no priority target (macOS) :func:`warm` niced nothing: nothing to undo."""
+    tids = host_os.threads()
+    if tids is None:
+        return 0
     base = os.getpriority(os.PRIO_PROCESS, threading.main_thread().native_id or 0)
     low = 0
-    with contextlib.suppress(OSError):
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                if os.getpriority(os.PRIO_PROCESS, int(tid)) > base:
-                    os.setpriority(os.PRIO_PROCESS, int(tid), base)
-            except PermissionError:
-                low += 1
-            except (OSError, ValueError):
-                continue
+    for tid in tids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) > base:
+                os.setpriority(os.PRIO_PROCESS, tid, base)
+        except PermissionError:
+            low += 1
+        except OSError:  # ended meanwhile
+            continue
     return low

@@ -6,28 +6,17 @@ failure — library missing, no driver, no device — reads as "no GPU", never a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
 
+from tfdist_nb.gpu_plan import CVD, Device, select
+from tfdist_nb.worker.gpu_readings import GpuReader, decode_throttle, own_pids
+
+__all__ = ["GpuSampler", "decode_throttle", "given", "host_devices", "read_devices"]
+
 logger = logging.getLogger(__name__)
-
-# NVML throttle-reason bits (nvml.h), named as a user would search for them.
-THROTTLE_REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
-
-
-def decode_throttle(mask: int) -> list[str]:
-    return [name for bit, name in THROTTLE_REASONS.items() if mask & bit]
 
 
 class GpuSampler:
@@ -36,74 +25,106 @@ class GpuSampler:
     def __init__(self, nvml: Any = None) -> None:
         self._nvml = nvml
         self._handles: list[tuple[int, Any]] | None = None
+        self._readers: list[GpuReader] = []  # one per handle, made at the first reading
+        self._opened = False
         self.reason: str | None = None
-        self._open()
 
     def _open(self) -> None:
+        """Opened at the first reading, not when made: a spare kernel gets its task's
+        CUDA_VISIBLE_DEVICES at adoption, and its telemetry starts only then (worker/adopt.py)."""
+        self._opened = True
         try:
             if self._nvml is None:
                 import pynvml
 
                 self._nvml = pynvml
             self._nvml.nvmlInit()
-            count = self._nvml.nvmlDeviceGetCount()
+            devices = _visible(self._nvml)
+            self._handles = [(d.index, _handle(self._nvml, d)) for d in devices] or None
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver missing ...
             self.reason = f"no GPU ({type(exc).__name__}: {exc})"
             self._handles = None
             return
-        indices = _visible(count)
-        if not indices:
+        if not self._handles:
             self.reason = "no GPU (none visible to this task)"
-            self._handles = None
-            return
-        self._handles = [(i, self._nvml.nvmlDeviceGetHandleByIndex(i)) for i in indices]
 
     @property
     def available(self) -> bool:
+        if not self._opened:
+            self._open()
         return bool(self._handles)
 
     def sample(self) -> list[dict[str, Any]] | None:
-        if not self._handles:
+        if not self.available:
             return None
-        return [self._read(index, handle) for index, handle in self._handles]
-
-    def _read(self, index: int, handle: Any) -> dict[str, Any]:
-        nv = self._nvml
-        out: dict[str, Any] = {"index": index}
-        readers = {
-            "name": lambda: _text(nv.nvmlDeviceGetName(handle)),
-            "util_percent": lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu),
-            "mem_used_mb": lambda: nv.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
-            "mem_total_mb": lambda: nv.nvmlDeviceGetMemoryInfo(handle).total / 2**20,
-            "temperature_c": lambda: float(nv.nvmlDeviceGetTemperature(handle,
-                                                                       nv.NVML_TEMPERATURE_GPU)),
-            "sm_clock_mhz": lambda: float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM)),
-            "power_w": lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0,
-            "throttle": lambda: decode_throttle(
-                int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))),
-        }
-        for key, read in readers.items():
-            try:
-                out[key] = read()
-            except Exception:  # one unsupported query (e.g. power on some boards) is just absent
-                logger.debug("GPU %s: no %s", index, key, exc_info=True)
-                out[key] = None
-        return out
+        assert self._handles is not None
+        if len(self._readers) != len(self._handles):
+            self._readers = [GpuReader(self._nvml, index, handle)
+                             for index, handle in self._handles]
+        pids = own_pids()
+        return [reader.read(pids) for reader in self._readers]
 
 
-def _visible(count: int) -> list[int]:
-    """Device indices CUDA_VISIBLE_DEVICES allows (integers only; UUIDs keep all devices)."""
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if spec is None:
-        return list(range(count))
-    spec = spec.strip()
-    if spec in ("", "-1"):
-        return []
+def read_devices(nvml: Any) -> list[Device]:
+    """Every device NVML enumerates (an initialised ``nvml``), in its order: each GPU, or the
+    MIG instances of a GPU in MIG mode. NVML ignores CUDA_VISIBLE_DEVICES: apply it with
+    :func:`tfdist_nb.gpu_plan.select`."""
+    out: list[Device] = []
+    for index in range(int(nvml.nvmlDeviceGetCount())):
+        handle = nvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        try:
+            mig = nvml.nvmlDeviceGetMigMode(handle)[0] == nvml.NVML_DEVICE_MIG_ENABLE
+            slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) if mig else 0
+        except Exception:  # no MIG on this board (NotSupported), or an older driver
+            slots = 0
+        migs = []
+        for slot in range(slots):
+            try:  # an empty slot is NVML's NotFound
+                instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except Exception:
+                continue
+            migs.append(Device(index, _text(nvml.nvmlDeviceGetUUID(instance)), uuid, slot))
+        out.extend(migs or [Device(index, uuid)])
+    return out
+
+
+def host_devices() -> list[Device] | None:
+    """The devices NVML sees on this host (what the controller places), or None without NVML
+    (no module, library, driver): nothing is known, nothing is placed."""
     try:
-        wanted = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        return list(range(count))
-    return [i for i in wanted if 0 <= i < count]
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        logger.debug("NVML not available", exc_info=True)
+        return None
+    try:
+        return read_devices(pynvml)
+    except Exception:
+        logger.debug("NVML could not list the GPUs", exc_info=True)
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def given() -> str | None:
+    """The GPUs this task was given, as its environment says: CUDA_VISIBLE_DEVICES, else
+    what SLURM set for the step (None: nothing set, e.g. a host without GPUs)."""
+    return os.environ.get(CVD, os.environ.get("SLURM_STEP_GPUS"))
+
+
+def _visible(nvml: Any) -> list[Device]:
+    """The devices CUDA_VISIBLE_DEVICES lets this task use (indices, UUIDs and their prefixes,
+    MIG instances), mapped onto NVML's by UUID."""
+    return select(os.environ.get(CVD), read_devices(nvml))
+
+
+def _handle(nvml: Any, device: Device) -> Any:
+    gpu = nvml.nvmlDeviceGetHandleByIndex(device.index)
+    return gpu if device.slot is None else nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu,
+                                                                                    device.slot)
 
 
 def _text(value: Any) -> str:

@@ -25,6 +25,7 @@ class Op(StrEnum):
     CONNECT_PEERS = "connect_peers"
     ALLREDUCE_BANDWIDTH = "allreduce_bandwidth"
     ENV_REPORT = "env_report"
+    GPU_READINGS = "gpu_readings"
     SHARDING_DESCRIBE = "sharding_describe"
     SHARDING_FINGERPRINTS = "sharding_fingerprints"
     VARIABLE_CHECKSUMS = "variable_checksums"

@@ -36,7 +36,7 @@ def debug() -> None:
         print("tfdist_nb: no exception to debug in this task (no cell raised since it started)")
         return
     said = last_exception() or {}
-    print(f"tfdist_nb: post-mortem of {said.get('ename')}: {said.get('evalue')} "
+    print(f"post-mortem of {said.get('ename')}: {said.get('evalue')} "
           f"(p NAME, pp locals(), up, down, l; q quits and leaves the task as it was)",
           flush=True)
     pdb.post_mortem(tb)

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.worker import gpu_probe
 from tfdist_nb.worker.ops import PortState
 
 logger = logging.getLogger(__name__)
@@ -195,10 +196,13 @@ def find_strategy() -> Any:
     return max(found, key=lambda s: s.num_replicas_in_sync, default=None)
 
 
-def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3) -> dict[str, Any]:
+def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
+                        implementation: str | None = None) -> dict[str, Any]:
     """All-reduce of float32 tensors of ``sizes_mb`` through the user's strategy, every task at
     once (the controller calls all tasks together): best time per size. Algorithm bandwidth is
-    size / time; bus bandwidth scales it by 2(n-1)/n, as nccl-tests report all-reduce."""
+    size / time; bus bandwidth scales it by 2(n-1)/n, as nccl-tests report all-reduce.
+    ``implementation`` (``RING``, ``NCCL``): that collective for these calls only (the GPU
+    check compares them); the reply names the strategy's own and its devices."""
     strategy = find_strategy()
     if strategy is None:
         return {"skipped": "no tf.distribute strategy in this task's namespace: create one "
@@ -206,13 +210,18 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3) -> dict[str, An
     import tensorflow as tf
 
     n = strategy.num_replicas_in_sync
+    impl = tf.distribute.experimental.CommunicationImplementation
+    options = (tf.distribute.experimental.CommunicationOptions(implementation=impl[implementation])
+               if implementation else None)
+    own = getattr(getattr(strategy.extended, "_communication_options", None),
+                  "implementation", None)
     rows = []
     for mb in sizes_mb:
         elements = int(mb * 2**20 / 4)
         value = tf.ones([elements], tf.float32)
 
         def reduce(v: Any = value) -> Any:
-            return tf.distribute.get_replica_context().all_reduce("sum", v)
+            return tf.distribute.get_replica_context().all_reduce("sum", v, options=options)
 
         best = None
         for _ in range(repeats + 1):  # the first run warms the collective up
@@ -225,7 +234,9 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3) -> dict[str, An
         algbw = mb / 1024 / best  # GB/s
         rows.append({"size_mb": mb, "time_ms": best * 1000, "algbw_gb_s": algbw,
                      "busbw_gb_s": algbw * 2 * (n - 1) / n if n > 1 else algbw})
-    return {"replicas": n, "rows": rows}
+    devices = list(getattr(strategy.extended, "worker_devices", ()))
+    return {"replicas": n, "rows": rows, "devices": devices,
+            "implementation": getattr(own, "name", None)}
 
 
 ENV_PREFIXES = ("TF_", "CUDA_", "NCCL_", "XLA_")
@@ -274,26 +285,11 @@ def env_report() -> dict[str, Any]:
 
 
 def _gpus() -> dict[str, Any]:
-    """NVIDIA driver and GPU models through NVML; empty without one (no GPU reads as empty)."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no pynvml, no driver: no NVIDIA GPU to describe
-        logger.debug("NVML not available", exc_info=True)
-        return {}
-    try:
-        driver = pynvml.nvmlSystemGetDriverVersion()
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                 for i in range(pynvml.nvmlDeviceGetCount())]
-        return {"nvidia_driver": _text(driver), "gpus": ", ".join(map(_text, names)) or None}
-    except Exception:
-        logger.debug("NVML could not describe the GPUs", exc_info=True)
-        return {}
-    finally:
-        with swallowed(logger):
-            pynvml.nvmlShutdown()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """NVIDIA driver and the models of the GPUs the task was given, through NVML; empty without
+    NVML (no GPU reads as empty)."""
+    with swallowed(logger):  # NVML failing half-way: nothing to describe
+        view = gpu_probe.nvml_view()
+        if view["state"] == gpu_probe.NvmlState.OK:
+            names = [str(d["name"]) for d in view["devices"] if d.get("name")]
+            return {"nvidia_driver": view.get("driver"), "gpus": ", ".join(names) or None}
+    return {}

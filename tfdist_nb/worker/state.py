@@ -70,11 +70,13 @@ def is_spare() -> bool:
     return os.environ.get(SPARE_ENV) == "1" and not adopted
 
 
-def note(text: str, level: str = "INFO", finding: str | None = None) -> None:
+def note(text: str, level: str = "INFO", finding: str | None = None,
+         facts: dict[str, Any] | None = None) -> None:
     """Tell the controller something this task found (it becomes an alert for WARNING);
-    ``finding``: its kind (``tfdist_nb.events.Finding``), said once for the cluster."""
+    ``finding``: its kind (``tfdist_nb.events.Finding``), said once for the cluster; ``facts``:
+    what it saw, as values the controller reads instead of the text."""
     if telemetry is not None:
-        telemetry.note(text, level, finding)
+        telemetry.note(text, level, finding, facts)
 
 
 def instrumentation_failed(part: str, stops: str, exc: BaseException) -> None:

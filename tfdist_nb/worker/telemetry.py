@@ -59,7 +59,7 @@ class Telemetry:
         self._gpu = gpu
         # [step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms, sync_entries]
         self._steps: collections.deque[list[Any]] = collections.deque()
-        self._notes: list[dict[str, str]] = []
+        self._notes: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._last_resources: dict[str, Any] = {}
@@ -69,6 +69,7 @@ class Telemetry:
         self._net: tuple[float, int, int] | None = None
         self._cgroup: CgroupMemory | None = None
         self._net_scope = "host"
+        self._xids_said: set[tuple[Any, int]] = set()  # (GPU, XID code) noted already
         self.step_count = 0
         self.total_steps: int | None = None
         self.seq = 0
@@ -102,13 +103,16 @@ class Telemetry:
                                 None if fetch_s is None else fetch_s * 1000.0,
                                 syncs or []])
 
-    def note(self, text: str, level: str = "INFO", finding: str | None = None) -> None:
+    def note(self, text: str, level: str = "INFO", finding: str | None = None,
+             facts: dict[str, Any] | None = None) -> None:
         """A finding of the worker agent; it goes out with the next sample (within a second,
         or at the end of the cell). ``finding``: its kind, for the controller to act on
-        (``tfdist_nb.events.Finding``), never read from ``text``."""
+        (``tfdist_nb.events.Finding``), never read from ``text``; ``facts``: what it saw, as
+        values (JSON)."""
         with self._lock:
             self._notes.append({"text": text, "level": level,
-                                **({"finding": finding} if finding else {})})
+                                **({"finding": finding} if finding else {}),
+                                **({"facts": facts} if facts else {})})
 
     def set_total(self, total: int | None) -> None:
         self.total_steps = total
@@ -211,6 +215,7 @@ class Telemetry:
             tx = (counters.bytes_sent - self._net[2]) / dt / 2**20
         self._net = (now, counters.bytes_recv, counters.bytes_sent)
         gpus = self._gpu.sample() if self._gpu is not None else None
+        self._note_xids(gpus)
         mem = psutil.virtual_memory()
         return {"cpu_percent": cpu, "rss_mb": rss, "threads": threads,
                 "host_cpu_percent": psutil.cpu_percent(interval=None),
@@ -221,6 +226,26 @@ class Telemetry:
                 # /proc/net/dev counts the task's network namespace: its own, or the host's
                 "net_rx_mb_s": rx, "net_tx_mb_s": tx, "net_scope": self._net_scope,
                 "gpus": gpus, "gpu_reason": getattr(self._gpu, "reason", None)}
+
+    def _note_xids(self, gpus: list[dict[str, Any]] | None) -> None:
+        """An XID the driver reported on one of this task's GPUs is said at once, once, as a
+        WARNING (``Finding.GPU_XID``): the errors that follow it are the GPU's, not the code's
+        (docs/reference.md, "GPU readings")."""
+        from tfdist_nb.events import Finding
+        from tfdist_nb.worker.gpu_readings import PROGRAM_XIDS, describe_xid
+
+        for gpu in gpus or ():
+            for code in gpu.get("xid") or ():
+                key = (gpu.get("uuid") or gpu.get("index"), code)
+                if key in self._xids_said:
+                    continue
+                self._xids_said.add(key)
+                then = ("CUDA_LAUNCH_BLOCKING=1 names the kernel that ran" if code in PROGRAM_XIDS
+                        else "a GPU that keeps reporting it needs its host's attention (reset, "
+                        "drain or replace it); restart the tasks on other GPUs meanwhile")
+                self.note(f"GPU {gpu.get('index')} ({gpu.get('uuid')}) reported "
+                          f"{describe_xid(code)}; the host's kernel log (dmesg) has the "
+                          f"driver's line; {then}", "WARNING", Finding.GPU_XID)
 
     def _memory(self, rss_mb: float | None = None) -> dict[str, Any]:
         """The memory limit on this task and what it counts against it.
@@ -263,13 +288,15 @@ def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) 
     """What a task that ran out of memory without dying (Python's MemoryError, TensorFlow's OOM
     ``ResourceExhaustedError``) ran into, from a resource reading taken right after; else None.
 
-    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL.
+    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL. A GPU's
+    out-of-memory is the controller's to explain: it sees every task's GPUs
+    (``diagnostics.gpu_faults``).
     """
     if not (ename == "MemoryError" or (ename == "ResourceExhaustedError" and "OOM" in evalue)):
         return None
-    sample = sample or {}
     if "device:GPU" in evalue:
-        return f"ran out of GPU memory ({ename}); {_gpu_memory(sample.get('gpus'))}"
+        return None
+    sample = sample or {}
     limit, used = sample.get("mem_limit_mb"), sample.get("mem_limit_used_mb")
     source = sample.get("mem_limit_source")
     if limit and source:
@@ -283,13 +310,6 @@ def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) 
     host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
             else "")
     return f"ran out of memory ({ename}) with no memory limit of its own{host}"
-
-
-def _gpu_memory(gpus: list[dict[str, Any]] | None) -> str:
-    if not gpus:
-        return "no GPU reading"
-    return ", ".join(f"GPU {g.get('index')}: {g.get('mem_used_mb') or 0:.0f} of "
-                     f"{g.get('mem_total_mb') or 0:.0f} MB in use" for g in gpus)
 
 
 def _instrumentation_errors() -> dict[str, str]:
