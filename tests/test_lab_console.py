@@ -221,9 +221,26 @@ def test_a_console_on_worker_1_runs_there_is_recorded_and_its_debugger_stops(
             found = (await ks.dap("variables", {"variablesReference": scope[
                 "variablesReference"]}))["body"]["variables"]
             assert {v["name"]: v["value"] for v in found}.get("x") == "21", found
+            # held at the breakpoint, worker:1 is shown at a prompt (a person is at it)
+            shown = lambda: {r["task"]: r["state"] for r in  # noqa: E731
+                             cluster.status().to_dict("records")}
+            await asyncio.to_thread(wait_for, lambda: shown()["worker:1"] == "prompt", 10,
+                                    "worker:1 shown at a prompt")
+            assert cluster.snapshot().task("worker:1").state == "prompt"
+            assert shown()["worker:0"] == "idle"
+            # a cluster cell sent to it meanwhile waits past the stall timeout, unjudged
+            cluster.stall_timeout, alerts = 2.0, len(cluster.alerts())
+            waiting = asyncio.ensure_future(asyncio.to_thread(
+                cluster.run, "print('after the breakpoint')", on="worker:1", timeout=60))
+            done, _ = await asyncio.wait({waiting}, timeout=5.0)  # 2.5 stall timeouts
+            assert not done and cluster.alerts()[alerts:] == []
             await ks.dap("continue", {"threadId": thread})
             await ks.idle(call_id)
             assert "double 42" in ks.said(call_id)
+            after = await waiting
+            assert after.ok and "after the breakpoint" in after.tasks["worker:1"].stdout
+            await asyncio.to_thread(wait_for, lambda: shown()["worker:1"] == "idle", 10,
+                                    "worker:1 idle again")
             await ks.dap("disconnect", {"restart": False, "terminateDebuggee": False})
 
     asyncio.run(session())

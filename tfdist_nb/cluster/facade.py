@@ -571,7 +571,7 @@ class Cluster:
         return ClusterSnapshot(
             id=self.id, spec=str(self.spec), running=self.running,
             run_dir=str(self.run_dir) if self.run_dir else "",
-            tasks=tuple(TaskSnapshot(rt.name, rt.task.role, str(rt.state), rt.pid, rt.host,
+            tasks=tuple(TaskSnapshot(rt.name, rt.task.role, rt.shown_state, rt.pid, rt.host,
                                      tuple(waiting.get(rt.name, ())), rt.gpus,
                                      rt.connection_file)
                         for rt in tasks),

@@ -75,6 +75,15 @@ class TaskRuntime:
         return str(path or "")
 
     @property
+    def shown_state(self) -> str:
+        """The state people are shown: ``prompt`` also while JupyterLab's debugger holds the
+        task at a breakpoint from a console on it (docs/reference.md, Consoles on a task),
+        whatever its cells do: a person is at it."""
+        held = self.channel is not None and self.channel.debug_stopped
+        live = (TaskState.IDLE, TaskState.BUSY, TaskState.STALLED)
+        return TaskState.PROMPT.value if held and self.state in live else self.state.value
+
+    @property
     def host(self) -> str:
         return self.handle.host if self.handle else self.address.rpartition(":")[0]
 

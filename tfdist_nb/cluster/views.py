@@ -65,7 +65,7 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
         latest = v.latest if alive else {}
         last_output = v.last_output
         rows.append({
-            "task": rt.name, "host": rt.host, "pid": rt.pid, "state": rt.state.value,
+            "task": rt.name, "host": rt.host, "pid": rt.pid, "state": rt.shown_state,
             "step": v.step_count, "step_time_ms": v.step_time_ms(),
             "input_wait_ms": v.input_wait_ms(),
             **{k: latest.get(k) for k in _SAMPLED},

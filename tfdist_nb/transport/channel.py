@@ -81,6 +81,9 @@ class KernelChannel:
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
         self._console: set[str] = set()  # requests of another client (a console), by msg_id
+        #: JupyterLab's debugger holds the kernel at a breakpoint (a ``debug_event`` said
+        #: ``stopped`` and nothing since said it goes on): a person is at it, not a hang
+        self.debug_stopped = False
         self._order = StreamOrder()
         self._pumps: list[asyncio.Task] = []
         self.iopub_alive = asyncio.Event()  # set by the first iopub message: that channel works
@@ -238,6 +241,10 @@ class KernelChannel:
             self._sink_lines(self._order.release(now, force=kind != TELEMETRY_MSG))
         if kind == TELEMETRY_MSG:
             self._sink([TelemetrySample(content.get("time", t), self.task, content)])
+        elif kind == "debug_event":
+            event = content.get("event")
+            if event == "stopped" or event in ("continued", "terminated", "exited"):
+                self.debug_stopped = event == "stopped"
         elif kind == "stream":
             name = content.get("name", "stdout")
             text = content.get("text", "")
