@@ -454,6 +454,24 @@ def test_a_server_left_without_kernels_ends_after_tfdist_fork_idle_s(
     assert not server.alive() and server not in forkserver.live_servers()
 
 
+def test_with_memory_short_an_idle_server_ends_at_once_never_one_with_a_kernel(
+        loud: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a container's limit with less left than one TensorFlow task needs, the idle
+    server's own ~570 MB are what the next start wants: it is ended as soon as it has no kernel,
+    not after TFDIST_FORK_IDLE_S (the memory reading is the one thing faked: a real limit would
+    starve the test's own kernels)."""
+    monkeypatch.setenv("TFDIST_FORK_IDLE_S", "300")
+    monkeypatch.setattr(forkserver, "IDLE_LOOK_S", 0.2)  # the watch's longest sleep
+    with Cluster(workers=1, env=loud, preload=("tensorflow", "loud"),
+                 run_dir=tmp_path / "runs") as c:
+        server = server_of(probe(c)["worker:0"]["pid"])
+        monkeypatch.setattr(forkserver, "available_mb", lambda: 100.0)
+        time.sleep(1.0)  # several looks of the idle watch while the server has a kernel
+        assert server.alive() and probe(c)["worker:0"]["ppid"] == server.pid
+    wait_for(lambda: not server.alive(), 15, "the idle server to end with memory short")
+    assert server not in forkserver.live_servers()
+
+
 def test_a_misspelt_idle_time_is_refused_naming_the_variable(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from tfdist_nb.launchers.local import LocalLauncher

@@ -207,7 +207,8 @@ def test_a_spare_is_not_started_into_a_containers_limit_the_host_has_room_for(
     container's 148 MB, and the spare pool starts nothing (it used to read the host's)."""
     import psutil
 
-    from tfdist_nb.cluster.spares import TASK_MB, SparePool
+    from tfdist_nb.cluster.spares import SparePool
+    from tfdist_nb.worker.memory_limits import TF_TASK_MB as TASK_MB
     from tfdist_nb.worker.memory_limits import CgroupMemory, available_mb
 
     group = tmp_path / "binder"

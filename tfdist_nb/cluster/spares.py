@@ -41,6 +41,7 @@ from tfdist_nb.launchers.base import Launcher, TaskLaunch
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.adopt import WARM_NICE
+from tfdist_nb.worker.memory_limits import TF_TASK_MB
 from tfdist_nb.worker.state import SPARE_ENV
 
 logger = logging.getLogger(__name__)
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Memory one TensorFlow task needs (docs/design.md, Facts: 550-600 MB on import).
-TASK_MB = 600
 #: Seconds the host must have had CPU to spare before a spare is started (env
 #: TFDIST_SPARE_IDLE_S); 0: at the first look that finds room.
 IDLE_S = 0.0
@@ -269,10 +268,10 @@ class SparePool:
         from tfdist_nb.worker.memory_limits import available_mb as free_mb
 
         # a container's limit counts, not the host's memory (Binder's 2 GB)
-        available_mb = free_mb() - pending * TASK_MB
-        if available_mb - TASK_MB < TASK_MB:
+        available_mb = free_mb() - pending * TF_TASK_MB
+        if available_mb - TF_TASK_MB < TF_TASK_MB:
             self.skipped = (f"no spare started: {available_mb:.0f} MB available, a spare would "
-                            f"leave less than the {TASK_MB} MB one TensorFlow task needs")
+                            f"leave less than the {TF_TASK_MB} MB one TensorFlow task needs")
             self._say(self.skipped)
             return False
         self.skipped = None

@@ -51,6 +51,7 @@ from tfdist_nb.debuglog import swallowed
 from tfdist_nb.host_os import seqpacket_pairs, zombie_status
 from tfdist_nb.launchers.fork_handle import ForkServer, ForkServerError, ServerKey, ServerTrouble
 from tfdist_nb.launchers.zygote import KERNEL_MODULE
+from tfdist_nb.worker.memory_limits import TF_TASK_MB, available_mb
 
 logger = logging.getLogger(__name__)
 
@@ -261,7 +262,9 @@ def _watch_idle() -> None:
 
 def _end_idle() -> None:
     """End the servers with no kernel for ``TFDIST_FORK_IDLE_S`` (docs/design.md, "Fork
-    server"), and the retired ones whose kernels have ended; stop when none is left."""
+    server"), at once while memory is short (less left, under the container's limit too, than
+    one TensorFlow task needs: the idle server's own ~570 MB are what the next start wants),
+    and the retired ones whose kernels have ended; stop when none is left."""
     while True:
         try:
             limit = idle_after_s()
@@ -269,10 +272,13 @@ def _end_idle() -> None:
             limit = IDLE_S
         with _registry_lock:
             _close_retired()
-            for server in list(_servers.values()):
-                idle = server.idle_for()
-                if idle is not None and idle >= limit:
-                    logger.debug("fork server %s idle for %.0f s: ended", server.pid, idle)
+            idle_ones = [(s, idle) for s in _servers.values()
+                         if (idle := s.idle_for()) is not None]
+            short = bool(idle_ones) and available_mb() < TF_TASK_MB
+            for server, idle in idle_ones:
+                if idle >= limit or short:
+                    logger.debug("fork server %s idle for %.0f s%s: ended", server.pid, idle,
+                                 " with memory short" if short else "")
                     _drop(server)
             if not _servers and not _retired:
                 _idle_watch.clear()

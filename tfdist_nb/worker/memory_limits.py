@@ -121,6 +121,11 @@ def _below(mountpoint: str, root: str, path: str) -> Path | None:
     return Path(mountpoint, rel.lstrip("/"))
 
 
+#: Memory one TensorFlow task needs (docs/design.md, Facts: 550-600 MB on import): what the
+#: spare pool leaves free, and below which an idle fork server is ended at once.
+TF_TASK_MB = 600
+
+
 def available_mb() -> float:
     """Memory a new process can take without an OOM kill: the host's available memory, or
     what this process's memory cgroup has left under its limit when that is less."""
