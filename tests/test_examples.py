@@ -374,8 +374,8 @@ def test_11_isolate(tmp_path: Path) -> None:
     assert "tfdist_nb: needs 2 or more workers: a distributed bug (with 1 worker it passes; " \
            "the 2 replicas in one process pass" in said
     if not visible_nvml_gpus():  # with GPUs it tries the other implementation instead
-        assert "another collective implementation was not tried: on CPUs AUTO is RING" in \
-            cell_html(collective)
+        assert ("another collective implementation was not tried: the tasks showed no GPU, "
+                "and on CPUs AUTO runs RING and NCCL needs GPUs") in cell_html(collective)
     for cell in (data, function, collective):  # the report shows its table
         assert "<table" in cell_html(cell) and "first error line" in cell_html(cell)
     for bug in (nb.find("x == 14"), nb.find("v.numpy()"), nb.find("tf.ones([n])")):

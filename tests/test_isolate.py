@@ -9,7 +9,7 @@ variant of the first fails the same way when its launch.sh runs, in tests/test_e
 
 from __future__ import annotations
 
-import _thread
+import signal
 import subprocess
 import threading
 import time
@@ -89,7 +89,9 @@ def test_an_interrupt_ends_the_variant_and_returns_what_is_known(one_worker: Clu
         while time.monotonic() < deadline:
             side = [c for c in registry.live_clusters() if c is not one_worker]
             if side and side[0]._cells.active and side[0]._cells.last >= 2:  # the failing cell
-                _thread.interrupt_main()
+                # a real SIGINT to the main thread, as Ctrl-C / Jupyter's interrupt is: it wakes a
+                # blocked wait at once (_thread.interrupt_main only sets a flag looked at later)
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
                 return
             time.sleep(0.05)
 

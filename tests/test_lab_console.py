@@ -358,7 +358,10 @@ def test_a_restarted_task_is_a_new_kernel_and_the_old_one_is_forgotten(
     # the server drops the registration of the process that is gone ...
     wait_for(lambda: old not in {k["id"] for k in call(lab, "/api/kernels")}, 30,
              "the old kernel to be forgotten")
-    # ... and a console now reaches the new one
+    # ... and, once the pane offers a console on it again (its state.json says it is up), a
+    # console reaches the new one
+    wait_for(lambda: next(t for t in call(lab, f"/tfdist/api/clusters/{cluster.id}")["tasks"]
+                          if t["task"] == "worker:0")["console"], 30, "the console offered again")
     new = call(lab, path, {"task": "worker:0"}, "POST")["kernel_id"]
     assert new != old
 

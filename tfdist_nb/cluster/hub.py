@@ -89,7 +89,8 @@ class EventHub:
         words (every task makes the same strategy) is kept with the events, not alerted again."""
         text, level, finding = note.get("text", ""), note.get("level", "INFO"), note.get("finding")
         if finding:
-            self.live.view(task).findings.add(str(finding))
+            if finding != Finding.STRATEGY:  # a record of what was made, not a finding
+                self.live.view(task).findings.add(str(finding))
             if (finding, text) in self._findings_said:
                 level = "INFO"
             self._findings_said.add((finding, text))

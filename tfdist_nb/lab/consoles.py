@@ -33,11 +33,10 @@ from tornado import web
 from tornado.ioloop import PeriodicCallback
 
 from tfdist_nb.lab.handlers import ClusterIndex
+from tfdist_nb.lab.model import NO_KERNEL
 from tfdist_nb.owned_files import read_regular, regular_stat
 
 TASK = re.compile(r"^(chief|worker|ps|evaluator):\d{1,6}$")
-#: states of a task without a kernel to talk to
-NO_KERNEL = ("starting", "restarting", "dead", "stopped")
 PRUNE_S = 5.0  # how often registered task kernels are checked against their clusters
 KERNEL_NAME = "tfdist-worker"
 

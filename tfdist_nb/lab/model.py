@@ -25,6 +25,9 @@ from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
 from tfdist_nb.topology import spec_words, task_order
 
+#: states of a task without a kernel to open a console on
+NO_KERNEL = ("starting", "restarting", "dead", "stopped")
+
 LINES_KEPT = 1000        # merged log tail of the cluster
 LINES_PER_MESSAGE = 500  # a flood sends only the newest lines of a poll
 SAMPLES_KEPT = 600       # per task (10 minutes at one a second)
@@ -212,7 +215,9 @@ class ClusterWatch:
                 "tasks": [{**{k: t.get(k) for k in ("task", "role", "state", "step", "pid",
                                                     "host", "step_time_ms", "lateness_ms",
                                                     "straggler", "gpus")},
-                           "console": bool(t.get("connection_file"))}  # lab/consoles.py
+                           # a console can be opened now (lab/consoles.py)
+                           "console": bool(t.get("connection_file"))
+                           and t.get("state") not in NO_KERNEL}
                           for t in tasks],
                 "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
 

@@ -16,7 +16,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import line_magic
@@ -26,6 +26,9 @@ from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
 from tfdist_nb.magics.request import EXAMPLE
 from tfdist_nb.store.rundir import replace_private
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.facade import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: What the Cluster API raises for what the user asked; the magics answer it as a UsageError.
@@ -169,14 +172,14 @@ def answers_from(commands: str) -> Callable[[str, str, bool], str]:
     return answer
 
 
-def current() -> Any:
+def current() -> Cluster | None:
     """The active cluster, or None."""
     from tfdist_nb.cluster.facade import current as active
 
     return active()
 
 
-def require() -> Any:
+def require() -> Cluster:
     """The active cluster, or a UsageError saying how to start one."""
     cluster = current()
     if cluster is None:
@@ -184,7 +187,7 @@ def require() -> Any:
     return cluster
 
 
-def require_any() -> Any:
+def require_any() -> Cluster:
     """The active cluster, or the last one that ran (export works after a stop too)."""
     from tfdist_nb.cluster.registry import last_cluster
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -34,6 +34,9 @@ from tfdist_nb.magics.request import (
     build_request,
     plan,
 )
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.facade import Cluster
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
@@ -152,7 +155,7 @@ class RunMagics(Magics):
         args, rest = parse_line_and_rest(self.tfcluster, glue_values(line))
         return args, build_request(args, rest)
 
-    def _ensure(self, request: ClusterRequest) -> Any:
+    def _ensure(self, request: ClusterRequest) -> Cluster:
         """Do what ``plan()`` decided for this line: reuse, restart, or start a cluster (a
         replacement takes over the running cluster's spares)."""
         from tfdist_nb.cluster.facade import Cluster
@@ -161,11 +164,15 @@ class RunMagics(Magics):
         decided = plan(request, running_of(active))
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
+        # plan() keeps, restarts or re-warms a running cluster only
         if decided.set_warm is not None:
+            assert active is not None
             active.set_warm(decided.set_warm)
         if decided.action is PlanAction.REUSE:
+            assert active is not None
             return active
         if decided.action is PlanAction.RESTART:
+            assert active is not None
             active.restart()  # from spare kernels where they fit (docs/design.md)
             if active.warm_note:
                 print(f"tfdist_nb: {active.warm_note}")
@@ -192,7 +199,7 @@ class RunMagics(Magics):
             print(f"tfdist_nb: {cluster.gpu_plan.line}", flush=True)
         return cluster
 
-    def _run(self, cluster: Any, code: str, request: ClusterRequest) -> None:
+    def _run(self, cluster: Cluster, code: str, request: ClusterRequest) -> None:
         from tfdist_nb.display.printer import LivePrinter, failure_report
 
         printer = LivePrinter(max_lines_per_task=DASHBOARD_LINES if request.dashboard
@@ -230,7 +237,7 @@ class RunMagics(Magics):
         return None
 
     @staticmethod
-    def _show_dashboard(cluster: Any) -> Any:
+    def _show_dashboard(cluster: Cluster) -> Any:
         from IPython.display import display
 
         dashboard = cluster.dashboard()
@@ -345,7 +352,7 @@ class RunMagics(Magics):
         return f"on (%%tfcluster {self.mode.options})" if self.mode.options else "on"
 
 
-def running_of(cluster: Any) -> Running | None:
+def running_of(cluster: Cluster | None) -> Running | None:
     """What ``plan()`` needs of the running cluster (None: there is none)."""
     if cluster is None:
         return None
