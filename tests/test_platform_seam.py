@@ -89,6 +89,18 @@ def test_a_tf_port_open_on_every_interface_is_named_and_a_loopback_one_is_not(se
     assert exposure.open_ports(tasks) == {}  # type: ignore[arg-type]  # closed: nothing to say
 
 
+def test_a_port_another_program_listens_on_is_told_from_a_free_one(seam: str) -> None:
+    """What a restart asks before moving a task to fresh ports (LocalLauncher.held_by_another):
+    through the seam, every process's listening sockets."""
+    launcher = LocalLauncher(fork=False)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert launcher.held_by_another(f"localhost:{port}")
+    assert not launcher.held_by_another(f"localhost:{port}")
+
+
 def test_tf_ports_are_drawn_below_the_hosts_ephemeral_range(seam: str) -> None:
     if seam == "proc":
         linux = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]

@@ -81,15 +81,19 @@ def tcp_table_listeners(text: str) -> list[tuple[str, int]]:
     return found
 
 
-def tcp_listeners(pids: Iterable[int]) -> list[tuple[str, int]]:
+def tcp_listeners(pids: Iterable[int] | None) -> list[tuple[str, int]]:
     """``(address, port)`` of listening TCP sockets: with /proc every one of the host (its
     ``net/tcp`` and ``tcp6``); without, those of processes ``pids`` (psutil), which are this
-    user's own: listing every process's sockets takes root on macOS."""
+    user's own, or with ``pids`` None every process's (listing those takes root on macOS:
+    psutil.AccessDenied otherwise, for the caller to read as "cannot tell")."""
     if has_proc():
         return [found for name in ("tcp", "tcp6")
                 for found in tcp_table_listeners(_read(PROC / "net" / name))]
     import psutil
 
+    if pids is None:
+        return [(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="tcp")
+                if c.laddr and c.status == psutil.CONN_LISTEN]
     found = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):

@@ -194,6 +194,8 @@ class Cells:
         """A GPU out-of-memory, NCCL error or XID behind a failure, named with its cause from
         every task's last GPU reading (diagnostics/gpu_faults.py), first in the explanation
         and as an alert."""
+        if result.ok:  # every healthy cell passes here: nothing to read
+            return
         latest = {name: hub.live.view(name).latest for name in hub.live.tasks()}
         envs = {rt.name: rt.env for rt in targets}
         for r in result.failed:

@@ -170,8 +170,7 @@ def track_prompts(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
     for name, rt in by_name.items():
         if name in results:
             continue
-        held = rt.channel is not None and rt.channel.debug_stopped  # a console's breakpoint
-        if execs[name].prompt is not None or held:
+        if execs[name].prompt is not None or rt.at_breakpoint:
             prompting.append(name)
             if rt.state in (TaskState.BUSY, TaskState.STALLED):
                 rt.transition(TaskEvent.PROMPTED)

@@ -75,13 +75,18 @@ class TaskRuntime:
         return str(path or "")
 
     @property
+    def at_breakpoint(self) -> bool:
+        """JupyterLab's debugger holds the task at a breakpoint from a console on it
+        (docs/reference.md, Consoles on a task): a person is at it, not a hang."""
+        return self.channel is not None and self.channel.debug_stopped
+
+    @property
     def shown_state(self) -> str:
-        """The state people are shown: ``prompt`` also while JupyterLab's debugger holds the
-        task at a breakpoint from a console on it (docs/reference.md, Consoles on a task),
-        whatever its cells do: a person is at it."""
-        held = self.channel is not None and self.channel.debug_stopped
+        """The state people are shown: ``prompt`` also while the task is held at a breakpoint,
+        whatever its cells do."""
         live = (TaskState.IDLE, TaskState.BUSY, TaskState.STALLED)
-        return TaskState.PROMPT.value if held and self.state in live else self.state.value
+        return (TaskState.PROMPT.value if self.at_breakpoint and self.state in live
+                else self.state.value)
 
     @property
     def host(self) -> str:

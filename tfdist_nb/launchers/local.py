@@ -326,8 +326,7 @@ class LocalLauncher(Launcher):
 
         port = int(address.rpartition(":")[2])
         try:
-            return any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                       for c in psutil.net_connections("tcp"))
+            return any(p == port for _, p in host_os.tcp_listeners(None))
         except (psutil.Error, OSError):
             return True
 

@@ -243,7 +243,7 @@ class KernelChannel:
             self._sink([TelemetrySample(content.get("time", t), self.task, content)])
         elif kind == "debug_event":
             event = content.get("event")
-            if event == "stopped" or event in ("continued", "terminated", "exited"):
+            if event in ("stopped", "continued", "terminated", "exited"):
                 self.debug_stopped = event == "stopped"
         elif kind == "stream":
             name = content.get("name", "stdout")

@@ -12,9 +12,10 @@ import os
 from typing import Any
 
 from tfdist_nb.gpu_plan import CVD, Device, select
-from tfdist_nb.worker.gpu_readings import GpuReader, decode_throttle, own_pids
+from tfdist_nb.worker.gpu_readings import GpuReader, decode_throttle, nvml_text, own_pids
 
-__all__ = ["GpuSampler", "decode_throttle", "given", "host_devices", "read_devices"]
+__all__ = ["GpuSampler", "decode_throttle", "device_handle", "given", "host_devices",
+           "read_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ class GpuSampler:
                 self._nvml = pynvml
             self._nvml.nvmlInit()
             devices = _visible(self._nvml)
-            self._handles = [(d.index, _handle(self._nvml, d)) for d in devices] or None
+            self._handles = [(d.index, device_handle(self._nvml, d)) for d in devices] or None
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver missing ...
             self.reason = f"no GPU ({type(exc).__name__}: {exc})"
             self._handles = None
@@ -72,7 +73,7 @@ def read_devices(nvml: Any) -> list[Device]:
     out: list[Device] = []
     for index in range(int(nvml.nvmlDeviceGetCount())):
         handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        uuid = nvml_text(nvml.nvmlDeviceGetUUID(handle))
         try:
             mig = nvml.nvmlDeviceGetMigMode(handle)[0] == nvml.NVML_DEVICE_MIG_ENABLE
             slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)) if mig else 0
@@ -84,7 +85,7 @@ def read_devices(nvml: Any) -> list[Device]:
                 instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except Exception:
                 continue
-            migs.append(Device(index, _text(nvml.nvmlDeviceGetUUID(instance)), uuid, slot))
+            migs.append(Device(index, nvml_text(nvml.nvmlDeviceGetUUID(instance)), uuid, slot))
         out.extend(migs or [Device(index, uuid)])
     return out
 
@@ -121,11 +122,9 @@ def _visible(nvml: Any) -> list[Device]:
     return select(os.environ.get(CVD), read_devices(nvml))
 
 
-def _handle(nvml: Any, device: Device) -> Any:
+def device_handle(nvml: Any, device: Device) -> Any:
+    """NVML's handle of ``device``: its GPU's, or the MIG instance's."""
     gpu = nvml.nvmlDeviceGetHandleByIndex(device.index)
     return gpu if device.slot is None else nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu,
                                                                                     device.slot)
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

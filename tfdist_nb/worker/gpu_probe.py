@@ -18,7 +18,8 @@ from typing import Any
 
 from tfdist_nb.gpu_plan import GROWTH, Device, resolve
 from tfdist_nb.strenum import StrEnum
-from tfdist_nb.worker.gpu import given, read_devices
+from tfdist_nb.worker.gpu import device_handle, given, read_devices
+from tfdist_nb.worker.gpu_readings import maybe
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _device(nv: Any, entry: str, device: Device) -> dict[str, Any]:
     also for a MIG instance."""
     gpu = nv.nvmlDeviceGetHandleByIndex(device.index)
     mig = device.slot is not None
-    handle = nv.nvmlDeviceGetMigDeviceHandleByIndex(gpu, device.slot) if mig else gpu
+    handle = device_handle(nv, device)
     cc = _read(nv, "nvmlDeviceGetCudaComputeCapability", gpu)
     memory = _read(nv, "nvmlDeviceGetMemoryInfo", handle)
     ecc = _read(nv, "nvmlDeviceGetEccMode", gpu)
@@ -172,11 +173,7 @@ def _nccl_version() -> str | None:
 def _read(nv: Any, name: str, *args: Any) -> Any:
     """``nv.name(*args)``, or None where the driver or nvidia-ml-py lacks it or the board does
     not support it (NVML's NotSupported, FunctionNotFound)."""
-    try:
-        return getattr(nv, name)(*args)
-    except Exception:
-        logger.debug("no %s", name, exc_info=True)
-        return None
+    return maybe(lambda: getattr(nv, name)(*args), f"no {name}")
 
 
 def _flag(value: Any) -> bool | None:

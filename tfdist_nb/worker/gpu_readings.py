@@ -88,20 +88,20 @@ class GpuReader:
 
     def __init__(self, nv: Any, index: int, handle: Any) -> None:
         self._nv, self.index, self._handle = nv, index, handle
-        mig = _maybe(lambda: nv.nvmlDeviceIsMigDeviceHandle(handle))
+        mig = maybe(lambda: nv.nvmlDeviceIsMigDeviceHandle(handle))
         self._board = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if mig else handle
-        self._events = _maybe(self._xid_events)
+        self._events = maybe(self._xid_events)
         self.xids: list[int] = []
         board = self._board
         self._static = {
-            "uuid": _maybe(lambda: _text(nv.nvmlDeviceGetUUID(handle))),
-            "name": _maybe(lambda: _text(nv.nvmlDeviceGetName(board))),
-            "mem_total_mb": _maybe(lambda: nv.nvmlDeviceGetMemoryInfo(handle).total / 2**20),
-            "sm_clock_max_mhz": _maybe(lambda: float(nv.nvmlDeviceGetMaxClockInfo(
+            "uuid": maybe(lambda: nvml_text(nv.nvmlDeviceGetUUID(handle))),
+            "name": maybe(lambda: nvml_text(nv.nvmlDeviceGetName(board))),
+            "mem_total_mb": maybe(lambda: nv.nvmlDeviceGetMemoryInfo(handle).total / 2**20),
+            "sm_clock_max_mhz": maybe(lambda: float(nv.nvmlDeviceGetMaxClockInfo(
                 board, nv.NVML_CLOCK_SM))),
-            "power_limit_w": _maybe(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(board) / 1000.0),
-            "pcie_gen_max": _maybe(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(board)),
-            "pcie_width_max": _maybe(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(board)),
+            "power_limit_w": maybe(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(board) / 1000.0),
+            "pcie_gen_max": maybe(lambda: nv.nvmlDeviceGetMaxPcieLinkGeneration(board)),
+            "pcie_width_max": maybe(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(board)),
         }
 
     def read(self, pids: set[int]) -> dict[str, Any]:
@@ -126,7 +126,7 @@ class GpuReader:
         }
         out: dict[str, Any] = {"index": self.index, **self._static}
         for key, read in readers.items():
-            out[key] = _maybe(read, f"GPU {self.index}: no {key}")
+            out[key] = maybe(read, f"GPU {self.index}: no {key}")
         return out
 
     def _reasons(self) -> Callable[[Any], int]:
@@ -182,7 +182,8 @@ class GpuReader:
         return list(self.xids)
 
 
-def _maybe(read: Callable[[], Any], what: str = "an NVML query") -> Any:
+def maybe(read: Callable[[], Any], what: str = "an NVML query") -> Any:
+    """``read()``, or None where this board, driver or nvidia-ml-py does not answer."""
     try:
         return read()
     except Exception:  # NVMLError_NotSupported and kin: absent on this board or driver
@@ -190,5 +191,5 @@ def _maybe(read: Callable[[], Any], what: str = "an NVML query") -> Any:
         return None
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
