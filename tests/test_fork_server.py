@@ -23,6 +23,7 @@ from tfdist_nb import Cluster
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.launchers import fork_handle, forkserver
+from tfdist_nb.launchers.kernel_key import KernelKey
 
 pytestmark = pytest.mark.cluster
 
@@ -168,19 +169,19 @@ def test_a_stopped_server_is_named_retired_and_the_restart_spawns(
 def test_what_decides_the_server() -> None:
     py = sys.executable
     base = {"TF_CPP_MIN_LOG_LEVEL": "1", "PATH": "/bin"}
-    key = fork_handle.ServerKey.of(py, ("tensorflow",), "/w", base, None)
+
+    def server(env: dict[str, str] = base, cwd: str = "/w", net: int | None = None,
+               preload: tuple[str, ...] = ("tensorflow",)) -> fork_handle.ServerKey:
+        return fork_handle.ServerKey.on(KernelKey.of(py, preload, cwd, env), net)
+
+    key = server()
     late = {**base, "TF_CONFIG": "{}", "TFDIST_TASK": "worker:1", "PATH": "/usr/bin"}
-    assert fork_handle.ServerKey.of(py, ("tensorflow",), "/w", late, None) == key
-    for other in (fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
-                                          {**base, "TF_CPP_MIN_LOG_LEVEL": "3"}, None),
+    assert server(late) == key
+    for other in (server({**base, "TF_CPP_MIN_LOG_LEVEL": "3"}),
                   # NumPy reads these at its import, which a forked kernel cannot redo
-                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
-                                          {**base, "NUMPY_MADVISE_HUGEPAGE": "0"}, None),
-                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w",
-                                          {**base, "TF2_BEHAVIOR": "0"}, None),
-                  fork_handle.ServerKey.of(py, ("tensorflow",), "/elsewhere", base, None),
-                  fork_handle.ServerKey.of(py, ("tensorflow",), "/w", base, 1234),
-                  fork_handle.ServerKey.of(py, (), "/w", base, None)):
+                  server({**base, "NUMPY_MADVISE_HUGEPAGE": "0"}),
+                  server({**base, "TF2_BEHAVIOR": "0"}),
+                  server(cwd="/elsewhere"), server(net=1234), server(preload=())):
         assert other != key
     assert forkserver.kernel_args([py, "-m", "tfdist_nb.worker.kernel", "-f", "c.json"],
                                   py) == ["-f", "c.json"]
@@ -237,7 +238,8 @@ def test_a_preload_that_hangs_once_does_not_hang_every_later_start(
 
 
 def test_a_fork_given_up_in_flight_is_killed_when_it_comes(tmp_path: Path) -> None:
-    key = fork_handle.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
+    key = fork_handle.ServerKey.on(
+        KernelKey.of(sys.executable, (), os.getcwd(), dict(os.environ)), None)
     server = fork_handle.ForkServer(key, dict(os.environ))
     try:
         server.ready.result(timeout=60)
@@ -256,7 +258,8 @@ def test_a_start_waiting_on_a_server_that_stops_gives_up_at_once_naming_it(
     """Not at the start's own timeout: the server is watched while a fork is asked of it."""
     import asyncio
 
-    key = fork_handle.ServerKey.of(sys.executable, (), os.getcwd(), dict(os.environ), None)
+    key = fork_handle.ServerKey.on(
+        KernelKey.of(sys.executable, (), os.getcwd(), dict(os.environ)), None)
     server = fork_handle.ForkServer(key, dict(os.environ))
     try:
         server.ready.result(timeout=60)

@@ -28,7 +28,7 @@ from tfdist_nb.display.compact import grid_rows
 from tfdist_nb.errors import ClusterStartError, SpecError
 from tfdist_nb.gpu_plan import CVD, GROWTH, NoteKind, Placement, gpu_request, plan_gpus
 from tfdist_nb.launchers import forkserver
-from tfdist_nb.launchers.import_env import import_time
+from tfdist_nb.launchers.kernel_key import import_time
 from tfdist_nb.launchers.ssh import SSHLauncher
 from tfdist_nb.magics.request import ClusterRequest, PlanAction, Running, plan
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tfdist_nb.diagnostics.hangs import judge
+from tfdist_nb.results import Hang
 from tfdist_nb.store.collectives import LedgerView
 
 
@@ -112,3 +113,97 @@ def test_the_waiters_of_a_large_cluster_are_named_in_task_order() -> None:
     assert hang is not None and hang.waiters == ["worker:2", "worker:10"]
     assert list(hang.waited_in) == ["worker:2", "worker:10"]
     assert "while worker:2, worker:10 waited in a collective" in hang.cause
+
+
+# Released because of a culprit (docs/reference.md, "Collectives and hangs"): at 8 tasks and
+# more TensorFlow's own abort reaches most waiters before their rows reach the rules.
+EIGHT = {f"worker:{i}" for i in range(8)}
+CULPRIT_ERROR = "ValueError: worker 3 gives up"
+UNAVAILABLE = "UnavailableError: [[{{node CollectiveReduceV2}}]] [Op:__inference_total_29]"
+
+
+def eight_worker_hang() -> tuple[Hang, dict[str, LedgerView]]:
+    """worker:3 raised after the first of two all-reduces; only worker:4's row of the second
+    reached the rules before they spoke."""
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    first = {**all_reduce(0, 1, "done"), "group_size": 8}
+    second = {**all_reduce(1, 1, "aborted"), "group_size": 8, "done": 101.0}
+    ledgers = {name: ledger(first, second) for name in EIGHT - {"worker:3", "worker:4"}}
+    ledgers["worker:3"] = ledger(first)
+    busy = {"worker:4": ledger(first, {**second, "state": "entered", "done": None})}
+    ended = {"worker:3": Ended("worker:3", "error", CULPRIT_ERROR, "cell 1 line 8")}
+    hang = judge(ended, busy, {**ledgers, **busy}, EIGHT, set(), {}, now=101.0)
+    assert hang is not None and hang.waiters == ["worker:4"]
+    return hang, ledgers
+
+
+def results_of(statuses: dict[str, tuple[str, str]]) -> dict:
+    from tfdist_nb.results import RemoteError, TaskResult
+
+    return {name: TaskResult(name, status, error=RemoteError(*error.split(": ", 1), []))
+            for name, (status, error) in statuses.items()}
+
+
+def test_waiters_that_tensorflow_released_before_the_rules_are_aborted_naming_the_culprit(
+        ) -> None:
+    from tfdist_nb.diagnostics.hangs import release_waiters
+
+    hang, ledgers = eight_worker_hang()
+    results = results_of({"worker:3": ("error", CULPRIT_ERROR),
+                          **{f"worker:{i}": ("error" if i < 3 else "interrupted", UNAVAILABLE)
+                             for i in (0, 1, 2, 4, 5, 6, 7)}})
+    unsure = release_waiters(hang, results, lambda n: ledgers[n].recent() if n in ledgers
+                             else [], ledgers["worker:3"], EIGHT, set(), now=102.0)
+    assert not unsure
+    assert results["worker:3"].status == "error"
+    waiters = [f"worker:{i}" for i in (0, 1, 2, 4, 5, 6, 7)]
+    assert {results[w].status for w in waiters} == {"aborted"}
+    assert hang.waiters == waiters  # in task order, every one of them
+    assert {w: c.position for w, c in hang.waited_in.items()} == dict.fromkeys(waiters, 2)
+    assert hang.cause.startswith(f"worker:3 failed ({CULPRIT_ERROR}) at cell 1 line 8 while "
+                                 f"{', '.join(waiters)} waited in a collective that worker:3 "
+                                 "never entered: all_reduce float32[1] #2")
+    for w in waiters:
+        said = results[w].explanation or ""
+        assert said.startswith(hang.cause) and f"{w} was released from all_reduce" in said
+        assert "TensorFlow raised UnavailableError" in said
+        assert results[w].error.ename == "UnavailableError"  # what TensorFlow raised, kept
+
+
+def test_a_genuine_error_beside_a_hang_stays_the_tasks_own() -> None:
+    """A task's own error is not relabelled: another kind of error, or a released one in a
+    collective the culprit completed (not the culprit's doing; the rows may yet change, so
+    the caller is told to look again); the culprit stays 'error'; an interrupt without a row
+    in the culprit's collective is the interrupt it was."""
+    from tfdist_nb.diagnostics.hangs import release_waiters
+
+    hang, ledgers = eight_worker_hang()
+    completed = ledger({**all_reduce(0, 1, "aborted"), "group_size": 8, "done": 100.5})
+    rows = {**ledgers, "worker:0": completed}
+    results = results_of({"worker:3": ("error", CULPRIT_ERROR),
+                          "worker:0": ("error", UNAVAILABLE),
+                          "worker:1": ("error", "ValueError: my own bug"),
+                          "worker:2": ("interrupted", "KeyboardInterrupt: "),
+                          "worker:5": ("interrupted", UNAVAILABLE)})
+    unsure = release_waiters(hang, results, lambda n: rows[n].recent() if n != "worker:2"
+                             else [], ledgers["worker:3"], EIGHT, {"worker:2", "worker:5"},
+                             now=102.0)
+    assert unsure  # worker:0's error is of the released kind: its rows may still come
+    assert [results[w].status for w in ("worker:3", "worker:0", "worker:1", "worker:2")] == [
+        "error", "error", "error", "interrupted"]
+    assert results["worker:5"].status == "aborted"  # the controller's abort released it
+    assert hang.waiters == ["worker:4", "worker:5"]
+
+
+def test_a_task_released_by_a_peers_abort_is_not_named_the_culprit() -> None:
+    """worker:0's UnavailableError came first; worker:3's ValueError is the cause."""
+    from tfdist_nb.diagnostics.hangs import Ended
+
+    _, ledgers = eight_worker_hang()
+    busy = {"worker:4": ledger({**all_reduce(0, 1, "done"), "group_size": 8},
+                               {**all_reduce(1, 1), "group_size": 8})}
+    ended = {"worker:0": Ended("worker:0", "error", UNAVAILABLE, "cell 1 line 9"),
+             "worker:3": Ended("worker:3", "error", CULPRIT_ERROR, "cell 1 line 8")}
+    hang = judge(ended, busy, {**ledgers, **busy}, EIGHT, set(), {}, now=101.0)
+    assert hang is not None and hang.culprit == "worker:3"

@@ -101,3 +101,18 @@ def test_the_oldest_leg_pins_every_lower_bound_pyproject_claims() -> None:
         # first released as 2.16.1)
         low, pin = Version(floor), Version(pinned[name])
         assert pin.release[:len(low.release)] == low.release, (name, floor, pinned[name])
+
+
+def test_no_import_cycle_and_no_module_over_450_lines() -> None:
+    """The package's modules import one way (imports under ``TYPE_CHECKING`` and inside
+    functions counted: grimp reads every import statement), and none outgrows one job."""
+    import grimp
+
+    graph = grimp.build_graph("tfdist_nb")
+    inside = {m for m in graph.modules if m.startswith("tfdist_nb.")}
+    cycles = [(a, b) for a in sorted(inside) for b in graph.find_modules_directly_imported_by(a)
+              if b in inside and b != a and graph.chain_exists(importer=b, imported=a)]
+    assert not cycles, f"modules that import each other, directly or around: {cycles[:5]}"
+    long = {str(p.relative_to(REPO)): n for p in (REPO / "tfdist_nb").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 450}
+    assert not long, f"modules over 450 lines: {long}"

@@ -74,7 +74,7 @@ def test_unloading_in_persistent_mode_ends_everything_and_the_mode(tmp_path: Pat
         *SETUP,
         "from tfdist_nb import Cluster\n"
         "other = Cluster(workers=1, preload=(), warm=False).start()\n"
-        "import tfdist_nb\nfirst = [c for c in tfdist_nb.cluster.registry.live_clusters()]\n"
+        "from tfdist_nb.cluster import registry\nfirst = registry.live_clusters()\n"
         "print('live', len(first))",
         "%tfdist_mode on --no-dashboard",
         "%unload_ext tfdist_nb",

@@ -24,9 +24,10 @@ import pytest
 from tests.support.cells import cell
 from tests.support.processes import wait_for
 from tfdist_nb import Cluster
-from tfdist_nb.cluster.spare import Spare, env_delta, mismatch
+from tfdist_nb.cluster.spare import Held, NoSpare, Spare, env_delta
 from tfdist_nb.errors import SpecError
-from tfdist_nb.launchers.import_env import import_time
+from tfdist_nb.launchers.fork_handle import ServerKey
+from tfdist_nb.launchers.kernel_key import KernelKey, Part, Unfit, import_time
 
 pytestmark = pytest.mark.cluster
 
@@ -81,16 +82,20 @@ def losses(result: Any) -> dict[str, str]:
 
 # ---------------------------------------------------------------------- pure parts
 def test_a_warm_outcome_says_how_spares_were_used_in_one_line() -> None:
-    from tfdist_nb.cluster.spare import WarmOutcome
+    from tfdist_nb.cluster.spare import Held, NoSpare, NotStarting, WarmOutcome
 
     assert str(WarmOutcome(2, 2, fresh_ports=True)) == (
         "2 task(s) from spare kernels on fresh TF ports")
-    assert str(WarmOutcome(2, 1, 1, ("worker:1",), "no spare ready yet (1 warming)")) == (
+    assert str(WarmOutcome(2, 1, 1, ("worker:1",), NoSpare(warming=1))) == (
         "cold start for worker:1 (1 of 2 from spares): no spare ready yet (1 warming) "
         "(1 still warming when taken)")
-    assert str(WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold="spares are off")) == (
+    off = NoSpare(off=True)
+    assert str(WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold=off)) == (
         "cold start for every task: spares are off")
-    forked = WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold="spares are off",
+    held = NoSpare(held=NotStarting(Held.CPU, "waiting for a core to spare (0.2 of 2 idle now)"))
+    assert str(held) == "waiting for a core to spare (0.2 of 2 idle now)"
+    assert str(NoSpare()) == "no spare ready yet"
+    forked = WarmOutcome(2, 0, cold=("worker:0", "worker:1"), why_cold=off,
                          forked=True)
     assert str(forked).endswith("(forked from the fork server: TensorFlow is imported already)")
 
@@ -109,17 +114,31 @@ def test_import_time_variables_are_told_apart_from_late_ones() -> None:
 
 
 def test_a_spare_differing_in_import_time_env_python_or_preload_does_not_fit() -> None:
+    """One rule for spares and fork servers (tfdist_nb/launchers/kernel_key.py): which part
+    differs is a record; the sentence a user reads is its str()."""
     spare = Spare(number=1, env={"TF_CPP_MIN_LOG_LEVEL": "1", "MY_LATE": "a", "TFDIST_SPARE": "1"},
                   python="/py", preload=("tensorflow",), cwd="/w", directory=Path("/x"))
     task = {"TF_CPP_MIN_LOG_LEVEL": "1", "MY_LATE": "b", "TF_CONFIG": "{}", "TFDIST_TASK": "w:0"}
-    assert mismatch(spare, task, "/py", ("tensorflow",), "/w") is None  # late ones are set
-    why = mismatch(spare, {**task, "TF_CPP_MIN_LOG_LEVEL": "3"}, "/py", ("tensorflow",), "/w")
-    assert why and "TF_CPP_MIN_LOG_LEVEL" in why and "imported" in why
-    assert "TF_ENABLE_ONEDNN_OPTS" in mismatch(spare, {**task, "TF_ENABLE_ONEDNN_OPTS": "0"},
-                                               "/py", ("tensorflow",), "/w")
-    assert "/other" in mismatch(spare, task, "/other", ("tensorflow",), "/w")
-    assert "preload" in mismatch(spare, task, "/py", (), "/w")
-    assert "working directory" in mismatch(spare, task, "/py", ("tensorflow",), "/else")
+
+    def unfit(env: dict[str, str] = task, python: str = "/py",
+              preload: tuple[str, ...] = ("tensorflow",), cwd: str = "/w") -> Unfit | None:
+        return spare.key.unfit(KernelKey.of(python, preload, cwd, env))
+
+    assert unfit() is None  # the late ones are set in the kernel
+    why = unfit({**task, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert why is not None and (why.part, why.names) == (Part.ENV, ("TF_CPP_MIN_LOG_LEVEL",))
+    assert "TF_CPP_MIN_LOG_LEVEL differs" in str(why) and "imported" in str(why)
+    many = unfit({**task, **{f"TF_X{i}": "1" for i in range(5)}})
+    assert many is not None and str(many).startswith("TF_X0, TF_X1, TF_X2 and 2 more differ")
+    other = unfit(python="/other")
+    assert other is not None and other.part is Part.PYTHON and "/other" in str(other)
+    assert (unfit(preload=()) or Unfit(Part.ENV, "", "")).part is Part.PRELOAD
+    moved = unfit(cwd="/else")
+    assert moved is not None and str(moved) == "the working directory changed (/w -> /else)"
+    # the fork server's key is the same rule plus the network it forks into
+    assert ServerKey.on(spare.key, None) == ServerKey.on(KernelKey.of("/py", ("tensorflow",),
+                                                                      "/w", task), None)
+    assert ServerKey.on(spare.key, None) != ServerKey.on(spare.key, 1234)
 
 
 def test_warm_is_for_the_local_launcher() -> None:
@@ -220,7 +239,9 @@ def test_a_restart_with_no_spare_starts_every_task_cold_and_says_why(
         c.restart()
         w = c.warm_outcome
         assert w is not None and (w.adopted, len(w.cold)) == (0, 2), w
-        assert w.why_cold and w.why_cold.startswith("no spare started: 900 MB available"), w
+        assert isinstance(w.why_cold, NoSpare) and w.why_cold.held is not None, w
+        assert w.why_cold.held.held is Held.MEMORY, w
+        assert str(w.why_cold).startswith("no spare started: 900 MB available"), w
         assert w.forked, w  # forked from the fork server: no import to wait for
         assert not old & {rt.pid for rt in c.tasks.values()}
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
@@ -309,7 +330,8 @@ def test_an_import_time_env_change_starts_cold_and_says_so() -> None:
         c.restart()
         w = c.warm_outcome
         assert w is not None and w.adopted == 0 and w.cold == ("worker:0",), w
-        assert "TF_CPP_MIN_LOG_LEVEL" in w.why_cold and "imported" in w.why_cold
+        assert isinstance(w.why_cold, Unfit) and w.why_cold.names == ("TF_CPP_MIN_LOG_LEVEL",)
+        assert "imported" in str(w.why_cold)
         assert c.tasks[next(iter(c.tasks))].pid != spare
         assert any("cold start" in text for text in c.logs(on=None)["text"])
         # the pool replaces the spare that no longer fits; a late variable change is warm

@@ -15,7 +15,7 @@ __all__ = ["CheckReport", "Cluster", "IsolateReport", "RunResult", "TaskResult",
 if TYPE_CHECKING:
     from tfdist_nb.cluster.checks import check_tf_config
     from tfdist_nb.cluster.facade import Cluster, current
-    from tfdist_nb.cluster.isolate import IsolateReport
+    from tfdist_nb.diagnostics.isolate_report import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
     from tfdist_nb.results import RunResult, TaskResult
 
@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
 
         return check_tf_config
     if name == "IsolateReport":
-        from tfdist_nb.cluster.isolate import IsolateReport
+        from tfdist_nb.diagnostics.isolate_report import IsolateReport
 
         return IsolateReport
     if name == "CheckReport":

@@ -23,6 +23,11 @@ from typing import Any
 #: the making of a MultiWorkerMirroredStrategy (docs/reference.md, "Collectives and hangs").
 BARRIER_KINDS = frozenset({"check", "startup"})
 
+#: what TensorFlow raises in a collective that was released, not failed: aborted
+#: (``abort_collective_ops``, a peer gone), cancelled; the ledger, the runner, the hang rules
+#: and the explanations read a released collective by these names
+RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
+
 # The fields a row's collective shares with the same collective in the next call of the run.
 SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in_control_flow")
 CALL = ("function", "called_at")

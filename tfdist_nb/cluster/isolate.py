@@ -14,21 +14,17 @@ at the end) and pass them from one variant to the next, as a resize does.
 from __future__ import annotations
 
 import contextlib
-import html
 import importlib.resources
 import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import pandas as pd
-
-from tfdist_nb.cluster import registry
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.cell_edits import (
     LoopBound,
@@ -38,9 +34,8 @@ from tfdist_nb.diagnostics.cell_edits import (
     with_bound,
 )
 from tfdist_nb.diagnostics.isolate import Walk
+from tfdist_nb.diagnostics.isolate_report import IsolateReport, Ran
 from tfdist_nb.diagnostics.isolate_variants import (
-    Failure,
-    Finding,
     Outcome,
     Row,
     Variant,
@@ -53,7 +48,13 @@ from tfdist_nb.results import RunResult, TaskStatus
 from tfdist_nb.topology import ClusterSpec
 
 if TYPE_CHECKING:
-    from tfdist_nb.cluster.facade import Cluster
+    from tfdist_nb.cluster.hub import EventHub
+    from tfdist_nb.cluster.task import TaskRuntime
+    from tfdist_nb.gpu_plan import GpuRequest
+    from tfdist_nb.launchers.base import Launcher
+    from tfdist_nb.store.rundir import RunDirectory
+    from tfdist_nb.store.tails import LiveStore
+    from tfdist_nb.topology import TaskId
 
 logger = logging.getLogger(__name__)
 
@@ -67,92 +68,59 @@ PROBE_S = 10.0
 #: Kept from a variant's time for stopping its cluster, so the whole call ends within budget.
 STOP_RESERVE_S = 3.0
 STEPS_PROBE = "import tfdist_nb.worker as _tw; print('tfdist_isolate_steps', _tw.steps_done())"
-TABLE_COLUMNS = ["variant", "tasks", "outcome", "seconds", "first error line", "run_dir"]
 
 
 def prelude_template() -> str:
     return (importlib.resources.files("tfdist_nb.worker") / "isolate_prelude.py").read_text()
 
 
-@dataclass
-class Ran:
-    """What a variant ran, to export it: its cluster and its cells, prelude first."""
+class Cluster(Protocol):
+    """What isolating uses of the user's cluster and a variant's: the facade's ``Cluster``,
+    named by what is used so that this module sits below the facade."""
 
+    id: str
+    running: bool
+    rundir: RunDirectory | None
+    hub: EventHub | None
+    live: LiveStore
+    tasks: dict[TaskId, TaskRuntime]
+    stall_timeout: float
+    launcher_options: dict[str, Any]
+    gpu_request: GpuRequest
     spec: ClusterSpec
-    cells: list[dict[str, Any]]
-
-
-@dataclass
-class IsolateReport:
-    """What ``%tfdist_isolate`` found (docs/reference.md, Isolate): ``table`` (one row per
-    variant, or per task of "each task's share alone"), ``smallest`` (the smallest variant that
-    still fails, or None), ``verdict`` (one sentence), ``finding`` (what the verdict says, a
-    ``Finding``) and ``export(DIR)``."""
-
-    cell: int
-    failure: Failure
-    rows: list[Row]
-    verdict: str
-    smallest: Row | None
-    seconds: float
-    budget_s: float
-    setup_cells: list[int]
-    notes: list[str] = field(default_factory=list)  # variants not tried, and why
-    finding: Finding = Finding.NO_ANSWER
-    _ran: dict[str, Ran] = field(default_factory=dict, repr=False)
-    _export: Callable[[Ran, str | os.PathLike[str], bool], Path] | None = field(
-        default=None, repr=False)
+    launcher: Launcher
+    python: str
+    preload: tuple[str, ...]
+    extra_env: dict[str, str]
+    start_timeout: float
 
     @property
-    def table(self) -> pd.DataFrame:
-        return pd.DataFrame([{"variant": r.title, "tasks": r.tasks, "outcome": str(r.outcome),
-                              "seconds": round(r.seconds, 1), "first error line": r.error,
-                              "run_dir": r.run_dir} for r in self.rows], columns=TABLE_COLUMNS)
-
-    def export(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
-        """The smallest failing variant as ``%tfdist_export`` writes it: ``train.py`` (its
-        prelude, the set-up cells and the failing cell) and ``launch.sh``."""
-        if self.smallest is None:
-            raise SpecError(f"no variant failed ({self.verdict}): there is nothing to export")
-        key = self.smallest.runs_as
-        if key not in self._ran or self._export is None:
-            raise SpecError(f"the variant {self.smallest.title!r} cannot be exported")
-        return self._export(self._ran[key], directory, force)
-
-    def __str__(self) -> str:
-        lines = [f"isolate cell {self.cell}: {self.verdict}"]
-        if self.smallest is not None:
-            lines.append(f"smallest failing: {self.smallest.title}")
-        for r in self.rows:
-            why = f": {r.error}" if r.error else ""
-            lines.append(f"  {r.title}: {r.outcome} in {r.seconds:.1f}s{why}")
-        lines.extend(f"  ({note})" for note in self.notes)
-        lines.append(f"{len(self.rows)} row(s) in {self.seconds:.0f}s of a {self.budget_s:.0f}s "
-                     "budget")
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return f"<IsolateReport cell {self.cell}: {self.verdict}>"
-
-    def _repr_html_(self) -> str:
-        smallest = (f"<p>smallest failing: {html.escape(self.smallest.title)}</p>"
-                    if self.smallest else "")
-        notes = "".join(f"<p>{html.escape(n)}</p>" for n in self.notes)
-        return (f"<p><b>isolate cell {self.cell}:</b> {html.escape(self.verdict)}</p>{smallest}"
-                + self.table.drop(columns=["run_dir"]).to_html(index=False) + notes)
+    def warm(self) -> int: ...
+    @property
+    def run_dir(self) -> Path | None: ...
+    @property
+    def failed_cells(self) -> dict[int, tuple[RunResult, str]]: ...
+    @property
+    def passed_cells(self) -> set[int]: ...
+    def start(self, *, announce: bool = True) -> object: ...
+    def stop(self, *, keep_spares: bool = False) -> object: ...
+    def run(self, code: str, on: Any = None, timeout: float | None = None) -> RunResult: ...
+    def _lend_spares(self) -> bool: ...
+    def _reclaim_spares(self, lent: bool) -> None: ...
 
 
 class Isolation:
     """One ``isolate()`` call: the failing cell, the cells before it, the walk and the budget."""
 
-    def __init__(self, cluster: Cluster, cell: int | None = None,
+    def __init__(self, cluster: Cluster, make: Callable[..., Cluster], cell: int | None = None,
                  budget_s: float = DEFAULT_BUDGET_S, warm: bool | None = None,
                  on_progress: Callable[[str], None] | None = None) -> None:
         if not budget_s > 0 or budget_s == float("inf"):
             raise SpecError(f"the budget is a positive number of seconds, not {budget_s!r}")
-        if cluster.launcher.name != "local":
+        if cluster.launcher.remote:
             raise SpecError(f"isolate starts its variants on this machine with the local "
-                            f"launcher; this cluster runs with {cluster.launcher.name}: "
+                            f"launcher; this cluster's tasks run elsewhere "
+                            f"({cluster.launcher.name}): "
                             "%tfdist_export its reproducer and shrink it there "
                             "(docs/shrink-and-isolate.md)")
         spec = cluster.spec
@@ -160,7 +128,7 @@ class Isolation:
             raise SpecError(f"isolate shrinks clusters of workers (and a chief) that run "
                             f"MultiWorkerMirroredStrategy; {spec} has ps or evaluator tasks: "
                             "shrink it by hand (docs/shrink-and-isolate.md)")
-        self.cluster = cluster
+        self.cluster, self.make = cluster, make
         self.budget_s = float(budget_s)
         self.warm = cluster.warm > 0 if warm is None else bool(warm)
         self.progress = on_progress or (lambda text: None)
@@ -263,7 +231,7 @@ class Isolation:
     def _variant_cluster(self, variant: Variant,
                          deadline: float) -> Iterator[tuple[Cluster | None, str]]:
         user = self.cluster
-        side = type(user)(
+        side = self.make(
             workers=variant.spec.workers, chief=bool(variant.spec.chief), launcher="local",
             env=user.extra_env, python=user.python, preload=user.preload,
             stall_timeout=min(user.stall_timeout, self._cell_cap(deadline)),
@@ -284,7 +252,7 @@ class Isolation:
             with swallowed(logger):
                 side.stop(keep_spares=self.warm)
             if user.running:
-                registry.set_current(user)
+                SESSION.clusters.set_current(user)
 
     def _full_cap(self) -> float:
         return max(MIN_CELL_S, CELL_FACTOR * self.failure.seconds + CELL_EXTRA_S)

@@ -33,8 +33,10 @@ from tfdist_nb.cluster.environment import worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.spare import (
+    NoSpare,
     Spare,
     WarmOutcome,
+    WhyCold,
     await_warm,
     copy_start_log,
     env_delta,
@@ -206,13 +208,13 @@ class Lifecycle:
         if self.spares is None or (quiet_when_empty and not len(self.spares)):
             return {}
         taken: dict[TaskId, Spare] = {}
-        cold: dict[str, str] = {}
+        cold: dict[str, WhyCold] = {}
         for rt in runtimes:
             spare, why = await self.spares.take(rt.env, self.setup.python, self.setup.preload)
             if spare is not None:
                 taken[rt.task] = spare
             else:
-                cold[rt.name] = why or "no spare"
+                cold[rt.name] = why or NoSpare()
         self.warm = WarmOutcome(tasks=len(runtimes), adopted=len(taken),
                                 still_warming=sum(s.warm_s is None for s in taken.values()),
                                 cold=tuple(cold), why_cold=next(iter(cold.values()), None),
@@ -374,7 +376,8 @@ class Lifecycle:
             raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
         for text in rt.handle.notes:  # the launcher's word on this start (a fork server's fault)
             self.hub.note(rt.name, text, "WARNING")
-        channel = KernelChannel(rt.name, rt.handle.client, self.hub.sink)
+        channel = KernelChannel(rt.name, rt.handle.client, self.hub.sink,
+                                heartbeat=rt.handle.heartbeat)
         rt.channel = channel
         await self._until(
             rt, channel.start(timeout=max(deadline - time.monotonic(), 0.1)), deadline)

@@ -2,23 +2,24 @@
 
 Every started cluster is tracked until it stops, so an interpreter exit (``atexit``) or unloading
 the extension stops them all: no worker outlives the notebook kernel (docs/design.md, Stopping).
-The state is the session's (:class:`~.session.Clusters`, docs/design.md "Who owns what"); these
-functions are the one way the rest of the package reads and changes it.
+The state is the session's (:class:`~.session.Clusters`, docs/design.md "Who owns what"): a
+cluster registers itself there as it starts and stops; the rest of the package reads it through
+these functions, typed as the facade's ``Cluster`` (the session sits below the facade).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tfdist_nb.cluster.session import SESSION
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # one way: the facade registers itself through the session, not here
     from tfdist_nb.cluster.facade import Cluster
 
 
 def current() -> Cluster | None:
     """The notebook's active cluster (the one the magics drive), or None."""
-    return SESSION.clusters.current()
+    return cast("Cluster | None", SESSION.clusters.current())
 
 
 def set_current(cluster: Cluster | None) -> None:
@@ -27,19 +28,10 @@ def set_current(cluster: Cluster | None) -> None:
 
 def last_cluster() -> Cluster | None:
     """The cluster that was current last, also after it stopped (``%tfdist_export``)."""
-    return SESSION.clusters.last()
-
-
-def track(cluster: Cluster) -> None:
-    SESSION.clusters.track(cluster)
-
-
-def forget(cluster: Cluster) -> None:
-    """A stopped cluster: no longer live, and no longer current if it was."""
-    SESSION.clusters.forget(cluster)
+    return cast("Cluster | None", SESSION.clusters.last())
 
 
 def live_clusters() -> list[Cluster]:
     """Clusters started in this process and not yet stopped."""
-    return SESSION.clusters.live()
+    return cast("list[Cluster]", SESSION.clusters.live())
 

@@ -24,13 +24,12 @@ from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
-from tfdist_nb.diagnostics.hangs import Ended, judge, ledger_overview
+from tfdist_nb.diagnostics.hangs import Ended, hang_said, judge, ledger_overview, release_waiters
 from tfdist_nb.diagnostics.stall import Progress, StallWatch
 from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
-from tfdist_nb.worker.ledger import RELEASED_ERRORS
 from tfdist_nb.worker.memory_limits import read_oom_kills
 
 POLL_S = 0.2
@@ -322,22 +321,33 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     for rt in rest:
         released = hang is not None and rt.name in hang.waiting
         status = S.ABORTED if released else _early_status(reason, rt.name in control.stalled)
-        out[rt.name] = got = await _early_result(rt, execs[rt.name], status, reason, grace_s,
-                                                 inspector)
-        if (hang is not None and rt.name in aborted and got.status is S.INTERRUPTED
-                and got.error is not None and got.error.ename in RELEASED_ERRORS):
-            # in a collective the abort released, though its ledger row had not reached the
-            # hang rules yet (a wait shorter than the ledger's 0.2 s send; at 8 tasks and more
-            # most of them): released because of the culprit, not interrupted by the user
-            got.status = S.ABORTED
-            hang.waiting.setdefault(rt.name, "the collective the others waited in")
+        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
+                                           inspector)
+    if hang is not None and inspector is not None:
+        await _released(hang, inspector, {**done, **out}, execs, aborted)
     for rt in rest:
         if hang is not None and out[rt.name].status is not S.CRASHED:
-            out[rt.name].explanation = hang.explanation(rt.name)
+            out[rt.name].explanation = hang_said(hang, out[rt.name])
         _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
         if overview and (said := out[rt.name].explanation):
             out[rt.name].explanation = f"{said}\n{overview}"
     return out
+
+
+async def _released(hang: Hang, inspector: Inspector, results: dict[str, TaskResult],
+                    execs: dict[str, Execution], aborted: set[str]) -> None:
+    """Every task released because of the hang's culprit ends ``aborted`` naming it
+    (hangs.release_waiters); its rows may come a moment after its reply: up to a second."""
+    def rows(name: str) -> list[dict[str, Any]]:  # this cell's
+        return [r for r in inspector.ledger(name).recent(50)
+                if r.get("entered", 0.0) >= execs[name].started - 1.0]
+
+    deadline = time.monotonic() + CRASH_LEDGER_WAIT_S
+    while release_waiters(hang, results, rows, inspector.ledger(hang.culprit),
+                          inspector.members(), aborted, time.time()):
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(POLL_S / 2)
 
 
 async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime],

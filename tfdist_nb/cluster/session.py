@@ -16,17 +16,24 @@ import atexit
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.debuglog import swallowed
 
-if TYPE_CHECKING:
-    from tfdist_nb.cluster.facade import Cluster
-
 logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 30.0
+
+
+class Cluster(Protocol):
+    """What the session needs of a cluster: whether it runs, and its stop path. The package's
+    one such class is :class:`tfdist_nb.cluster.facade.Cluster`; :mod:`.registry` hands it out
+    typed as that (this module sits below the facade, so it does not import it)."""
+
+    running: bool
+
+    def stop(self) -> object: ...
 
 
 class Clusters:

@@ -21,7 +21,7 @@ from tfdist_nb.cluster.start_steps import StartFailed
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
 from tfdist_nb.launchers.base import TaskHandle
-from tfdist_nb.launchers.import_env import import_time_env
+from tfdist_nb.launchers.kernel_key import KernelKey, Unfit
 from tfdist_nb.store.rundir import open_private
 from tfdist_nb.transport.channel import KernelChannel
 
@@ -49,6 +49,44 @@ class SpareState(enum.Enum):
     STOPPED = "stopped"
 
 
+class Held(enum.Enum):
+    """Why the pool starts no spare now, though it is short."""
+
+    CPU = "cpu"  # no core to spare
+    MEMORY = "memory"  # one more would leave too little for a TensorFlow task
+
+
+@dataclass(frozen=True)
+class NotStarting:
+    """Why the pool starts no spare now (``spares()["note"]`` is its ``str()``)."""
+
+    held: Held
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass(frozen=True)
+class NoSpare:
+    """Why the pool had no spare for a task when none it holds was unfit for it."""
+
+    off: bool = False
+    warming: int = 0
+    held: NotStarting | None = None
+
+    def __str__(self) -> str:
+        if self.off:
+            return "spares are off"
+        if self.warming:
+            return f"no spare ready yet ({self.warming} warming)"
+        return str(self.held) if self.held is not None else "no spare ready yet"
+
+
+#: why a task did not get a spare: one unfit for it (the first found), or none to give
+WhyCold = Unfit | NoSpare
+
+
 @dataclass(frozen=True)
 class WarmOutcome:
     """How one start or restart used spare kernels; ``str()`` is the line said about it."""
@@ -57,7 +95,7 @@ class WarmOutcome:
     adopted: int  # of them, taken from spares
     still_warming: int = 0  # of the adopted, spares still warming when taken
     cold: tuple[str, ...] = ()  # tasks started cold, by name
-    why_cold: str | None = None  # why (the first task's reason)
+    why_cold: WhyCold | None = None  # why (the first task's reason)
     fresh_ports: bool = False  # every task moved to fresh TF ports
     forked: bool = False  # the cold tasks are forked from the launcher's fork server
 
@@ -102,6 +140,11 @@ class Spare:
         return f"spare-{self.number}"
 
     @property
+    def key(self) -> KernelKey:
+        """Which tasks it can become (:mod:`tfdist_nb.launchers.kernel_key`, the one rule)."""
+        return KernelKey.of(self.python, self.preload, self.cwd, self.env)
+
+    @property
     def pid(self) -> int | None:
         return self.handle.pid if self.handle else None
 
@@ -128,24 +171,6 @@ class Spare:
             sink(backlog)
         self.route = sink
         self.state = SpareState.TAKEN
-
-
-def mismatch(spare: Spare, env: Mapping[str, str], python: str, preload: tuple[str, ...],
-             cwd: str) -> str | None:
-    """Why ``spare`` cannot become a task started with ``env``, in a few words; None: it can."""
-    if spare.python != python:
-        return f"the spares run {spare.python}, the tasks {python}"
-    if tuple(spare.preload) != tuple(preload):
-        return f"the spares preloaded {list(spare.preload)}, the tasks want {list(preload)}"
-    if spare.cwd != cwd:
-        return f"the working directory changed ({spare.cwd} -> {cwd})"
-    have, want = import_time_env(spare.env), import_time_env(env)
-    keys = sorted(k for k in have.keys() | want.keys() if have.get(k) != want.get(k))
-    if keys:
-        named = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
-        return (f"{named} {'differs' if len(keys) == 1 else 'differ'} from the spares' (read "
-                "when TensorFlow is imported)")
-    return None
 
 
 async def unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:

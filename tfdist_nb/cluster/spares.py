@@ -34,10 +34,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
-from tfdist_nb.cluster.spare import Spare, SpareState, log_tail, mismatch, stop_spare, unless_dies
+from tfdist_nb.cluster.spare import (
+    Held,
+    NoSpare,
+    NotStarting,
+    Spare,
+    SpareState,
+    WhyCold,
+    log_tail,
+    stop_spare,
+    unless_dies,
+)
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.launchers.base import Launcher, TaskLaunch
+from tfdist_nb.launchers.kernel_key import KernelKey
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.adopt import WARM_NICE
@@ -84,7 +95,7 @@ class SparePool:
         self._retry_at = 0.0
         self._warm_times: list[float] = []
         self._said: set[str] = set()
-        self.skipped: str | None = None  # why no spare is being started now (memory), or None
+        self.skipped: NotStarting | None = None  # why no spare is being started now, or None
 
     # ------------------------------------------------------------------ owner
     def attach(self, setup: Setup, base: Path, busy: Callable[[], bool],
@@ -125,11 +136,11 @@ class SparePool:
 
     # ------------------------------------------------------------------ taking
     async def take(self, env: Mapping[str, str], python: str, preload: tuple[str, ...],
-                   cwd: str | None = None) -> tuple[Spare | None, str | None]:
-        """A ready spare fit for a task started with ``env`` (alive, same import-time
-        environment, interpreter, preload and working directory), or None and why not."""
-        cwd = cwd or os.getcwd()
-        reasons: list[str] = []
+                   cwd: str | None = None) -> tuple[Spare | None, WhyCold | None]:
+        """A ready spare fit for a task started with ``env`` (alive, and its kernel key the
+        task's: docs/design.md, Spare kernels), or None and why not."""
+        want = KernelKey.of(python, preload, cwd or os.getcwd(), env)
+        reasons: list[WhyCold] = []
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
             if spare not in self._spares or spare.state != SpareState.READY:
                 continue  # lost or stopped while an earlier one was dropped
@@ -137,7 +148,7 @@ class SparePool:
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
                 continue
-            why = mismatch(spare, env, python, preload, cwd)
+            why = spare.key.unfit(want)
             if why:
                 reasons.append(why)
                 continue
@@ -145,7 +156,7 @@ class SparePool:
             spare.state = SpareState.TAKEN
             return spare, None
         for spare in [s for s in self._spares if s.state == SpareState.WARMING]:
-            why = mismatch(spare, env, python, preload, cwd)
+            why = spare.key.unfit(want)
             if why:
                 reasons.append(why)
                 continue
@@ -155,11 +166,7 @@ class SparePool:
         if reasons:
             return None, reasons[0]
         warming = sum(s.state == SpareState.WARMING for s in self._spares)
-        if self._closed:
-            return None, "spares are off"
-        if warming:
-            return None, f"no spare ready yet ({warming} warming)"
-        return None, self.skipped or "no spare ready yet"
+        return None, NoSpare(off=self._closed, warming=warming, held=self.skipped)
 
     # ------------------------------------------------------------------ views
     def summary(self) -> dict[str, Any]:
@@ -169,7 +176,7 @@ class SparePool:
                 "ready": sum(s.state == SpareState.READY for s in spares),
                 "warming": sum(s.state == SpareState.WARMING for s in spares),
                 "pids": [s.pid for s in spares if s.pid],
-                "note": self.skipped}
+                "note": str(self.skipped) if self.skipped is not None else None}
 
     def typical_warm_s(self) -> float | None:
         """How long a spare of this pool took to warm (the median of the last few), if any did."""
@@ -200,9 +207,9 @@ class SparePool:
                 if not self._memory_allows(pending=warming + self._starting()):
                     room = False
                 elif not room:
-                    self.skipped = (f"waiting for a core to spare ({idle:.1f} of {host.cores} "
-                                    "idle now)")
-            if room and self.skipped and self.skipped.startswith("waiting for a core"):
+                    self.skipped = NotStarting(Held.CPU, f"waiting for a core to spare "
+                                               f"({idle:.1f} of {host.cores} idle now)")
+            if room and self.skipped is not None and self.skipped.held is Held.CPU:
                 self.skipped = None
             if self._busy() or not room:
                 room_since = None
@@ -237,14 +244,14 @@ class SparePool:
         setup = self._setup
         if setup is None:
             return
-        wanted = self.spare_env()
+        wanted = KernelKey.of(setup.python, setup.preload, os.getcwd(), self.spare_env())
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
             if spare not in self._spares or spare.state != SpareState.READY:
                 continue  # taken or stopped by an earlier step of this check
             code = spare.handle.exited() if spare.handle else None
             if spare.handle is None or code is not None:
                 await self._lost(spare, code)
-            elif why := mismatch(spare, wanted, setup.python, setup.preload, os.getcwd()):
+            elif why := spare.key.unfit(wanted):
                 self._spares.remove(spare)
                 self._say(f"{spare.name} no longer fits this cluster ({why}); replacing it")
                 await stop_spare(spare)
@@ -270,9 +277,10 @@ class SparePool:
         # a container's limit counts, not the host's memory (Binder's 2 GB)
         available_mb = free_mb() - pending * TF_TASK_MB
         if available_mb - TF_TASK_MB < TF_TASK_MB:
-            self.skipped = (f"no spare started: {available_mb:.0f} MB available, a spare would "
-                            f"leave less than the {TF_TASK_MB} MB one TensorFlow task needs")
-            self._say(self.skipped)
+            self.skipped = NotStarting(
+                Held.MEMORY, f"no spare started: {available_mb:.0f} MB available, a spare would "
+                f"leave less than the {TF_TASK_MB} MB one TensorFlow task needs")
+            self._say(str(self.skipped))
             return False
         self.skipped = None
         return True

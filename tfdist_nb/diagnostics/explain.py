@@ -6,7 +6,7 @@ The explanation is shown above the task's traceback, so the user reads the cause
 
 from __future__ import annotations
 
-from tfdist_nb.worker.ledger import RELEASED_ERRORS
+from tfdist_nb.ledger_runs import RELEASED_ERRORS
 
 KERAS3_MWMS = (
     "Keras 3 `model.fit` does not work under MultiWorkerMirroredStrategy (keras-team/keras#20585): "

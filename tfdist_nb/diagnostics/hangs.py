@@ -19,13 +19,13 @@ so a healthy run, however slow, stays silent; the stall detector covers the rest
 from __future__ import annotations
 
 import collections
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS
-from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskStatus
+from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS
+from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskResult, TaskStatus
 from tfdist_nb.topology import task_order
 
 
@@ -144,7 +144,9 @@ def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None
 def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
                         ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
                         steps: dict[str, int], now: float) -> Hang | None:
-    for name, end in ended.items():
+    # a task that ended with what a released collective raises was released (by a peer's
+    # abort or death), not the cause: the others are judged first
+    for name, end in sorted(ended.items(), key=lambda kv: released_error(kv[1].error)):
         ledger = ledgers.get(name)
         stuck: dict[str, tuple[dict[str, Any], str]] = {}
         for waiter, view in busy.items():
@@ -166,6 +168,86 @@ def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
 
 def _waited(row: dict[str, Any], now: float) -> str:
     return f"{describe_row(row)} (waited {max(0.0, now - row.get('entered', now)):.1f}s)"
+
+
+def released_error(error: str | None, interrupt: bool = False) -> bool:
+    """Whether ``error`` (``ename: text``) is what a released collective raises (with
+    ``interrupt``: or the interrupt that follows the controller's abort)."""
+    name = (error or "").split(":", 1)[0]
+    return name in RELEASED_ERRORS or (interrupt and name == "KeyboardInterrupt")
+
+
+def released_from(hang: Hang, task: str, error: str | None, rows: list[dict[str, Any]],
+                  culprit: LedgerView | None, culprit_crashed: bool, members: set[str],
+                  aborted: bool, now: float) -> tuple[str, Collective | None] | None:
+    """What ``task`` was released from because of ``hang``'s culprit, in words and as the
+    collective when its row tells, or None
+    (docs/reference.md, "Collectives and hangs"): the rules named it a waiter; or it ended
+    with what a released collective raises (``error``, ``ename: text``; TensorFlow's
+    ``UnavailableError``, ``CancelledError``, ...) in a collective of ``rows`` (its ledger,
+    this cell's) that the culprit never entered or failed in: that error reached it through
+    TensorFlow before or after the controller's abort, whoever was first. ``aborted``: the
+    controller aborted its collectives because of the culprit; an error of that kind is then
+    the abort's even without a row (one not yet sent). A KeyboardInterrupt (the interrupt that
+    follows the abort) counts only with such a row; any other error is the task's own."""
+    if task == hang.culprit:
+        return None
+    if task in hang.waiting:
+        return hang.waiting[task], hang.waited_in.get(task)
+    if not released_error(error, interrupt=True):
+        return None
+    for row in reversed(rows):
+        if row.get("state") in ("entered", "aborted") and _needs(
+                row, hang.culprit, culprit, members) and (
+                culprit_crashed or _never_entered(row, culprit) is not None):
+            return _waited(row, row.get("done") or now), collective(row)
+    if aborted and released_error(error):
+        return "the collective the others waited in", None
+    return None
+
+
+def release_waiters(hang: Hang, results: Mapping[str, TaskResult],
+                    rows: Callable[[str], list[dict[str, Any]]], culprit: LedgerView | None,
+                    members: set[str], aborted: set[str], now: float) -> bool:
+    """Make every task of ``results`` that ``released_from`` finds released because of the
+    hang's culprit ``aborted``, one of its waiters, with the culprit's explanation, whatever
+    TensorFlow raised in it (its ``error`` keeps that). ``rows``: a task's ledger rows of this
+    cell; ``aborted``: the tasks whose collectives the controller aborted. True while a task
+    that ended with what a released collective raises is not found released: its rows may
+    still be on their way."""
+    crashed = hang.culprit in results and results[hang.culprit].status is TaskStatus.CRASHED
+    unsure, before = False, ", ".join(hang.waiters)
+    for name, r in results.items():
+        if r.status not in (TaskStatus.ERROR, TaskStatus.INTERRUPTED) or r.error is None:
+            continue
+        found = released_from(hang, name, str(r.error), rows(name), culprit, crashed, members,
+                              name in aborted, now)
+        if found is None:
+            unsure = unsure or (name != hang.culprit
+                                and released_error(str(r.error), interrupt=True))
+            continue
+        r.status = TaskStatus.ABORTED
+        hang.waiting.setdefault(name, found[0])
+        if found[1] is not None:
+            hang.waited_in.setdefault(name, found[1])
+    hang.waiting = dict(sorted(hang.waiting.items(), key=lambda kv: task_order(kv[0])))
+    hang.waited_in = dict(sorted(hang.waited_in.items(), key=lambda kv: task_order(kv[0])))
+    # the cause names every waiter, those found only now too (rules failed and finished)
+    hang.cause = hang.cause.replace(f"while {before} waited",
+                                    f"while {', '.join(hang.waiters)} waited", 1)
+    for r in results.values():
+        if r.status is TaskStatus.ABORTED:
+            r.explanation = hang_said(hang, r)
+    return unsure
+
+
+def hang_said(hang: Hang, r: TaskResult) -> str:
+    """The hang's explanation for ``r``'s task; for a released one, what TensorFlow raised in
+    it on the way out."""
+    said = hang.explanation(r.task)
+    if r.status is TaskStatus.ABORTED and r.error is not None:
+        said += f" TensorFlow raised {r.error.short(120)} in it as it was released."
+    return said
 
 
 def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],

@@ -25,7 +25,7 @@ from typing import Any
 
 from tfdist_nb import host_os
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.launchers.import_env import LATE, import_time_env
+from tfdist_nb.launchers.kernel_key import LATE, KernelKey
 from tfdist_nb.launchers.zygote import MAX_MESSAGE
 from tfdist_nb.owned_files import private_temp_dir
 
@@ -54,20 +54,15 @@ class ServerTrouble(ForkServerError):
 
 
 @dataclass(frozen=True)
-class ServerKey:
-    """What a forked kernel shares with its server: a task differing in any of it is not forked
-    from that server."""
+class ServerKey(KernelKey):
+    """What a forked kernel shares with its server: the kernel key (one rule with the spare
+    kernels') and the network namespace it runs in."""
 
-    python: str
-    preload: tuple[str, ...]
-    cwd: str
-    env: tuple[tuple[str, str], ...]  # the import-time environment, sorted
-    net: int | None  # the private network holder's pid, or None on the host's network
+    net: int | None = None  # the private network holder's pid, or None on the host's network
 
     @classmethod
-    def of(cls, python: str, preload: Sequence[str], cwd: str, env: Mapping[str, str],
-           net: int | None) -> ServerKey:
-        return cls(python, tuple(preload), cwd, tuple(sorted(import_time_env(env).items())), net)
+    def on(cls, kernel: KernelKey, net: int | None) -> ServerKey:
+        return cls(kernel.python, kernel.preload, kernel.cwd, kernel.env, net)
 
 
 class ForkServer:

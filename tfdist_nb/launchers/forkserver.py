@@ -2,10 +2,11 @@
 
 A TensorFlow import costs each process 3-6 s of CPU (docs/performance.md); a restart, a resize,
 each of ``isolate``'s variants and every spare paid it again. The local launcher instead keeps
-one server process (:mod:`.zygote`) per interpreter, preload, working directory, private network
-and import-time environment (:mod:`.import_env`), made at the first start that needs it and kept
-for the life of this process; every task kernel after that is a fork of it, ready in a fraction
-of a second (docs/design.md, "Fork server").
+one server process (:mod:`.zygote`) per kernel key (interpreter, preload, working directory and
+import-time environment: :mod:`.kernel_key`, the rule spare kernels follow too) and private
+network, made at the first start that needs it and kept for the life of this process; every task
+kernel after that is a fork of it, ready in a fraction of a second (docs/design.md, "Fork
+server").
 
 jupyter_client drives a forked kernel like any other: :class:`ForkProvisioner` is a kernel
 provisioner (the library's own extension point for how a kernel process is made) whose

@@ -45,6 +45,7 @@ from tfdist_nb.launchers.base import (
     TaskHandle,
     TaskLaunch,
 )
+from tfdist_nb.launchers.kernel_key import KernelKey
 from tfdist_nb.owned_files import open_task_log
 from tfdist_nb.topology import TaskId
 
@@ -378,9 +379,9 @@ class LocalLauncher(Launcher):
                 or forkserver.kernel_args(spec.argv, launch.python) is None):
             return None
         net = self._net
-        return fork_handle.ServerKey.of(launch.python, launch.preload,
-                                       launch.cwd or working_directory(), env,
-                                       net.pid if net is not None else None)
+        kernel = KernelKey.of(launch.python, launch.preload, launch.cwd or working_directory(),
+                              env)
+        return fork_handle.ServerKey.on(kernel, net.pid if net is not None else None)
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         await asyncio.to_thread(self.prepare)

@@ -30,7 +30,6 @@ def keras_module() -> Any:
 
 
 def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
-    from tfdist_nb import worker
     from tfdist_nb.worker import state
 
     base = (keras or keras_module()).callbacks.Callback
@@ -50,8 +49,8 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
         def on_train_begin(self, logs: Any = None) -> None:
             params = getattr(self, "params", None) or {}
             steps, epochs = params.get("steps"), params.get("epochs")
-            if steps and epochs:
-                worker.set_total_steps(worker.steps_done() + int(steps) * int(epochs))
+            if steps and epochs and state.telemetry is not None:  # the progress bar
+                state.telemetry.set_total(state.steps + int(steps) * int(epochs))
             import tensorflow as tf
 
             # With a ClusterCoordinator, fit only schedules the steps on the workers: the time
@@ -65,7 +64,7 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
             from tfdist_nb.worker import inject
 
             if inject._faults:
-                inject.before_step(worker.steps_done(), model=self.model)
+                inject.before_step(state.steps, model=self.model)
             self._t0 = time.perf_counter()
             self._begin = time.time()
 
@@ -80,7 +79,7 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
             state.record_step(getattr(self, "_begin", time.time()), duration, None)
             from tfdist_nb.worker import inject
 
-            if inject._faults and inject.data_ended(worker.steps_done()):
+            if inject._faults and inject.data_ended(state.steps):
                 self.model.stop_training = True  # this task's data ran out (teaching fault)
 
     return StepTimer(**kwargs)

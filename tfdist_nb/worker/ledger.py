@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS, fold
+from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, fold
 
 T = TypeVar("T")
 KEEP = 5000
@@ -49,12 +49,6 @@ class Op:
 
     def describe(self) -> str:
         return f"{self.kind} {describe_tensor(self.dtype, self.shape)}"
-
-
-#: what TensorFlow raises in a collective that was released, not failed: aborted
-#: (``abort_collective_ops``, a peer gone), cancelled; the ledger, the runner and the
-#: explanations read a released collective by these names
-RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
 
 
 def failed_state(exc: BaseException) -> str:

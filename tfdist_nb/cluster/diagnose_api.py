@@ -1,0 +1,283 @@
+"""The ``Cluster``'s tools for looking into and acting on its tasks (docs/reference.md, Python
+API): stacks, the collective ledgers, teaching faults, log levels, the environment, checks,
+numerics, profiles, the post-mortem debugger, the reproducer and the report. A mixin of the
+facade (:class:`tfdist_nb.cluster.facade.Cluster`), which owns the state they read; the
+facade's own module keeps starting, running, restarting, stopping and the views.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from tfdist_nb.cluster import exposure, report, software, task_settings
+from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
+from tfdist_nb.cluster.checks import CheckRunner
+from tfdist_nb.cluster.export import ExportError, restart_times
+from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.diagnostics.hangs import where_each_stands
+from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.errors import ClusterNotRunningError, SpecError
+from tfdist_nb.events import Event
+from tfdist_nb.results import RunResult, TaskResult
+from tfdist_nb.store.ledger_frame import collectives_frame
+from tfdist_nb.topology import ClusterSpec, parse_targets
+
+if TYPE_CHECKING:
+    from tfdist_nb.cluster.hub import EventHub
+    from tfdist_nb.cluster.inspector import Inspector
+    from tfdist_nb.cluster.lifecycle import Lifecycle
+    from tfdist_nb.cluster.loop import LoopThread
+    from tfdist_nb.cluster.profiler import Profiler
+    from tfdist_nb.cluster.task import TaskRuntime
+    from tfdist_nb.gpu_plan import GpuPlan
+    from tfdist_nb.launchers.base import Launcher
+    from tfdist_nb.store.rundir import RunDirectory
+    from tfdist_nb.store.tails import LiveStore
+    from tfdist_nb.topology import TaskId
+
+INSPECT_CALL_S = 15.0
+CHECK_TIMEOUT_S = 300.0
+
+
+class Diagnose:
+    """The facade's inspection and artifact methods; what they read is the facade's."""
+
+    id: str
+    tasks: dict[TaskId, TaskRuntime]
+    live: LiveStore
+    hub: EventHub | None
+    rundir: RunDirectory | None
+    _lifecycle: Lifecycle | None
+    _loop: LoopThread | None
+    _exposure_said: exposure.SaidOnce
+    _profiler: Profiler
+    _cells: Cells
+
+    if TYPE_CHECKING:  # the facade's (docs/reference.md, the Cluster's attributes)
+        spec: ClusterSpec
+        launcher: Launcher
+        python: str
+        extra_env: dict[str, str]
+        gpu_plan: GpuPlan
+
+        @property
+        def _last_failure(self) -> tuple[RunResult, str] | None: ...
+        def _runtimes(self, on: Any, allow_dead: bool = False) -> list[TaskRuntime]: ...
+        def _require_loop(self) -> LoopThread: ...
+        def _inspector(self) -> Inspector: ...
+        def _note(self, task: str, text: str, level: str = "INFO") -> None: ...
+        def _default_targets(self) -> str: ...
+        def restart(self, on: Any = None) -> None: ...
+        def alerts(self) -> list[str]: ...
+        def logs(self, on: Any = None, grep: str | None = None, tail: int | None = None,
+                 level: str | None = None) -> pd.DataFrame: ...
+
+    def stacks(self, on: Any = None) -> dict[str, str]:
+        """Python stacks of every thread of each task, also while its main thread is blocked
+        inside a TensorFlow op: they are taken in the task's inspection subshell."""
+        targets = self._runtimes(on, allow_dead=True)
+        return self._require_loop().run(self._inspector().stacks_text(targets), INSPECT_CALL_S)
+
+    def collectives(self, on: Any = None, last: int | None = 20) -> pd.DataFrame:
+        """Every targeted task's collective ledger (docs/reference.md, "Collectives and
+        hangs"): its last ``last`` collectives (None: all kept), eager and inside tf.function,
+        with kind, dtype, shape, bytes, function, the line that made it, state and times."""
+        if last is not None and last <= 0:
+            raise SpecError("last must be a positive number of rows (or None for all)")
+        targets = self._runtimes(on, allow_dead=True)
+        return collectives_frame({rt.name: self.live.view(rt.name).ledger for rt in targets},
+                                 last)
+
+    def collectives_now(self, on: Any = None) -> dict[str, str]:
+        """Where each targeted task stands in its collectives, in words (``%tfdist_stacks``)."""
+        targets = self._runtimes(on, allow_dead=True)
+        return where_each_stands({rt.name: self.live.view(rt.name).ledger for rt in targets},
+                                 time.time())
+
+    def inject(self, kind: str, on: Any = None, **params: Any) -> dict[str, str]:
+        """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
+
+        Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
+        timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
+        """
+        task_settings.check_fault(kind, on)
+        targets = self._runtimes(on, allow_dead=kind == "clear")
+        return task_settings.inject(self._require_loop(), targets, kind, params, self._note)
+
+    def set_log_level(self, level: str, cpp: int | None = None,
+                      vmodule: str | None = None) -> str:
+        """Python and TensorFlow logger level on every task (``%tfdist_loglevel``).
+
+        TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
+        ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
+        """
+        level = task_settings.check_log_level(level, cpp)
+        said = []
+        if cpp_env := task_settings.cpp_env(cpp, vmodule):
+            self.extra_env.update(cpp_env)
+            assert self._lifecycle is not None
+            self._lifecycle.refresh_env()
+            self.restart()
+            said.append("restarted all tasks so the C++ log settings take effect")
+        targets = self._runtimes("all")
+        said.insert(0, task_settings.set_log_level(self._require_loop(), targets, level))
+        return "; ".join(said)
+
+    def debug(self, on: Any = None, *, on_input: InputHandler | None = None,
+              on_event: Callable[[Event], None] | None = None) -> TaskResult:
+        """A post-mortem debugger (pdb) on one task's last exception, run in that task and
+        driven from here (``%tfdist_debug``): ``on`` names the task (default: the first task
+        that raised in the last failing cell); ``on_input`` answers pdb's prompts (default
+        ``ask_here``: this process's user); ``on_event`` gets its output. Returns when pdb
+        quits (``q``), the task idle and as it was; the other tasks are not touched.
+        SpecError when the task has no exception to debug."""
+        name = self._debug_target(on)
+        rt = self._runtimes(name)[0]
+        found = self._require_loop().run(self._last_exception(rt), INSPECT_CALL_S)
+        if found is None:
+            raise SpecError(f"{name} has raised no exception since it started (or restarted): "
+                            "nothing to debug; %tfdist_debug --on TASK names a task whose cell "
+                            "failed")
+        assert self.hub is not None
+        return self._cells.debug(rt, on_event, on_input or ask_here, hub=self.hub,
+                                 loop=self._require_loop(), alive=lambda: self._loop is not None)
+
+    def _debug_target(self, on: Any) -> str:
+        """The one task ``on`` names, or the first that raised in the last failing cell."""
+        if on is not None:
+            named = parse_targets(on, self.spec)
+            if len(named) != 1:
+                raise SpecError(f"debug one task at a time, not {len(named)}: e.g. "
+                                "%tfdist_debug --on 1")
+            return str(named[0])
+        failure = self._last_failure
+        first = first_raised(failure[0]) if failure is not None else None
+        if first is None:
+            raise SpecError("no task raised in a cell of this cluster yet (the last failing cell "
+                            "stalled, crashed or timed out, or none failed); name the task, e.g. "
+                            "%tfdist_debug --on 1" if failure is not None else
+                            "no cell of this cluster has failed yet; name the task, e.g. "
+                            "%tfdist_debug --on 1")
+        return first
+
+    @staticmethod
+    async def _last_exception(rt: TaskRuntime) -> dict[str, Any] | None:
+        if rt.agent is None:
+            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
+        return await rt.agent.last_exception()
+
+    def env(self) -> pd.DataFrame:
+        """Every task's environment read now, side by side: index = property (Python, TF and
+        its CUDA/cuDNN build, Keras, numpy, GPUs and driver, OS, host, every ``$TF_*``,
+        ``$CUDA_*``, ``$NCCL_*``, ``$XLA_*`` variable, then ``pkg:NAME`` for installed packages
+        whose versions differ), a column per task, and a bool ``mismatch`` column."""
+        targets = self._runtimes("all")
+        return self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
+
+    def check(self, kind: str, expr: Any = None, on: Any = None, **options: Any) -> CheckReport:
+        """A preflight or consistency check (docs/reference.md, Checks): ``"tfconfig"`` (with
+        ``expr`` a TF_CONFIG to check instead of the tasks' own: JSON text, dict or file path),
+        ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env); ``"sharding"`` and
+        ``"variables"`` with ``expr`` an expression evaluated in every task and their
+        ``options`` (``reference``, ``max_elements``, ``max_seconds``; ``atol``, ``rtol``)."""
+        targets = self._runtimes(on)
+        limit = CHECK_TIMEOUT_S + 2 * float(options.get("max_seconds", 0))
+        return self._require_loop().run(
+            CheckRunner(targets, self.launcher).run(kind, expr, **options), limit)
+
+    def numerics(self, on: bool, dump_dir: str | os.PathLike[str] | None = None) -> str:
+        """NaN/Inf checking on every task (``%tfdist_numerics``): the first op whose output
+        holds NaN or Inf raises, and the cell names the first task and op across tasks.
+        ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
+        targets = self._runtimes("all")
+        root = Path(dump_dir).absolute() if dump_dir else None
+        return task_settings.numerics(self._require_loop(), targets, on, root)
+
+    def profile(self, duration_ms: int = 2000, logdir: str | os.PathLike[str] | None = None,
+                now: bool = False, delay_ms: int = 500) -> str:
+        """A profiler trace of every task at once into one logdir (``%tfdist_profile``).
+
+        ``now``: capture what the tasks do now and wait for it; otherwise the capture is armed
+        and starts with the next cell (``delay_ms`` after it is sent) and is read when that cell
+        ends. Returns what to tell the user (where the trace is and how to open it)."""
+        if duration_ms <= 0:
+            raise SpecError("--duration-ms must be a positive number of milliseconds")
+        self._runtimes("all")
+        assert self.rundir is not None
+        where = Path(logdir).absolute() if logdir else self.rundir.path / "profile"
+        return self._profiler.profile(where, duration_ms, delay_ms, now)
+
+    def export(self, directory: str | os.PathLike[str], force: bool = False) -> Path:
+        """A standalone reproducer of what the cluster ran (``%tfdist_export``): ``train.py``
+        (the cells, in order) and ``launch.sh`` (the same tasks here, same TF_CONFIG layout and
+        env), owner-only. Works on a stopped cluster too. Files of those names that it did not
+        write are kept (SpecError) unless ``force``; secrets are named in a SecretsWarning."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not run anything yet")
+        targets = self._default_targets()
+        try:
+            return export_reproducer(
+                directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
+                env=self.extra_env, python=self.python,
+                restarts=restart_times(self.rundir.iter_events()),
+                default_targets=None if targets == "all" else targets.split(","), force=force,
+                task_env={str(t): self.gpu_plan.env(t) for t in self.spec.tasks})
+        except ExportError as exc:
+            raise SpecError(str(exc)) from None
+
+    def report(self, directory: str | os.PathLike[str], force: bool = False,
+               show_env: bool = False) -> Path:
+        """``%tfdist_report``: ``DIR/report.md`` (tasks and their software, TF_CONFIGs, alerts,
+        the last failing cell per task, the last lines of each task, the collective ledger;
+        secrets redacted, ``--env`` values hidden unless ``show_env``) beside the reproducer
+        :meth:`export` writes there. Works on a stopped cluster too."""
+        report.check_target(Path(directory), force)  # before anything is written there
+        out = self.export(directory, force=force)
+        assert self.rundir is not None  # export() needs it
+        return report.write(
+            out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
+            tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
+            failure=self._last_failure, logs=self.logs(), live=self.live,
+            cells=self.rundir.cells(), show_env=show_env)
+
+    def _keras_summary(self) -> str:
+        """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
+        the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
+        return software.keras_summary([rt.info for rt in self.tasks.values()], self.spec)
+
+    def tf_exposure(self) -> dict[str, int]:
+        """The tasks whose TensorFlow gRPC port listens on every interface of this host now
+        (task -> port): TensorFlow binds all interfaces, unauthenticated, once a strategy or a
+        ``tf.distribute.Server`` starts. Local clusters only; what remote launchers expose is
+        in docs/security.md."""
+        return exposure.local_exposure(self.launcher, self.tasks.values())
+
+    def exposure_note(self) -> str | None:
+        """The line naming the exposed TF ports, the first time this set of them listens
+        (a restart onto fresh ports is said again); kept in the run directory's log."""
+        line = exposure.exposure_line(self._exposure_said, self.launcher, self.tasks.values(),
+                                      bool(self.spec.ps), self.hub.live if self.hub else None)
+        if line is not None:
+            self._note("cluster", line, "INFO")
+        return line
+
+    def network(self) -> str:
+        """Who can reach this cluster's TensorFlow ports, one line (the launcher says)."""
+        return self.launcher.network()
+
+    def disk_trouble(self) -> str | None:
+        """Why the run directory cannot be written now (its output is held in memory meanwhile,
+        docs/reference.md), else None."""
+        return self.rundir.trouble() if self.rundir else None
+
+    def _warn_mismatch(self) -> None:
+        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""
+        if said := software.mismatch({rt.name: rt.info for rt in self.tasks.values()}):
+            self._note("cluster", f"environment mismatch: {said} (%tfdist_env shows all)",
+                       "WARNING")
