@@ -131,7 +131,9 @@ class TelemetrySample:
     kind: str = "telemetry"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # built directly: ``asdict`` deep-copied every sample, half the idle controller's CPU
+        # at 256 tasks (docs/performance.md, issue 40); the record is encoded at once
+        return {"time": self.time, "task": self.task, "data": self.data, "kind": self.kind}
 
 
 Event = OutputLine | RichOutput | TaskNote | TelemetrySample

@@ -18,7 +18,7 @@ from tfdist_nb.errors import SpecError
 ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
 _PLURALS = {"chief": "chiefs", "worker": "workers", "ps": "ps", "evaluator": "evaluators"}
 _ROLE_WORDS = {**{r: r for r in ROLES}, **{p: r for r, p in _PLURALS.items()}}
-MAX_TASKS_PER_ROLE = 256
+MAX_TASKS_PER_ROLE = 1024  # issue 40: measured at 1,024 (docs/performance.md)
 SPEC_EXAMPLE = "%%tfcluster 2 workers   (or: 1 worker, 1 chief 2 workers 1 ps)"
 
 

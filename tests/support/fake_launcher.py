@@ -160,7 +160,7 @@ class FakeClient:
         self.shell_channel = _Channel(kernel.on_shell)
         self.control_channel = _Channel(kernel.on_control)
 
-    def start_channels(self) -> None:
+    def start_channels(self, hb: bool = True) -> None:
         pass
 
     async def wait_for_ready(self, timeout: float) -> None:

@@ -115,6 +115,7 @@ def worker_process(pid: Any, create_time: Any, task: str) -> tuple[bool, str]:
 
 @dataclass
 class AttachedTaskHandle(TaskHandle):
+    heartbeat = True  # a remote sidecar's task is watched through its heartbeats (poll)
     connection_file: Path = field(default=None, repr=False)  # type: ignore[assignment]
     sidecar: Path = field(default=None, repr=False)  # type: ignore[assignment]
     here: bool = True

@@ -11,10 +11,11 @@ import abc
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.gpu_plan import Placement
@@ -70,10 +71,12 @@ class TaskHandle(abc.ABC):
     client: Any = field(repr=False)
     _exit: asyncio.Future[int] | None = field(default=None, init=False, repr=False,
                                               compare=False)
-    _exit_watch: asyncio.Future[None] | None = field(default=None, init=False, repr=False,
-                                                     compare=False)
     #: what the launcher has to say about how this start went (a WARNING note each, said once)
     notes: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
+    #: its ``poll`` reads the kernel's heartbeat channel, which then runs (a thread pinging
+    #: once a second); a handle that watches the process itself needs none (issue 40:
+    #: docs/performance.md, "The controller at 1,024 tasks")
+    heartbeat: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def poll(self) -> int | None:
@@ -85,7 +88,7 @@ class TaskHandle(abc.ABC):
         spare pool). Call it on the loop thread; a stop ends the watch."""
         if self._exit is None:
             self._exit = asyncio.get_running_loop().create_future()
-            self._exit_watch = asyncio.ensure_future(self._watch_exit(self._exit))
+            _watcher().add(self)
         return self._exit
 
     def exited(self) -> int | None:
@@ -99,10 +102,6 @@ class TaskHandle(abc.ABC):
         the shared future learns the answer too."""
         future = self.exit_future()
         return future.result() if future.done() else await self._look(future)
-
-    async def _watch_exit(self, exit_code: asyncio.Future[int]) -> None:
-        while not exit_code.done() and await self._look(exit_code) is None:
-            await asyncio.sleep(EXIT_POLL_S)
 
     async def _look(self, exit_code: asyncio.Future[int]) -> int | None:
         """One ``poll``; an exit it finds resolves ``exit_code``."""
@@ -129,8 +128,8 @@ class TaskHandle(abc.ABC):
         """The first step of every stop: the controller's channels to the task close (a stop
         report's duration counts from here), and the exit watch ends (the stop itself waits
         for the process). Returns the time it happened."""
-        if self._exit_watch is not None and not self._exit_watch.done():
-            self._exit_watch.cancel()
+        for watcher in list(_WATCHERS.values()):  # any thread may stop a task
+            watcher.discard(self)
         with swallowed(logger):
             self.client.stop_channels()
         return time.monotonic()
@@ -140,6 +139,41 @@ class TaskHandle(abc.ABC):
         from tfdist_nb.diagnostics.crash import describe_exit
 
         return describe_exit(code)
+
+
+class _ExitWatcher:
+    """The one loop that asks every watched task's ``poll`` each ``EXIT_POLL_S``, one after
+    another: a timer per task cost more than the polls at 1,024 tasks (issue 40,
+    docs/performance.md). One per event loop."""
+
+    def __init__(self) -> None:
+        self.handles: dict[int, TaskHandle] = {}
+        self.job: asyncio.Future[None] | None = None
+
+    def add(self, handle: TaskHandle) -> None:
+        self.handles[id(handle)] = handle
+        if self.job is None or self.job.done():
+            self.job = asyncio.ensure_future(self._run())
+
+    def discard(self, handle: TaskHandle) -> None:
+        self.handles.pop(id(handle), None)
+
+    async def _run(self) -> None:
+        while self.handles:
+            for key, handle in list(self.handles.items()):
+                future = handle._exit
+                if (future is None or future.done()
+                        or await handle._look(future) is not None):
+                    self.handles.pop(key, None)
+            await asyncio.sleep(EXIT_POLL_S)
+
+
+_WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ExitWatcher] = \
+    weakref.WeakKeyDictionary()
+
+
+def _watcher() -> _ExitWatcher:
+    return _WATCHERS.setdefault(asyncio.get_running_loop(), _ExitWatcher())
 
 
 @dataclass(frozen=True)

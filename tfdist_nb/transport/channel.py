@@ -73,8 +73,10 @@ class KernelChannel:
     """Executes code on one task and publishes everything it says through ``sink``, in batches
     (all the lines of one stream message together)."""
 
-    def __init__(self, task: str, client: Any, sink: Callable[[list[Event]], None]) -> None:
+    def __init__(self, task: str, client: Any, sink: Callable[[list[Event]], None],
+                 heartbeat: bool = False) -> None:
         self.task = task
+        self.heartbeat = heartbeat  # start the heartbeat channel (``TaskHandle.heartbeat``)
         self.client = client
         client.session = faster_session(client.session)  # before the channels exist
         self._sink = sink
@@ -90,7 +92,7 @@ class KernelChannel:
         self.subshells = False  # whether the kernel runs subshells: known once started
 
     async def start(self, timeout: float) -> None:
-        self.client.start_channels()
+        self.client.start_channels(hb=self.heartbeat)
         await self.client.wait_for_ready(timeout=timeout)
         self.subshells = await self._supports_subshells(timeout)
         self._pumps = [asyncio.ensure_future(self._pump_iopub()),
