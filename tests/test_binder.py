@@ -3,14 +3,18 @@
 ``test_binder_install_runs_the_quickstart`` builds the environment the way Binder (repo2docker)
 does: a fresh virtual environment (not ``--system-site-packages``), ``pip install -r
 binder/requirements.txt``, then ``binder/postBuild`` run from the repository root, and in it
-imports the extension and runs the quickstart. It downloads TensorFlow and the rest on a cold
-pip cache (minutes), so it runs when ``TFDIST_BINDER_TEST=1`` is set, and always under CI
-(``CI`` set); pip's own cache makes a second run fast. The kernel spec tests are quick and always
-run.
+imports the extension and runs the quickstart. It installs TensorFlow and the rest into a new
+venv (minutes), so it runs when ``TFDIST_BINDER_TEST=1`` is set, and under CI (``CI`` set) when
+what decides the image changed since it last passed: ``binder/verified.txt`` holds the
+fingerprint of binder/'s files and pyproject's dependencies it passed with (the run prints the
+new one to record). The rest of what it proves is proven on every run: the package on
+pyproject's dependencies alone (tests/test_packaging.py), the quickstart (tests/test_notebook.py).
+The kernel spec tests are quick and always run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -68,12 +72,47 @@ def _venv_env(venv: Path) -> dict[str, str]:
     return env
 
 
+def binder_fingerprint() -> str:
+    """What decides the Binder image: binder/'s files and the dependencies they mirror."""
+    tomllib = __import__("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    digest = hashlib.sha256()
+    for name in ("requirements.txt", "postBuild", "runtime.txt"):
+        digest.update((BINDER / name).read_bytes())
+    digest.update(json.dumps([project["requires-python"], project["dependencies"],
+                              project["optional-dependencies"]["lab"]]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _verified() -> str:
+    path = BINDER / "verified.txt"
+    return path.read_text().split()[0] if path.exists() else ""
+
+
+def _binder_run() -> str | None:
+    """Why the Binder install is not run now; None: run it."""
+    if os.environ.get("TFDIST_BINDER_TEST"):
+        return None
+    if not os.environ.get("CI"):
+        return ("installs TensorFlow into a fresh venv (minutes): set TFDIST_BINDER_TEST=1 (CI "
+                "runs it when binder/ or the dependencies changed)")
+    if _verified() == binder_fingerprint():
+        return (f"binder/ and the dependencies are as when it last passed "
+                f"(binder/verified.txt: {_verified()}); TFDIST_BINDER_TEST=1 runs it anyway")
+    return None
+
+
+def test_the_recorded_binder_fingerprint_is_well_formed() -> None:
+    """binder/verified.txt holds a fingerprint of the form binder_fingerprint() makes (else
+    CI would run the install every time without saying why)."""
+    assert len(_verified()) == 16 and int(_verified(), 16) >= 0
+
+
 @pytest.mark.cluster
 @pytest.mark.timeout(1800)
-@pytest.mark.skipif(not (os.environ.get("TFDIST_BINDER_TEST") or os.environ.get("CI")),
-                    reason="installs TensorFlow into a fresh venv (minutes on a cold pip "
-                           "cache): set TFDIST_BINDER_TEST=1 (CI always runs it)")
 def test_binder_install_runs_the_quickstart(tmp_path: Path) -> None:
+    if why := _binder_run():
+        pytest.skip(why)
     repo = _repo_copy(tmp_path / "repo")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -109,6 +148,7 @@ def test_binder_install_runs_the_quickstart(tmp_path: Path) -> None:
         assert f"[{task}] keras tf_keras" in run.stdout
     assert "stopped 2 task(s) of 2 workers" in run.stdout
     assert saved.is_file()
+    print(f"passed: record it with: echo '{binder_fingerprint()} <date>' > binder/verified.txt")
 
 
 def test_the_kernel_spec_installs_with_jupyter_kernelspec(tmp_path: Path) -> None:

@@ -68,3 +68,57 @@ def test_a_missing_one_is_said_once_with_the_release(monkeypatch: pytest.MonkeyP
     assert "has no _buffer_lock, _flush_buffers, register_hook, flush_interval on Moved" in error
     assert "read against 7.1-7.4" in error
     assert not kernel_internals.lacking(Moved(), "present", "stops", ("_buffers",))
+
+
+@pytest.mark.compat  # also against the oldest jupyter_client and JupyterLab .ci/oldest.txt pins
+def test_the_jupyter_server_internals_a_console_leans_on_are_there() -> None:
+    """A console on a task (tfdist_nb/lab/consoles.py) registers the task's kernel with the
+    server's kernel manager through a few private names: the installed jupyter_server and
+    jupyter_client are releases they were read in, and have them (a server lacking one refuses
+    the console saying so, tests/test_lab_console.py)."""
+    from importlib.metadata import version
+
+    from jupyter_server.services.kernels.kernelmanager import (
+        AsyncMappingKernelManager,
+        ServerKernelManager,
+    )
+
+    from tfdist_nb.lab import consoles
+
+    for dist, (oldest, newest) in consoles.CHECKED.items():
+        found = tuple(int(x) for x in version(dist).split(".")[:2])
+        assert oldest <= found <= newest, (
+            f"{dist} {found} is outside the releases tfdist_nb/lab/consoles.py was read against "
+            f"({oldest}-{newest}): read its kernel manager for SERVER_INTERNALS, then widen "
+            "CHECKED")
+    manager = AsyncMappingKernelManager()
+    kernel = ServerKernelManager(owns_kernel=False)
+    for obj, kind in ((manager, "MappingKernelManager"), (kernel, "KernelManager")):
+        assert [n for n in consoles.SERVER_INTERNALS[kind] if not hasattr(obj, n)] == [], kind
+
+
+def test_a_server_without_those_internals_refuses_the_console_saying_so() -> None:
+    """A jupyter_server release whose kernel manager moved one of them: the console is refused
+    (501) naming what is missing and what to do instead, not an AttributeError half-way."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+
+    from tfdist_nb.lab import consoles
+
+    class Moved(AsyncMappingKernelManager):  # as if a release renamed the start's last step
+        _finish_kernel_start = property()  # type: ignore[assignment]
+
+        def __getattribute__(self, name: str) -> Any:
+            if name == "_finish_kernel_start":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    kernels = consoles.TaskKernels(Moved(), index=None)  # type: ignore[arg-type]
+    info = {"key": "k", "transport": "tcp", "ip": "127.0.0.1"}
+    with pytest.raises(consoles.Refused) as refused:
+        asyncio.run(kernels.kernel_for("c1", "worker:0", "/x/kernel.json", info))
+    assert refused.value.status == 501
+    assert "_finish_kernel_start" in str(refused.value) and "jupyter console --existing" in str(
+        refused.value)
+    assert kernels.known == {}

@@ -37,6 +37,14 @@ from tfdist_nb.lab.model import NO_KERNEL
 from tfdist_nb.owned_files import read_regular, regular_stat
 
 TASK = re.compile(r"^(chief|worker|ps|evaluator):\d{1,6}$")
+#: The private names a console leans on to register a kernel the server does not own (as
+#: jupyter_client registers external ones), by the class that has them, and the releases they
+#: were read in (docs/design.md, Kernel internals); a server lacking one refuses the console
+#: saying so, and tests/test_kernel_internals.py fails outside these releases until read.
+SERVER_INTERNALS = {"MappingKernelManager": ("_kernels", "_kernel_connections",
+                                             "_finish_kernel_start"),
+                    "KernelManager": ("_launch_args",)}
+CHECKED = {"jupyter_server": ((2, 4), (2, 21)), "jupyter_client": ((8, 6), (8, 10))}
 PRUNE_S = 5.0  # how often registered task kernels are checked against their clusters
 KERNEL_NAME = "tfdist-worker"
 
@@ -108,6 +116,13 @@ class TaskKernels:
             await self.forget(cluster_id, task)
         manager = self.manager
         km = manager.kernel_manager_factory(parent=manager, log=manager.log, owns_kernel=False)
+        lacking = [n for obj, kind in ((manager, "MappingKernelManager"), (km, "KernelManager"))
+                   for n in SERVER_INTERNALS[kind] if not hasattr(obj, n)]
+        if lacking:
+            raise Refused(501, f"this Jupyter server's kernel manager has no {', '.join(lacking)}"
+                               f" (consoles on a task were read against {_releases()}): open "
+                               "one with `jupyter console --existing` on the task's connection "
+                               "file instead")
         km.load_connection_info(info)
         kernel_id = manager.new_kernel_id()
         km.kernel_id = kernel_id
@@ -164,7 +179,11 @@ class ConsoleHandler(APIHandler):
         try:
             path, info = await kernels.index.off_loop(connection_of, kernels.index, cluster_id,
                                                       task)
+            kernel_id = await kernels.kernel_for(cluster_id, task, path, info)
         except Refused as exc:
             raise web.HTTPError(exc.status, str(exc)) from None
-        kernel_id = await kernels.kernel_for(cluster_id, task, path, info)
         self.finish(json.dumps({"kernel_id": kernel_id, "cluster": cluster_id, "task": task}))
+
+
+def _releases() -> str:
+    return ", ".join(f"{name} {a[0]}.{a[1]}-{b[0]}.{b[1]}" for name, (a, b) in CHECKED.items())
