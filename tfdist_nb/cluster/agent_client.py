@@ -11,40 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, TypedDict
+from typing import Any
 
 from tfdist_nb.errors import AgentError
 from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.ops import Op
+from tfdist_nb.worker.replies import (  # the replies, typed once for both ends
+    Adopted,
+    EnvReport,
+    LastException,
+    PeerReach,
+    Stacks,
+    TaskInfo,
+    TfConfigView,
+    Warmed,
+)
 
 INSPECT_TIMEOUT_S = 5.0
 _MODULE = "tfdist_nb.worker.rpc"
-
-
-class TfConfigView(TypedDict):
-    """A task's ``tf_config_view``: TF_CONFIG as it sees it, whether each cluster host resolves
-    there (``"ok"`` or why not) and the state of its port(s), a ``PortState`` word each."""
-
-    host: str
-    tf_config: str | None
-    resolve: dict[str, str]
-    ports: dict[str, str]
-
-
-class PeerReach(TypedDict):
-    """Whether a task connected to one peer's TF port (``connect_peers``), how fast, or why
-    not."""
-
-    ok: bool
-    ms: float | None
-    error: str | None
-
-
-class EnvReport(TypedDict):
-    """A task's environment (``env_report``): its properties and installed distributions."""
-
-    props: dict[str, Any]
-    packages: dict[str, str]
 
 
 class AgentClient:
@@ -80,15 +64,17 @@ class AgentClient:
                              "tfdist_nb installed in the task's interpreter?)")
         return data["result"]
 
-    async def describe(self, preload: list[str]) -> dict[str, Any]:
+    async def describe(self, preload: list[str]) -> TaskInfo:
         """Who and where the task is, after importing ``preload`` (the start-up handshake)."""
-        return dict(await self.call(Op.DESCRIBE, preload=list(preload)))
+        info: TaskInfo = await self.call(Op.DESCRIBE, preload=list(preload))
+        return info
 
     async def set_environment(self, env: dict[str, str]) -> None:
         await self.call(Op.SET_ENVIRONMENT, env=env)
 
-    async def stacks(self) -> dict[str, Any]:
-        return dict(await self.call(Op.STACKS, inspect=True))
+    async def stacks(self) -> Stacks:
+        found: Stacks = await self.call(Op.STACKS, inspect=True)
+        return found
 
     async def abort_collectives(self, reason: str) -> str:
         return str(await self.call(Op.ABORT_COLLECTIVES, inspect=True, reason=reason))
@@ -99,25 +85,28 @@ class AgentClient:
     async def set_log_level(self, level: str) -> str:
         return str(await self.call(Op.SET_LOG_LEVEL, level=level))
 
-    async def last_exception(self) -> dict[str, Any] | None:
+    async def last_exception(self) -> LastException | None:
         """The exception the task's last failing cell raised (``ename``, ``evalue``,
         ``where``), or None: what ``%tfdist_debug`` would open on."""
-        found = await self.call(Op.LAST_EXCEPTION, inspect=True)
-        return dict(found) if found else None
+        found: LastException | None = await self.call(Op.LAST_EXCEPTION, inspect=True)
+        return found or None
 
     async def start_tf_server(self) -> str:
         return str(await self.call(Op.START_TF_SERVER))
 
-    async def warm(self, preload: list[str], nice: int, timeout: float) -> dict[str, Any]:
+    async def warm(self, preload: list[str], nice: int, timeout: float) -> Warmed:
         """A spare imports ``preload`` at nice ``nice`` (docs/design.md, Spare kernels)."""
-        return dict(await self.call(Op.WARM, timeout=timeout, preload=list(preload), nice=nice))
+        warmed: Warmed = await self.call(Op.WARM, timeout=timeout, preload=list(preload),
+                                         nice=nice)
+        return warmed
 
     async def adopt(self, task: str, set_env: dict[str, str], unset_env: list[str],
-                    log_path: str, preload: list[str], timeout: float) -> dict[str, Any]:
+                    log_path: str, preload: list[str], timeout: float) -> Adopted:
         """A spare becomes ``task``: answers like ``describe``, plus ``adopted``."""
-        return dict(await self.call(Op.ADOPT, timeout=timeout, task=task, set_env=set_env,
-                                    unset_env=unset_env, log_path=log_path,
-                                    preload=list(preload)))
+        adopted: Adopted = await self.call(Op.ADOPT, timeout=timeout, task=task,
+                                           set_env=set_env, unset_env=unset_env,
+                                           log_path=log_path, preload=list(preload))
+        return adopted
 
     async def set_numerics(self, on: bool, dump_root: str | None,
                            timeout: float) -> dict[str, Any]:

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from tfdist_nb.store.rundir import RunDirectory
     from tfdist_nb.store.tails import LiveStore
     from tfdist_nb.topology import TaskId
+    from tfdist_nb.worker.replies import LastException
 
 INSPECT_CALL_S = 15.0
 CHECK_TIMEOUT_S = 300.0
@@ -167,7 +168,7 @@ class Diagnose:
         return first
 
     @staticmethod
-    async def _last_exception(rt: TaskRuntime) -> dict[str, Any] | None:
+    async def _last_exception(rt: TaskRuntime) -> LastException | None:
         if rt.agent is None:
             raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
         return await rt.agent.last_exception()

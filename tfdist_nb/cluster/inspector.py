@@ -112,7 +112,7 @@ class Inspector:
         if rt.agent is None or rt.state is TaskState.DEAD:
             return None
         try:
-            return await rt.agent.stacks()
+            return dict(await rt.agent.stacks())
         except (asyncio.TimeoutError, AgentError):
             return None
 

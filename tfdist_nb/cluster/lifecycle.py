@@ -384,8 +384,8 @@ class Lifecycle:
         agent = AgentClient(rt.name, channel)
         if not launcher.env_at_launch:
             await self._until(rt, agent.set_environment(rt.env), deadline)
-        rt.info = await self._until(rt, agent.describe(list(self.setup.preload)),
-                                             deadline)
+        rt.info = dict(await self._until(rt, agent.describe(list(self.setup.preload)),
+                                         deadline))
         # the handshake's own busy/idle status travels on iopub: it must have arrived
         await self._until(rt, channel.iopub_alive.wait(), deadline,
                                    silent_iopub_after=5.0)
@@ -415,10 +415,9 @@ class Lifecycle:
             rt, agent.adopt(rt.name, set_env, unset_env, str(rt.log_path),
                             list(self.setup.preload),
                             timeout=max(deadline - time.monotonic(), 0.1)), deadline)
-        adopted = info.pop("adopted", None) or {}
-        rt.info = info
+        rt.info = {k: v for k, v in info.items() if k != "adopted"}  # describe's fields
         rt.agent = agent
-        low = adopted.get("low_priority_threads")
+        low = info["adopted"]["low_priority_threads"]
         self._ready(rt, f" from {spare.name} (warmed {spare.warm_s}s before)",
                     f"; {low} idle import thread(s) keep the spare's low priority" if low else "")
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from tfdist_nb import host_os
 from tfdist_nb.worker import state
+from tfdist_nb.worker.replies import Adopted, HowAdopted, Warmed
 
 #: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
 WARM_NICE = 10
@@ -29,7 +30,7 @@ WARM_NICE = 10
 _warmed: dict[str, Any] = {}
 
 
-def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
+def warm(preload: list[str], nice: int = WARM_NICE) -> Warmed:
     """Import ``preload`` on a thread of its own at nice ``nice``, and wait for it.
 
     An unprivileged process cannot raise its priority again, so only this thread is niced (on
@@ -69,7 +70,7 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> dict[str, Any]:
 
 
 def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: str | None,
-          preload: list[str]) -> dict[str, Any]:
+          preload: list[str]) -> Adopted:
     """Become ``task`` (``worker:1``): its environment, identity, log tag, process log and
     telemetry; answers what :func:`tfdist_nb.worker.agent.describe` answers at a cold start,
     plus ``adopted`` (how the spare was warmed, and threads whose priority stayed low)."""
@@ -93,8 +94,8 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
     if state.telemetry is not None:
         state.telemetry.start()
     info = agent.describe(preload)  # preload is imported: this only reads and checks the port
-    info["adopted"] = {"warm_s": _warmed.get("seconds"), "low_priority_threads": low}
-    return info
+    return Adopted(**info, adopted=HowAdopted(warm_s=_warmed.get("seconds"),
+                                              low_priority_threads=low))
 
 
 def _redirect_process_log(path: str) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb.worker import kernel_internals, state
+from tfdist_nb.worker.replies import Stacks, TaskInfo, Where
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def own_port() -> int | None:
         return None
 
 
-def describe(preload: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
     """Who and where this task is, after importing ``preload`` (e.g. tensorflow)."""
     imported = {}
     for name in preload:
@@ -231,7 +232,7 @@ def set_log_level(level: str) -> str:
     return logging.getLevelName(logging.getLogger("tensorflow").level)
 
 
-def stacks() -> dict[str, Any]:
+def stacks() -> Stacks:
     """Every thread's Python stack, main thread first, and where the main thread stands.
 
     Runs in the inspection subshell, so it answers while the main thread is inside a TF op.
@@ -256,7 +257,7 @@ def stacks() -> dict[str, Any]:
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
 
 
-def _where(frame: Any) -> dict[str, Any]:
+def _where(frame: Any) -> Where:
     """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func", "line": "cell N
     line L"}`` for a frame.
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import pdb
 import sys
-from typing import Any
+
+from tfdist_nb.worker.replies import LastException
 
 
-def last_exception() -> dict[str, Any] | None:
+def last_exception() -> LastException | None:
     """The exception the task's last failing cell raised (``ename``, ``evalue``, ``where``: the
     innermost frame), or None when no cell raised since the process started."""
     tb = getattr(sys, "last_traceback", None)
@@ -35,8 +36,8 @@ def debug() -> None:
     if tb is None:  # the controller asked first; a restart in between lands here
         print("tfdist_nb: no exception to debug in this task (no cell raised since it started)")
         return
-    said = last_exception() or {}
-    print(f"post-mortem of {said.get('ename')}: {said.get('evalue')} "
+    said = last_exception()
+    print(f"post-mortem of {said['ename'] if said else '?'}: {said['evalue'] if said else ''} "
           f"(p NAME, pp locals(), up, down, l; q quits and leaves the task as it was)",
           flush=True)
     pdb.post_mortem(tb)

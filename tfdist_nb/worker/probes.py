@@ -19,6 +19,7 @@ from typing import Any
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import gpu_probe
 from tfdist_nb.worker.ops import PortState
+from tfdist_nb.worker.replies import EnvReport, PeerReach, TfConfigView
 
 logger = logging.getLogger(__name__)
 
@@ -78,12 +79,11 @@ def port_state(port: int, own: bool = True) -> PortState:
     return PortState.FREE
 
 
-def tf_config_view(tf_config: str | None = None) -> dict[str, Any]:
+def tf_config_view(tf_config: str | None = None) -> TfConfigView:
     """TF_CONFIG as this task sees it now, whether each cluster host resolves here, and the
     state of this task's own port (or of every local port of a given config)."""
     text = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
-    view: dict[str, Any] = {"host": socket.gethostname(), "tf_config": text, "resolve": {},
-                            "ports": {}}
+    view = TfConfigView(host=socket.gethostname(), tf_config=text, resolve={}, ports={})
     try:
         cfg = json.loads(text or "")
         cluster = cfg["cluster"]
@@ -136,10 +136,10 @@ def close_stand_ins() -> int:
     return n
 
 
-def connect_peers(addresses: dict[str, str]) -> dict[str, dict[str, Any]]:
+def connect_peers(addresses: dict[str, str]) -> dict[str, PeerReach]:
     """TCP connect to each ``name -> host:port``: ``{"ok", "ms", "error"}`` per peer, in
     parallel, each within CONNECT_TIMEOUT_S."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, PeerReach] = {}
 
     def one(name: str, addr: str) -> None:
         parsed = _split(addr)
@@ -242,7 +242,7 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
 ENV_PREFIXES = ("TF_", "CUDA_", "NCCL_", "XLA_")
 
 
-def env_report() -> dict[str, Any]:
+def env_report() -> EnvReport:
     """This task's environment now (read when asked, so a variable a cell set shows up):
     interpreter, TensorFlow and its CUDA/cuDNN build, Keras flavour, numpy, GPUs and driver,
     OS, host, every TF_/CUDA_/NCCL_/XLA_ variable, and every installed distribution."""
