@@ -9,6 +9,7 @@ notes; what they find becomes a note (kept with the events) and, at WARNING or a
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -24,6 +25,10 @@ from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.store.tails import LiveStore
 
 STRAGGLER_ROWS = 60
+#: the straggler check reads every task's steps; it runs again only after this many times its
+#: own last duration, so it takes at most 1/20 of the loop (at 1,024 tasks a check per step
+#: record was 1,024 checks a second: docs/performance.md, issue 40)
+STRAGGLER_SPACING = 20.0
 ALERTS_KEPT = 50
 RUN_DIRECTORY = "run directory"  # the name the disk's troubles are said under
 Listener = Callable[[list[Event]], None]
@@ -52,6 +57,8 @@ class EventHub:
         self._findings_said: set[tuple[str, str]] = set()  # (kind, text) alerted already
         #: each task's last MultiWorkerMirroredStrategy, as it said (``Finding.STRATEGY`` facts)
         self.strategies: dict[str, dict[str, Any]] = {}
+        self._straggler_next = 0.0  # time.monotonic() before which a check waits
+        self._straggler_later: asyncio.TimerHandle | None = None
 
     def new_cell(self, targets: list[str] | None = None) -> None:
         """Stragglers are judged afresh in each cell, on its own steps, with a new alert;
@@ -73,14 +80,16 @@ class EventHub:
         self.live.add_many(events)
         for fn in self._listeners:
             fn(events)
+        stepped = False
         for event in events:
             if isinstance(event, OutputLine) and event.stream == "stderr":
                 self._check_startup_wait(event)
             elif isinstance(event, TelemetrySample):
                 for note in event.data.get("notes") or ():
                     self._task_note(event.task, note)
-                if event.data.get("steps"):
-                    self._check_stragglers()
+                stepped = stepped or bool(event.data.get("steps"))
+        if stepped:
+            self._stragglers_due()
         if disk is not None:
             self.note(RUN_DIRECTORY, *disk)
 
@@ -111,7 +120,24 @@ class EventHub:
             self.alerts.append(Alert(task, text, level, kind or topic, about))
         self.sink([TaskNote(time.time(), task, text, level, topic=topic)])
 
+    def _stragglers_due(self) -> None:
+        """Check now, or once the spacing after the last check has passed (on the loop: no
+        step record goes unjudged, the last one of a cell included)."""
+        wait = self._straggler_next - time.monotonic()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the loop (a test feeding the hub): at once
+            loop, wait = None, 0.0
+        if wait <= 0.0:
+            self._check_stragglers()
+        elif loop is not None and self._straggler_later is None:
+            self._straggler_later = loop.call_later(wait, self._check_stragglers)
+
     def _check_stragglers(self) -> None:
+        began = time.monotonic()
+        if self._straggler_later is not None:
+            self._straggler_later.cancel()
+            self._straggler_later = None
         roles = self._task_states()
         steps = {name: [r for r in list(self.live.view(name).steps)[-STRAGGLER_ROWS:]
                         if r[1] >= self._cell_started]
@@ -128,6 +154,8 @@ class EventHub:
                                      view.local_fetch_ms(since=since), others)
             self.note(task, f"{finding}; {why}", "WARNING", kind="straggler")
         self.stragglers = found
+        ended = time.monotonic()
+        self._straggler_next = ended + STRAGGLER_SPACING * (ended - began)
 
     def _check_startup_wait(self, line: OutputLine) -> None:
         wait = self._startup_waits.feed(line.task, line.text)

@@ -24,6 +24,9 @@ from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.topology import TaskId
 
 HEARTBEAT_GAP_S = 5.0
+#: stacks and abort RPCs in flight at once: each is bounded by INSPECT_TIMEOUT_S from when it is
+#: sent, which 1,023 sent together on a busy loop could pass (docs/performance.md, issue 40)
+RPCS_IN_FLIGHT = 64
 
 
 class Inspector:
@@ -34,6 +37,7 @@ class Inspector:
         self._waiting_said: set[str] = set()  # tasks said to wait for a task at a prompt
         # an inspector lives for one run: step counts at its start make "steps this cell"
         self._marks = {rt.name: hub.live.view(rt.name).step_mark() for rt in tasks.values()}
+        self._rpcs = asyncio.Semaphore(RPCS_IN_FLIGHT)
 
     def progress(self, rt: TaskRuntime) -> Progress:
         v = self.hub.live.view(rt.name)
@@ -112,7 +116,8 @@ class Inspector:
         if rt.agent is None or rt.state is TaskState.DEAD:
             return None
         try:
-            return dict(await rt.agent.stacks())
+            async with self._rpcs:
+                return dict(await rt.agent.stacks())
         except (asyncio.TimeoutError, AgentError):
             return None
 
@@ -125,7 +130,8 @@ class Inspector:
         if rt.agent is None or rt.state is TaskState.DEAD:
             return
         with contextlib.suppress(asyncio.TimeoutError, AgentError):
-            await rt.agent.abort_collectives(reason)
+            async with self._rpcs:
+                await rt.agent.abort_collectives(reason)
             self.hub.note(rt.name, f"aborted its collectives ({reason}); restart the tasks "
                           "before the next collective", "WARNING")
 

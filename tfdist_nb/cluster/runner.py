@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tfdist_nb.cluster.early_words import explain_early, stack_targets, who_waits
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
@@ -294,9 +295,11 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     reachable = [rt for rt, code in zip(rest, ended, strict=True)
                  if rt.name not in frozen and code is None]
     stacks: dict[str, dict[str, Any] | None] = {}
+    asked = stack_targets([rt.name for rt in reachable],
+                          set(control.hang.waiting) if control.hang is not None else None)
     if inspector is not None and (reason is RunEnd.TIMEOUT or reason in _DETECTED):
-        found = await asyncio.gather(*(inspector.stacks(rt) for rt in reachable))
-        stacks = {rt.name: s for rt, s in zip(reachable, found, strict=True)}
+        found = await asyncio.gather(*(inspector.stacks(by_name[n]) for n in asked))
+        stacks = dict(zip(asked, found, strict=True))
     ledgers = ({n: inspector.ledger(n) for n in by_name} if inspector is not None else {})
     # where each task stood, read before the abort below moves the open rows to "aborted"
     stood = (ledger_overview(ledgers, time.time())
@@ -311,24 +314,24 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
                          return_exceptions=True)
     grace_s = 0.0 if reason is RunEnd.STOPPED else grace_s
     await _wait_all([execs[rt.name].reply for rt in reachable], grace_s)
-    out = {}
     hang = control.hang
     overview = "" if hang else who_waits(stacks)
     if stood:
         overview = f"{overview}\n{stood}" if overview else stood
     aborted = ({rt.name for rt in reachable} if inspector is not None and reason in _DETECTED
                else set())
-    for rt in rest:
-        released = hang is not None and rt.name in hang.waiting
-        status = S.ABORTED if released else _early_status(reason, rt.name in control.stalled)
-        out[rt.name] = await _early_result(rt, execs[rt.name], status, reason, grace_s,
-                                           inspector)
+    ends = await asyncio.gather(*(  # each waits for its own idle: at once, not one by one
+        _early_result(rt, execs[rt.name], S.ABORTED if hang is not None and rt.name in hang.waiting
+                      else _early_status(reason, rt.name in control.stalled), reason, grace_s,
+                      inspector) for rt in rest))
+    out = {rt.name: r for rt, r in zip(rest, ends, strict=True)}
     if hang is not None and inspector is not None:
         await _released(hang, inspector, {**done, **out}, execs, aborted)
     for rt in rest:
         if hang is not None and out[rt.name].status is not S.CRASHED:
             out[rt.name].explanation = hang_said(hang, out[rt.name])
-        _explain_early(out[rt.name], stacks.get(rt.name), reason, stall_timeout)
+        explain_early(out[rt.name], stacks.get(rt.name), reason in _DETECTED, stall_timeout,
+                      skipped=rt.name not in stacks and rt.name in aborted)
         if overview and (said := out[rt.name].explanation):
             out[rt.name].explanation = f"{said}\n{overview}"
     return out
@@ -366,18 +369,6 @@ async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime
         await asyncio.sleep(POLL_S / 2)
 
 
-def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
-    """One line naming the tasks inside a TensorFlow op and those elsewhere (the likely
-    cause when the others wait in a collective)."""
-    inside = [t for t, s in stacks.items() if s and s.get("main", {}).get("kind") == "tensorflow"]
-    elsewhere = {t: _main_at(s["main"]) for t, s in stacks.items()
-                 if s and s.get("main", {}).get("kind") in ("python", "idle")}
-    if not inside or not elsewhere:
-        return ""
-    away = "; ".join(f"{t} at {at}" for t, at in elsewhere.items())
-    return (f"waiting inside a TensorFlow op (collective): {', '.join(inside)}; elsewhere, "
-            f"likely the cause: {away}")
-
 
 def _early_status(reason: RunEnd, stalled: bool) -> TaskStatus:
     if reason is RunEnd.TIMEOUT:
@@ -407,33 +398,6 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reas
     return res
 
 
-def _explain_early(res: TaskResult, stack: dict[str, Any] | None, reason: RunEnd,
-                   stall_timeout: float | None) -> None:
-    if stack is None:
-        return
-    threads = stack.get("threads", {})
-    if res.status is not S.ABORTED:  # a released task's report is the culprit's, not its stack
-        res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
-    main = stack.get("main", {})
-    where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
-             "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
-    said = f"main thread {where} at {_main_at(main)}"
-    if res.status is S.STALLED:
-        said = (f"{res.task} made no progress (no step, no output, no CPU of its own) for "
-                f"{stall_timeout:.0f}s; {said}")
-    if reason in _DETECTED:
-        said += (". Collectives were aborted to release the tasks: restart all tasks "
-                 "(%tfdist_restart) before training again")
-    res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."
-
-
-def _main_at(main: dict[str, Any]) -> str:
-    """The user's line first (``cell 5 line 3``), the innermost frame after it: a frame in
-    TensorFlow's own code says where it waits, not which of the user's lines led there."""
-    line, at = main.get("line"), main.get("at")
-    if line and line != "?" and main.get("kind") != "idle":
-        return f"{line} ({at})" if at else str(line)
-    return str(at)
 
 
 async def _wait_all(futures: list, timeout: float) -> None:
