@@ -105,12 +105,17 @@ def in_ci() -> bool:
 def require_available() -> None:
     """Skip the calling test when fake hosts cannot be made here, saying why; under CI fail
     instead, so a runner that lost its privileges does not pass by skipping every remote test."""
-    reason = available()
+    require(available(), "SSH test hosts")
+
+
+def require(reason: str | None, what: str) -> None:
+    """Skip saying why ``what`` cannot be made here (``reason``; None: it can), or fail under
+    CI (tests/ray_cluster.py too)."""
     if reason is None:
         return
     if in_ci():
-        pytest.fail(f"CI: SSH test hosts cannot be made here: {reason}")
-    pytest.skip(f"SSH test hosts cannot be made here: {reason}")
+        pytest.fail(f"CI: {what} cannot be made here: {reason}")
+    pytest.skip(f"{what} cannot be made here: {reason}")
 
 
 _LIVE: list[TestHosts] = []  # sets made and not yet removed, for the leak check

@@ -178,3 +178,14 @@ def test_a_launcher_installed_after_the_first_line_is_found_when_named(
     finally:
         monkeypatch.undo()
         registry.available(fresh=True)
+
+
+def test_the_ray_launchers_flags_imply_it_and_a_bad_strategy_is_refused() -> None:
+    req = magic_line("2 workers --ray-address ray://head:10001 --ray-strategy strict_spread")
+    assert req.launcher == "ray"
+    assert req.launcher_options == {"address": "ray://head:10001", "strategy": "STRICT_SPREAD"}
+    with pytest.raises(Exception, match=r"--ray-strategy takes PACK, SPREAD, STRICT_SPREAD, "
+                                        r"got 'anywhere'"):
+        magic_line("2 workers --ray-strategy anywhere")
+    with pytest.raises(SpecError, match=r"drop hosts= and name the cluster"):
+        Cluster(workers=2, launcher="ray", hosts=["gpu1"])

@@ -63,7 +63,7 @@ def test_a_typo_gets_its_fix_alone_and_a_line_it_cannot_read_gets_the_examples(
     with pytest.raises(UsageError) as typo:
         ip.run_cell_magic("tfcluster", "2 workers --launcher sshh", "x = 1")
     assert str(typo.value) == ("unknown launcher 'sshh' (did you mean 'ssh'?); choose one of "
-                               "attach, local, slurm, ssh")
+                               "attach, local, ray, slurm, ssh")
     with pytest.raises(UsageError) as role:  # one line: its own example, no block of six
         ip.run_cell_magic("tfcluster", "2 wrkers", "x = 1")
     assert str(role.value) == (

@@ -116,3 +116,41 @@ def test_no_import_cycle_and_no_module_over_450_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in (REPO / "tfdist_nb").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 450}
     assert not long, f"modules over 450 lines: {long}"
+
+
+def test_every_module_the_package_imports_is_a_declared_dependency() -> None:
+    """What a user's ``pip install`` brings is enough (the Binder image and the README's
+    first command have nothing else): every module tfdist_nb imports, also lazily, is the
+    standard library's or comes with pyproject's dependencies or one of its extras, directly
+    or through theirs (never only through the test tools)."""
+    import importlib.metadata as md
+    import re
+
+    import grimp
+    tomllib = __import__("tomllib")
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extras = {k: v for k, v in project["optional-dependencies"].items() if k != "test"}
+    wanted = [*project["dependencies"], *(r for reqs in extras.values() for r in reqs)]
+
+    def name(req: str) -> str:
+        return re.split(r"[\s<>=!~;\[]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+    brought: set[str] = set()
+    todo = [name(r) for r in wanted]
+    while todo:
+        dist = todo.pop()
+        if dist in brought:
+            continue
+        brought.add(dist)
+        try:
+            needs = md.requires(dist) or []
+        except md.PackageNotFoundError:
+            continue  # an extra not installed here (ray): its own name is enough
+        todo.extend(name(r) for r in needs if "extra ==" not in r)
+    graph = grimp.build_graph("tfdist_nb", include_external_packages=True)
+    imported = {m for m in graph.modules if not m.startswith("tfdist_nb")}
+    owners = md.packages_distributions()
+    missing = {m: owners.get(m) for m in imported - set(sys.stdlib_module_names)
+               if not {d.lower().replace("_", "-") for d in owners.get(m, [m])} & brought}
+    assert not missing, f"imported but not brought by pyproject's dependencies: {missing}"

@@ -21,6 +21,7 @@ BUILTIN = {
     "ssh": "tfdist_nb.launchers.ssh:SSHLauncher",
     "attach": "tfdist_nb.launchers.attach:AttachLauncher",
     "slurm": "tfdist_nb.launchers.slurm:SlurmLauncher",
+    "ray": "tfdist_nb.launchers.ray_launcher:RayLauncher",
 }
 _added: dict[str, type[Launcher]] = {}
 
@@ -77,7 +78,7 @@ def launcher_classes() -> dict[str, type[Launcher]]:
 
 
 def get_launcher(name: str, **options: Any) -> Launcher:
-    """A launcher by short name (``local``, ``ssh``, ``attach``, ``slurm``) made with
+    """A launcher by short name (``local``, ``ssh``, ``attach``, ``slurm``, ``ray``) made with
     ``options``."""
     cls = launcher_class(name)
     try:

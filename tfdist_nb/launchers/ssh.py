@@ -68,6 +68,12 @@ SSH_CONFIG_ENV = "TFDIST_SSH_CONFIG"
 _NOT_FORWARDED = frozenset({SSH_CONFIG_ENV, CVD})
 
 
+def forwarded_environment() -> dict[str, str]:
+    """What of this environment a task on another host starts with (the Ray launcher's too)."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+
+
 def check_destination(host: str) -> str:
     """``host`` if ssh can only read it as a destination, else ValueError saying why.
 
@@ -286,8 +292,7 @@ class SSHLauncher(Launcher):
         return {"hosts": list(self.hosts)}
 
     def base_environment(self) -> dict[str, str]:
-        return {k: v for k, v in os.environ.items()
-                if k.startswith(FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+        return forwarded_environment()
 
     def task_hosts(self, tasks: Sequence[TaskId]) -> dict[TaskId, str]:
         return {t: self.hosts[i % len(self.hosts)] for i, t in enumerate(tasks)}

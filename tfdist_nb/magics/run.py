@@ -86,7 +86,14 @@ class RunMagics(Magics):
                    "(implies --launcher ssh)")
     @argument("--launcher", metavar="NAME",
               help="local (default) | ssh (with --hosts) | attach (with --connection-dir) | "
-                   "slurm (one sbatch job, --sbatch for its options)")
+                   "slurm (one sbatch job, --sbatch for its options) | ray (--ray-address)")
+    @argument("--ray-address", metavar="ADDR",
+              help="for --launcher ray (implied): the Ray cluster, e.g. "
+                   "ray://head:10001 (Ray Client); default $RAY_ADDRESS, else a local "
+                   "Ray started and stopped with the cluster")
+    @argument("--ray-strategy", metavar="PACK|SPREAD|STRICT_SPREAD",
+              help="for --launcher ray (implied): how the placement group places the "
+                   "tasks on Ray's nodes (default SPREAD)")
     @argument("--sbatch", metavar='"ARGS"',
               help="for --launcher slurm (implied): sbatch options of the job, quoted, e.g. "
                    "--sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; SLURM_CONF and "
@@ -135,6 +142,7 @@ class RunMagics(Magics):
             %%tfcluster 4 workers --hosts gpu1,gpu2   # over SSH, 2 tasks per host
             %%tfcluster 2 workers --gpus 0,1       # worker:0 GPU 0, worker:1 GPU 1
             %%tfcluster 2 workers --sbatch "--nodes=2"  # one SLURM job, a task per node
+            %%tfcluster 2 workers --ray-address ray://head:10001   # Ray actors, one per task
         """
         args, request = self._read_line(line)
         cluster = self._ensure(request)

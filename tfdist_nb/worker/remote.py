@@ -81,12 +81,16 @@ class _Lifeline:
         self.proc: subprocess.Popen[bytes] | None = None
         self.how = "exit"
         self.created = False
+        self.output = sys.stderr  # where the kernel's own stdout and stderr go
+
+    def channels(self) -> dict[str, Any]:
+        """Where the kernel's channels listen: ``ipc://`` sockets in the directory."""
+        return {"transport": "ipc", "ip": str(self.dir / SOCKET_PREFIX), **CHANNEL_PORTS}
 
     def start(self) -> None:
         self.dir.mkdir(mode=0o700)  # fails if anything is already there: never reuse a dir
         self.created = True
-        info = {"transport": "ipc", "ip": str(self.dir / SOCKET_PREFIX), **CHANNEL_PORTS,
-                "key": self.setup["key"], "signature_scheme": "hmac-sha256",
+        info = {**self.channels(), "key": self.setup["key"], "signature_scheme": "hmac-sha256",
                 "kernel_name": "tfdist-worker"}
         fd = os.open(self.connection_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -97,7 +101,7 @@ class _Lifeline:
             [sys.executable, "-m", "tfdist_nb.worker.kernel", "-f", str(self.connection_file),
              "--HistoryManager.enabled=False"],
             env=env, cwd=cwd if cwd and Path(cwd).is_dir() else None, stdin=subprocess.DEVNULL,
-            stdout=sys.stderr.fileno(), stderr=sys.stderr.fileno(), start_new_session=True)
+            stdout=self.output.fileno(), stderr=self.output.fileno(), start_new_session=True)
 
     def wait_ready(self) -> bool:
         """True once the kernel has bound every channel socket; False if it died first."""

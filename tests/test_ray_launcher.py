@@ -1,0 +1,179 @@
+"""The Ray launcher on a local Ray and on a real two-node Ray cluster made here
+(tests/ray_cluster.py: ``ray start --head`` and ``ray start --address`` in two network
+namespaces on the tests' bridge); the notebook (this process) reaches it through Ray Client.
+
+The two-node module fixture is shared by the tests that need it; the raylet-killing test runs
+last, as it takes the second node down. After every test no Ray process of ours is left here
+(a local Ray is shut down with its cluster), and after a stop no actor, kernel or placement
+group is left on either node.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests import ray_cluster
+from tests.support.cells import cell
+from tests.support.contract import check_launcher_contract
+from tests.support.processes import free_port, wait_for
+from tfdist_nb import Cluster
+from tfdist_nb.errors import ClusterStartError
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+
+def _ray_here() -> set[int]:
+    """Ray's processes in this network namespace (a local Ray's GCS, raylet, workers)."""
+    found = set()
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        words = " ".join(proc.info.get("cmdline") or [])
+        if proc.info.get("name") in ("raylet", "gcs_server") or "ray::" in words \
+                or "ray/_private/workers/default_worker.py" in words:
+            found.add(proc.info["pid"])
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_ray_left_here() -> Iterator[None]:
+    ray_cluster.require_available()
+    before = _ray_here()
+    yield
+    wait_for(lambda: not (_ray_here() - before), 30,
+             f"no Ray process left here: {sorted(_ray_here() - before)}")
+
+
+@pytest.fixture(scope="module")
+def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
+    ray_cluster.require_available()
+    made = ray_cluster.make_ray(tmp_path_factory.mktemp("ray"))
+    try:
+        yield made
+    finally:
+        made.remove()
+
+
+@pytest.fixture
+def ray2(ray_nodes: ray_cluster.RayCluster,
+         monkeypatch: pytest.MonkeyPatch) -> ray_cluster.RayCluster:
+    """The two-node cluster, its token set here as a user of a token-guarded cluster would."""
+    for key, value in ray_nodes.auth.items():
+        monkeypatch.setenv(key, value)
+    return ray_nodes
+
+
+def nothing_left(ray2: ray_cluster.RayCluster) -> None:
+    """No actor or kernel on either node, and every placement group removed, in Ray's table."""
+    for node in ray2.nodes:
+        wait_for(lambda n=node: not ray2.ours(n), 20, f"no actor or kernel on {node}: "
+                 f"{ray2.ours(node)}")
+    import ray
+    from ray.util.placement_group import placement_group_table
+
+    ray.init(ray2.client_address, log_to_driver=False)
+    try:
+        states = {pg["name"]: pg["state"] for pg in placement_group_table().values()}
+    finally:
+        ray.shutdown()
+    assert set(states.values()) <= {"REMOVED"}, states
+
+
+def test_the_ray_launcher_keeps_the_contract_on_a_local_ray(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # a local Ray guards itself with a token, by default ~/.ray/auth_token: this test's own
+    (tmp_path / "token").write_text("0" * 64)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # Ray sets it in os.environ: undone after
+    with Cluster(workers=2, launcher="ray", preload=(), warm=False) as c:
+        check_launcher_contract(c)
+
+
+def test_an_address_that_does_not_answer_is_named() -> None:
+    address = f"ray://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    c = Cluster(workers=1, launcher="ray", launcher_options={"address": address}, preload=())
+    with pytest.raises(ClusterStartError, match=rf"the Ray cluster at {address} does not "
+                                                r"answer \(Connection refused\)"):
+        c.start()
+    assert time.monotonic() - started < 15 and not c.running
+
+
+def test_mwms_across_two_ray_nodes(ray2: ray_cluster.RayCluster) -> None:
+    with Cluster(workers=2, launcher="ray", launcher_options={"address": ray2.client_address},
+                 warm=False) as c:
+        table = c.status()
+        assert sorted(table["host"]) == sorted(ray2.nodes)  # SPREAD: one task per node
+        for name, rt in ((str(t), rt) for t, rt in c.tasks.items()):
+            assert rt.address.rpartition(":")[0] == rt.host, (name, rt.address)
+            assert rt.pid in ray2.pids(rt.host)  # the kernel runs on its node
+        result = c.run(cell("mwms_loop"), timeout=150)
+        assert result.ok, result.summary()
+        losses = {n: re.search(r"final loss ([0-9.]+)", r.stdout).group(1)  # type: ignore[union-attr]
+                  for n, r in result.tasks.items()}
+        assert losses["worker:0"] == losses["worker:1"]
+        assert all("replicas in sync: 2" in r.stdout for r in result.tasks.values())
+        table = c.status()  # telemetry came back from the nodes
+        assert (table["rss_mb"] > 100).all() and (table["step"] == 20).all()
+        assert all("MainThread" in s for s in c.stacks().values())
+        assert set(c.logs(grep=r"loss")["task"]) == {"worker:0", "worker:1"}
+        reports = c.stop()
+    assert len(reports) == 2 and {r.path for r in reports} <= {"request", "kill"}
+    nothing_left(ray2)
+
+
+def test_the_ray_launcher_keeps_the_contract_on_two_nodes(ray2: ray_cluster.RayCluster) -> None:
+    with Cluster(workers=2, launcher="ray", launcher_options={"address": ray2.client_address},
+                 preload=(), warm=False) as c:
+        check_launcher_contract(c)  # a crash, then a restart of every task
+        old = c.tasks[next(t for t in c.tasks if str(t) == "worker:1")]
+        before, host = old.pid, old.host
+        c.restart(on="worker:1")
+        again = c.tasks[next(t for t in c.tasks if str(t) == "worker:1")]
+        assert again.pid != before and again.host == host
+        assert c.run("print('back')", on="worker:1").tasks["worker:1"].stdout.strip() == "back"
+    nothing_left(ray2)
+
+
+def test_an_unplaceable_request_is_named(ray2: ray_cluster.RayCluster) -> None:
+    started = time.monotonic()
+    c = Cluster(workers=3, launcher="ray", preload=(), warm=False,
+                launcher_options={"address": ray2.client_address, "strategy": "STRICT_SPREAD"})
+    with pytest.raises(ClusterStartError) as err:
+        c.start()
+    text = str(err.value)
+    assert "Ray cannot place 3 task(s) of {CPU 1} each with strategy STRICT_SPREAD" in text
+    for node in ray2.nodes:
+        assert f"{node}: CPU 1" in text, text
+    assert time.monotonic() - started < 30 and not c.running
+    nothing_left(ray2)
+
+
+def test_a_raylet_killed_mid_cell_is_named_with_its_node(ray2: ray_cluster.RayCluster) -> None:
+    """Last: the second node stays down."""
+    with Cluster(workers=2, launcher="ray", launcher_options={"address": ray2.client_address},
+                 preload=(), warm=False) as c:
+        lost = next(rt for rt in c.tasks.values() if rt.host == ray2.nodes[1])
+        box: dict[str, Any] = {}
+        runner = threading.Thread(target=lambda: box.update(
+            r=c.run("import time\nprint('sleeping', flush=True)\ntime.sleep(120)")))
+        runner.start()
+        wait_for(lambda: "sleeping" in " ".join(c.logs()["text"]), 30, "the cell to start")
+        killed = time.monotonic()
+        ray2.kill_raylet(ray2.nodes[1])
+        runner.join(60)
+        assert not runner.is_alive()
+        res = box["r"].tasks[lost.name]
+        assert res.status == "crashed", box["r"].summary()
+        assert f"lost with Ray node {ray2.nodes[1]}" in res.error.evalue, res.error.evalue
+        took = time.monotonic() - killed
+        print(f"a lost node ended the cell {took:.1f}s after its raylet was killed")
+        assert took < 45
+    nothing_left(ray2)

@@ -1,0 +1,142 @@
+"""The node end of the Ray launcher: the Ray actor of one task (docs/remote.md, "Ray").
+
+The launcher makes :class:`TaskNode` a Ray actor in its task's placement-group bundle, so Ray
+has already given it the bundle's CPUs and GPUs (``CUDA_VISIBLE_DEVICES`` is Ray's). The actor
+answers where it runs (its node's address, a TF port free there), starts the task's kernel as
+the SSH launcher's remote lifeline does (:mod:`.remote`: same kernel entry point, same
+shutdown), and hands the kernel's connection back through Ray, so no file system is shared. The
+kernel's channels listen on the node's address, CurveZMQ-encrypted and HMAC-signed
+(docs/security.md, "Ray launcher"); its output goes to a file on the node that ``poll`` ships
+back. The kernel's parent is the actor: when the actor dies (``ray.kill``, a lost raylet), the
+kernel ends itself (JPY_PARENT_PID, :mod:`.lifeline`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import psutil
+
+from tfdist_nb.portpick import draw
+from tfdist_nb.worker.remote import CHANNEL_PORTS, _Lifeline
+
+LOG_CHUNK = 256 * 1024  # the most of the kernel's output one poll brings back
+PREFIX = "tfdist-ray-"  # + the actor's pid: the kernel's files on its node
+
+
+def _sweep() -> None:
+    """Remove what actors that died with their node or raylet left on this host (a stop
+    removes its own): directories of this user whose actor's pid is gone."""
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        with contextlib.suppress(OSError, ValueError):
+            if path.stat().st_uid == os.geteuid() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+class _TcpLifeline(_Lifeline):
+    """The kernel's channels on TCP ports of ``ip`` (free now), CurveZMQ where zmq has it."""
+
+    def __init__(self, directory: Path, setup: dict[str, Any], ip: str) -> None:
+        super().__init__(directory, setup)
+        import zmq
+
+        self.ip = ip
+        self.ports = dict(zip(CHANNEL_PORTS, draw(len(CHANNEL_PORTS)), strict=True))
+        self.curve: dict[str, str] = {}
+        if zmq.has("curve"):
+            public, secret = zmq.curve_keypair()
+            self.curve = {"curve_publickey": public.decode(), "curve_secretkey": secret.decode()}
+
+    def channels(self) -> dict[str, Any]:
+        return {"transport": "tcp", "ip": self.ip, **self.ports, **self.curve}
+
+    def start(self) -> None:
+        """As the lifeline's, with SIGINT unblocked: Ray's worker threads block it, and a child
+        inherits the mask of the thread that starts it (an interrupt would never arrive)."""
+        old = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class TaskNode:
+    """One task's Ray actor (the launcher wraps it with ``ray.remote``)."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        self.life: _TcpLifeline | None = None
+        self.home: Path | None = None
+        self.log: BinaryIO | None = None
+
+    def where(self, avoid: list[int]) -> dict[str, Any]:
+        """This node's address, a TF port free on it, and what Ray gave the task."""
+        import ray
+
+        return {"address": ray.util.get_node_ip_address(),
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "hostname": socket.gethostname(), "port": draw(1, avoid=set(avoid))[0],
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "ray": ray.__version__,
+                "python": sys.version.split()[0], "pid": os.getpid()}
+
+    def start(self, setup: dict[str, Any]) -> dict[str, Any]:
+        """Start the task's kernel (a running one is ended first); its connection info."""
+        self.stop(0.0)
+        import ray
+
+        _sweep()
+        self.home = Path(tempfile.mkdtemp(
+            prefix=f"{PREFIX}{os.getpid()}-{self.task.replace(':', '-')}-"))
+        self.log = open(self.home / "kernel.log", "w+b")  # noqa: SIM115 - closed by stop
+        self.life = _TcpLifeline(self.home / "kernel", setup, ray.util.get_node_ip_address())
+        self.life.output = self.log
+        self.life.start()
+        assert self.life.proc is not None
+        return {**self.life.channels(), "key": setup["key"], "signature_scheme": "hmac-sha256",
+                "pid": self.life.proc.pid}
+
+    def poll(self, offset: int) -> tuple[int | None, bytes, int]:
+        """The kernel's exit code (None while it runs) and its output from ``offset`` on."""
+        proc = self.life.proc if self.life is not None else None
+        code = proc.poll() if proc is not None else None
+        text = b""
+        if self.log is not None:
+            self.log.seek(offset)
+            text = self.log.read(LOG_CHUNK)
+        return code, text, offset + len(text)
+
+    def signal(self, sig: int = signal.SIGINT) -> None:
+        if self.life is not None:
+            self.life.signal(sig)
+
+    def stop(self, grace_s: float, offset: int = 0) -> tuple[int | None, str, bytes]:
+        """End the kernel: a shutdown request, ``grace_s`` to exit, then SIGKILL. Its exit
+        code, how it ended (``request``, ``kill``; ``exit``: it had ended already) and its
+        output from ``offset`` on; its files on the node are removed."""
+        life, self.life = self.life, None
+        if life is None or life.proc is None:
+            return None, "exit", b""
+        if life.proc.poll() is None:
+            if grace_s > 0:
+                life.request_shutdown(grace_s)
+            else:
+                life.how = "kill"
+                life.signal(signal.SIGKILL)
+        code = life.finish()
+        tail = b""
+        if self.log is not None:
+            self.log.seek(offset)
+            tail = self.log.read(LOG_CHUNK)
+            self.log.close()
+        if self.home is not None:
+            shutil.rmtree(self.home, ignore_errors=True)
+        return code, life.how, tail
