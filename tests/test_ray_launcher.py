@@ -10,6 +10,7 @@ group is left on either node.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -77,11 +78,16 @@ def nothing_left(ray2: ray_cluster.RayCluster) -> None:
     import ray
     from ray.util.placement_group import placement_group_table
 
+    hook = os.environ.get("PYTHONBREAKPOINT")  # ray.init() sets Ray's, for every later process
     ray.init(ray2.client_address, log_to_driver=False)
     try:
         states = {pg["name"]: pg["state"] for pg in placement_group_table().values()}
     finally:
         ray.shutdown()
+        if hook is None:
+            os.environ.pop("PYTHONBREAKPOINT", None)
+        else:
+            os.environ["PYTHONBREAKPOINT"] = hook
     assert set(states.values()) <= {"REMOVED"}, states
 
 
@@ -107,8 +113,17 @@ def test_an_address_that_does_not_answer_is_named() -> None:
 
 
 def test_mwms_across_two_ray_nodes(ray2: ray_cluster.RayCluster) -> None:
+    hook = os.environ.get("PYTHONBREAKPOINT")
     with Cluster(workers=2, launcher="ray", launcher_options={"address": ray2.client_address},
                  warm=False) as c:
+        # ray.init() points breakpoint() at Ray's debugger: not the notebook's, not a task's
+        assert os.environ.get("PYTHONBREAKPOINT") == hook
+        said = iter(["p v * 6", "c"])
+        stepped = c.run('v = 7\nbreakpoint()\nprint("after", v)', on="worker:1", timeout=60,
+                        on_input=lambda task, prompt, password: next(said))
+        assert stepped.ok, stepped.summary()
+        assert "42" in stepped.tasks["worker:1"].stdout
+        assert "after 7" in stepped.tasks["worker:1"].stdout
         table = c.status()
         assert sorted(table["host"]) == sorted(ray2.nodes)  # SPREAD: one task per node
         for name, rt in ((str(t), rt) for t, rt in c.tasks.items()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -69,3 +70,18 @@ def test_a_task_that_did_not_answer_is_said_so_not_called_unset() -> None:
     assert not report.ok
     assert report.details == ["worker:1: did not answer the check (no answer within 10s)"]
     assert not any("not set" in d for d in report.details)
+
+
+def test_a_task_never_inherits_rays_breakpoint_hook() -> None:
+    """``ray.init()`` in the notebook's process sets PYTHONBREAKPOINT to Ray's debugger, which
+    fails outside a Ray worker: a task's environment leaves it out (its breakpoint() is pdb,
+    through the notebook); a user's own hook is kept."""
+    from tfdist_nb.cluster.environment import worker_env
+    from tfdist_nb.topology import TaskId
+
+    task = TaskId("worker", 0)
+    ray_set = {"PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace", "PATH": "/bin"}
+    env = worker_env(task, "{}", None, sys.executable, base=ray_set)
+    assert "PYTHONBREAKPOINT" not in env and env["PATH"] == "/bin"
+    own = worker_env(task, "{}", None, sys.executable, base={"PYTHONBREAKPOINT": "ipdb.set_trace"})
+    assert own["PYTHONBREAKPOINT"] == "ipdb.set_trace"

@@ -20,6 +20,9 @@ from tfdist_nb.worker.telemetry import telemetry_interval
 
 _DROP_EXACT = {"PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "JPY_SESSION_NAME", "TF_CONFIG"}
 _DROP_PREFIX = ("TFDIST_TASK",)
+#: ``ray.init()`` points Python's ``breakpoint()`` at Ray's debugger for the whole process (and
+#: what it starts); outside a Ray worker that hook fails, so a task never inherits it
+BREAKPOINT, RAY_HOOKS = "PYTHONBREAKPOINT", "ray."
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -66,6 +69,9 @@ def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,
     identity and TF_CONFIG; ``local``: the interpreter runs here and must find this tfdist_nb."""
     env = {k: v for k, v in (os.environ if base is None else base).items()
            if k not in _DROP_EXACT and not k.startswith(_DROP_PREFIX)}
+    if env.get(BREAKPOINT, "").startswith(RAY_HOOKS):  # ray.init() in this process set it
+        # a task's breakpoint() is pdb (docs/reference.md, Input from the tasks)
+        del env[BREAKPOINT]
     if local and Path(python).resolve() != Path(sys.executable).resolve():
         # Another interpreter still finds this tfdist_nb (the worker module must match ours).
         here = str(Path(__file__).resolve().parents[2])

@@ -240,7 +240,8 @@ class RayLauncher(Launcher):
         if not target:
             options.update(num_cpus=max(os.cpu_count() or 1, int(n_tasks * self.cpus + 0.999)),
                            include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
-        try:
+        hook = os.environ.get("PYTHONBREAKPOINT")  # ray.init() points it at Ray's debugger,
+        try:  # which fails outside a Ray worker: the notebook's breakpoint() stays its own
             ray.init(target, **options)
         except Exception as exc:
             text = str(exc)
@@ -249,6 +250,11 @@ class RayLauncher(Launcher):
                                         f"cluster's at {target}: {text.strip()}") from None
             raise ClusterStartError(f"cannot connect to Ray at {target or 'a local Ray'}: "
                                     f"{' '.join(text.split())[:800]}") from None
+        finally:
+            if hook is None:
+                os.environ.pop("PYTHONBREAKPOINT", None)
+            else:
+                os.environ["PYTHONBREAKPOINT"] = hook
         self.own_ray = True
 
     def _nodes(self) -> list[dict[str, Any]]:

@@ -62,6 +62,11 @@ class _TcpLifeline(_Lifeline):
     def start(self) -> None:
         """As the lifeline's, with SIGINT unblocked: Ray's worker threads block it, and a child
         inherits the mask of the thread that starts it (an interrupt would never arrive)."""
+        # Ray points a worker's breakpoint() at its own debugger, which fails in the kernel (not
+        # a Ray worker): the task's breakpoint() is pdb, through the notebook
+        # (docs/reference.md, Input from the tasks)
+        if os.environ.get("PYTHONBREAKPOINT", "").startswith("ray."):
+            del os.environ["PYTHONBREAKPOINT"]
         old = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
         try:
             super().start()
