@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +36,12 @@ def once(kind: str, ray2: ray_cluster.RayCluster) -> float:
     c = Cluster(workers=2, warm=False, **options)
     began = time.monotonic()
     try:
-        c.start()
+        try:
+            c.start()
+        except Exception:
+            if kind == "ray":
+                print(ray2.client_server_logs(), file=sys.stderr, flush=True)
+            raise
         took = time.monotonic() - began
         hosts = set(c.status()["host"])
         assert len(hosts) == 2, f"{kind}: both tasks on {hosts}"

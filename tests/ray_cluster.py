@@ -39,6 +39,8 @@ GCS_PORT = 6379
 CLIENT_PORT = 10001
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # Ray's floor is 75 MiB
 _READY_TIMEOUT_S = 90.0
+#: the Ray of the version-mismatch test's cluster (the second when the notebook has the first)
+OTHER_RAY, OTHER_RAY_TOO = "2.58.0", "2.59.0"
 AGENT_PORTS = {"dashboard-agent-listen-port": 52365, "dashboard-agent-grpc-port": 52366,
                "runtime-env-agent-port": 52367, "metrics-export-port": 52368}
 #: what a cluster started on a node: its tasks' actors (``ray::TaskNode`` once Ray names the
@@ -70,6 +72,27 @@ def ray_bin() -> str:
     return str(Path(sys.executable).with_name("ray"))
 
 
+def other_ray_version() -> str:
+    """A Ray release other than the notebook's (the version-mismatch test's cluster)."""
+    import ray
+
+    return OTHER_RAY if ray.__version__ != OTHER_RAY else OTHER_RAY_TOO
+
+
+def install_other_ray(venv: Path) -> str:
+    """A virtual environment at ``venv`` with ``other_ray_version()`` installed from the
+    package registry (``ray[client]``, as a cluster's head has it); its ``ray`` command."""
+    version = other_ray_version()
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                           f"ray[client]=={version}"], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RayClusterError(f"pip install ray[client]=={version} failed: "
+                              + (done.stderr or done.stdout)[-2000:])
+    return str(venv / "bin" / "ray")
+
+
 @dataclass(eq=False)
 class RayCluster:
     """Two Ray nodes on fake hosts; ``client_address`` is what the notebook connects to."""
@@ -78,6 +101,7 @@ class RayCluster:
 
     hosts: remote_hosts.TestHosts
     workdir: Path
+    ray: str = field(default_factory=ray_bin)  # the ``ray`` command its nodes run
     nodes: list[str] = field(default_factory=list)  # node addresses, head first
     alias_of: dict[str, str] = field(default_factory=dict)
     #: Ray's --temp-dir of each node is below this short one: a Unix socket path is at most
@@ -127,6 +151,13 @@ class RayCluster:
                     return pid
         raise RayClusterError(f"no raylet on {node}")
 
+    def client_server_logs(self, tail: int = 3000) -> str:
+        """The head's Ray Client server logs: the proxy's on port 10001 and each connection's
+        own ("specific") server's, ``ray_client_server_230NN.err``: why a connection failed."""
+        logs = sorted((self.short_dir / self.head.rpartition(".")[2]).glob(
+            "session_latest/logs/ray_client_server*.err"))
+        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in logs)
+
     def log(self, node: str) -> str:
         path = self.workdir / f"ray-{node}.out"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -134,7 +165,7 @@ class RayCluster:
     def start_node(self, node: str) -> None:
         """``ray start --block`` on ``node`` (the head first); returns once it has joined."""
         head = node == self.head
-        argv = [ray_bin(), "start", "--block", f"--node-ip-address={node}", "--num-cpus=1",
+        argv = [self.ray, "start", "--block", f"--node-ip-address={node}", "--num-cpus=1",
                 "--num-gpus=0", f"--object-store-memory={OBJECT_STORE_BYTES}",
                 f"--temp-dir={self.short_dir / node.rpartition('.')[2]}",
                 "--disable-usage-stats",
@@ -198,15 +229,16 @@ class RayCluster:
         self._removed = True
 
 
-def make_ray(workdir: Path) -> RayCluster:
-    """A head and one worker node on two fake hosts; removed on failure and at exit."""
+def make_ray(workdir: Path, nodes: int = 2, ray: str | None = None) -> RayCluster:
+    """A head and ``nodes - 1`` worker nodes on fake hosts, each running ``ray`` (default:
+    the notebook's Ray); removed on failure and at exit."""
     reason = available()
     if reason:
         raise RayClusterError(reason)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    hosts = remote_hosts.make_hosts(2, workdir / "hosts")
-    cluster = RayCluster(hosts=hosts, workdir=workdir,
+    hosts = remote_hosts.make_hosts(nodes, workdir / "hosts")
+    cluster = RayCluster(hosts=hosts, workdir=workdir, ray=ray or ray_bin(),
                          nodes=[hosts.addresses[a] for a in hosts.aliases],
                          alias_of={hosts.addresses[a]: a for a in hosts.aliases})
     atexit.register(cluster.remove)  # removes the hosts too, also after a failed start

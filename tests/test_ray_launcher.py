@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -54,6 +56,7 @@ def no_ray_left_here() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ray_cluster.RayCluster]:
     ray_cluster.require_available()
+    _DIRS_BEFORE.update(_task_dirs())
     made = ray_cluster.make_ray(tmp_path_factory.mktemp("ray"))
     try:
         yield made
@@ -70,11 +73,23 @@ def ray2(ray_nodes: ray_cluster.RayCluster,
     return ray_nodes
 
 
+def _task_dirs() -> set[Path]:
+    """The Ray actors' directories of their kernels (the test hosts share this file system)."""
+    return set(Path(tempfile.gettempdir()).glob("tfdist-ray-*"))
+
+
+_DIRS_BEFORE: set[Path] = set()  # what an earlier, interrupted run may have left
+
+
 def nothing_left(ray2: ray_cluster.RayCluster) -> None:
-    """No actor or kernel on either node, and every placement group removed, in Ray's table."""
+    """No actor or kernel process on either node nor their directories, every placement group
+    removed in Ray's table, and every CPU of the live nodes free again in Ray's view (no actor
+    or bundle holds one)."""
     for node in ray2.nodes:
         wait_for(lambda n=node: not ray2.ours(n), 20, f"no actor or kernel on {node}: "
                  f"{ray2.ours(node)}")
+    wait_for(lambda: not (_task_dirs() - _DIRS_BEFORE), 20,
+             f"no kernel directory left: {sorted(_task_dirs() - _DIRS_BEFORE)}")
     import ray
     from ray.util.placement_group import placement_group_table
 
@@ -82,6 +97,9 @@ def nothing_left(ray2: ray_cluster.RayCluster) -> None:
     ray.init(ray2.client_address, log_to_driver=False)
     try:
         states = {pg["name"]: pg["state"] for pg in placement_group_table().values()}
+        # a lost node leaves Ray's view once Ray marks it dead (its health checks: < 45 s)
+        wait_for(lambda: ray.available_resources().get("CPU") == ray.cluster_resources()["CPU"],
+                 45, "every CPU of the live nodes free again in Ray's view")
     finally:
         ray.shutdown()
         if hook is None:
@@ -110,6 +128,36 @@ def test_an_address_that_does_not_answer_is_named() -> None:
                                                 r"answer \(Connection refused\)"):
         c.start()
     assert time.monotonic() - started < 15 and not c.running
+
+
+def test_a_ray_version_differing_from_the_notebooks_is_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A head node running another Ray release (installed here into its own venv)."""
+    import ray
+
+    began = time.monotonic()
+    other = ray_cluster.install_other_ray(tmp_path / "venv")
+    installed = time.monotonic() - began
+    head = ray_cluster.make_ray(tmp_path / "other", nodes=1, ray=other)
+    try:
+        for key, value in head.auth.items():
+            monkeypatch.setenv(key, value)
+        c = Cluster(workers=1, launcher="ray", preload=(), warm=False,
+                    launcher_options={"address": head.client_address})
+        with pytest.raises(ClusterStartError) as err:
+            c.start()
+        assert not c.running
+    finally:
+        head.remove()
+    text, theirs = str(err.value), ray_cluster.other_ray_version()
+    python = ".".join(map(str, sys.version_info[:3]))
+    assert (f"Ray's version differs between this notebook and the Ray cluster at "
+            f"{head.client_address}: the notebook has Ray {ray.__version__} (Python {python}), "
+            f"the cluster Ray {theirs} (Python {python})") in text, text
+    assert f"pip install 'ray[client]=={theirs}' in the notebook's environment" in text, text
+    assert "Traceback" not in text, text
+    print(f"Ray {theirs} installed in {installed:.1f}s; the test took "
+          f"{time.monotonic() - began:.1f}s")
 
 
 def test_mwms_across_two_ray_nodes(ray2: ray_cluster.RayCluster) -> None:
@@ -154,6 +202,25 @@ def test_the_ray_launcher_keeps_the_contract_on_two_nodes(ray2: ray_cluster.RayC
         again = c.tasks[next(t for t in c.tasks if str(t) == "worker:1")]
         assert again.pid != before and again.host == host
         assert c.run("print('back')", on="worker:1").tasks["worker:1"].stdout.strip() == "back"
+        import ray
+
+        env = c.env()  # %tfdist_env: Ray's version on each task's node and here
+        assert env.loc["ray", ["worker:0", "worker:1"]].tolist() == [ray.__version__] * 2
+        assert env.loc["ray (notebook)", "worker:0"] == ray.__version__
+        assert not env.loc[["ray", "ray (notebook)"], "mismatch"].any()
+    nothing_left(ray2)
+
+
+def test_three_starts_in_a_row_from_one_notebook(ray2: ray_cluster.RayCluster) -> None:
+    """Each start is a new Ray Client connection, for which the head forks a server of its own;
+    some forks die (Ray's issue 63202), and the launcher then connects again."""
+    for i in range(3):
+        began = time.monotonic()
+        with Cluster(workers=1, launcher="ray", preload=(), warm=False,
+                     launcher_options={"address": ray2.client_address}) as c:
+            said = c.run(f"print({i})")
+            assert [r.stdout.strip() for r in said.tasks.values()] == [str(i)], said.summary()
+        print(f"start {i + 1}: {time.monotonic() - began:.1f}s")
     nothing_left(ray2)
 
 

@@ -42,6 +42,7 @@ from tfdist_nb.launchers.base import (
     TaskHandle,
     TaskLaunch,
 )
+from tfdist_nb.launchers.ray_said import SPAWN_TRIES, spawn_failed, version_mismatch
 from tfdist_nb.launchers.ssh import forwarded_environment
 from tfdist_nb.topology import TaskId
 
@@ -207,6 +208,13 @@ class RayLauncher(Launcher):
     def base_environment(self) -> dict[str, str]:
         return forwarded_environment()  # CUDA_VISIBLE_DEVICES is Ray's on each node
 
+    def env_rows(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """Ray's version in the notebook and on each task's node (what its actor runs)."""
+        import ray
+
+        return {"ray": (ray.__version__, {str(t): str(f.get("ray")) for t, f in
+                                          self.found.items()})}
+
     def network(self) -> str:
         return ("the TF ports listen on every interface of the Ray nodes, without "
                 "authentication, and must be open between the cluster's nodes; the kernels' "
@@ -242,14 +250,21 @@ class RayLauncher(Launcher):
                            include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
         hook = os.environ.get("PYTHONBREAKPOINT")  # ray.init() points it at Ray's debugger,
         try:  # which fails outside a Ray worker: the notebook's breakpoint() stays its own
-            ray.init(target, **options)
-        except Exception as exc:
-            text = str(exc)
-            if "ersion mismatch" in text:
-                raise ClusterStartError(f"Ray {ray.__version__} here differs from the Ray "
-                                        f"cluster's at {target}: {text.strip()}") from None
-            raise ClusterStartError(f"cannot connect to Ray at {target or 'a local Ray'}: "
-                                    f"{' '.join(text.split())[:800]}") from None
+            for attempt in range(1, SPAWN_TRIES + 1):
+                try:
+                    ray.init(target, **options)
+                    break
+                except Exception as exc:
+                    text = str(exc)
+                    if spawn_failed(text) and attempt < SPAWN_TRIES:  # a new connection gets
+                        with contextlib.suppress(Exception):  # a new server (docs/remote.md)
+                            ray.shutdown()
+                        continue
+                    if (differ := version_mismatch(text, target or "local")) is not None:
+                        raise ClusterStartError(differ) from None
+                    said = " ".join(text.split())[:800]
+                    raise ClusterStartError(f"cannot connect to Ray at {target or 'a local Ray'}"
+                                            f"{spawn_failed(text, attempt)}: {said}") from None
         finally:
             if hook is None:
                 os.environ.pop("PYTHONBREAKPOINT", None)

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -40,6 +41,29 @@ def _sweep() -> None:
         with contextlib.suppress(OSError, ValueError):
             if path.stat().st_uid == os.geteuid() and not psutil.pid_exists(int(pid)):
                 shutil.rmtree(path, ignore_errors=True)
+
+
+def _janitor(home: Path, *pids: int) -> None:
+    """Start, outside this actor's processes, what removes ``home`` once every one of ``pids``
+    (the actor, the kernel) is gone, and ends when ``home`` is. Ray SIGKILLs a worker's child
+    processes as the worker exits (a lost raylet ends its workers): neither the kernel nor the
+    actor can then remove it (docs/remote.md, Ray: Stop). Double-forked, so Ray does not."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-m", "tfdist_nb.worker.ray_node", str(home),
+                    *map(str, pids)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, start_new_session=True, check=False, timeout=30)
+
+
+def _watch(home: Path, pids: list[int]) -> None:
+    if os.fork():  # the parent returns to the actor at once; this one is reparented
+        os._exit(0)
+    while home.exists():
+        if not any(psutil.pid_exists(pid) for pid in pids):
+            shutil.rmtree(home, ignore_errors=True)
+            break
+        time.sleep(0.5)
+    os._exit(0)
 
 
 class _TcpLifeline(_Lifeline):
@@ -106,6 +130,7 @@ class TaskNode:
         self.life.output = self.log
         self.life.start()
         assert self.life.proc is not None
+        _janitor(self.home, os.getpid(), self.life.proc.pid)
         return {**self.life.channels(), "key": setup["key"], "signature_scheme": "hmac-sha256",
                 "pid": self.life.proc.pid}
 
@@ -145,3 +170,7 @@ class TaskNode:
         if self.home is not None:
             shutil.rmtree(self.home, ignore_errors=True)
         return code, life.how, tail
+
+
+if __name__ == "__main__":  # _janitor's watch: DIR PID...
+    _watch(Path(sys.argv[1]), [int(pid) for pid in sys.argv[2:]])
