@@ -13,6 +13,8 @@ __all__ = ["CheckReport", "Cluster", "IsolateReport", "RunResult", "TaskResult",
            "check_tf_config", "current", "load_ipython_extension", "unload_ipython_extension"]
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from tfdist_nb.cluster.checks import check_tf_config
     from tfdist_nb.cluster.facade import Cluster, current
     from tfdist_nb.diagnostics.isolate_report import IsolateReport
@@ -44,7 +46,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'tfdist_nb' has no attribute {name!r}")
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     from tfdist_nb.errors import platform_refusal
 
     if said := platform_refusal():
@@ -57,7 +59,7 @@ def load_ipython_extension(ipython: Any) -> None:
         ipython.register_magics(magics)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """Unloading ends what the extension started: every cluster, the kept spares, the fork
     servers and the private network (the session's one close), and persistent mode, whose
     input transformer would otherwise send every later cell to a cluster that is gone."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.strenum import StrEnum
@@ -102,7 +101,8 @@ class GpuPlan:
         return "WARNING" if any(n.level == "WARNING" for n in self.notes) else "INFO"
 
 
-def gpu_request(gpus: Any = "auto", per_task: Any = None) -> GpuRequest:
+def gpu_request(gpus: str | Sequence[str | int] = "auto",
+                per_task: int | None = None) -> GpuRequest:
     """``gpus=`` / ``--gpus`` and ``gpus_per_task=`` / ``--gpus-per-task`` checked; SpecError
     with an example for what CUDA could not be given."""
     if isinstance(gpus, str) and gpus.strip().lower() in ("auto", "none"):
@@ -133,7 +133,7 @@ def gpu_request(gpus: Any = "auto", per_task: Any = None) -> GpuRequest:
     return GpuRequest(choice, per_task)
 
 
-def _item(value: Any, whole: Any) -> str:
+def _item(value: str | int, whole: str | Sequence[str | int]) -> str:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0:
         return str(int(value))
     text = value.strip() if isinstance(value, str) else ""
@@ -143,7 +143,7 @@ def _item(value: Any, whole: Any) -> str:
                     f"or UUIDs (GPU-..., MIG-...); {EXAMPLE}")
 
 
-def _said(gpus: Any) -> str:
+def _said(gpus: str | Sequence[str | int]) -> str:
     return gpus if isinstance(gpus, str) else ",".join(map(str, gpus))
 
 

@@ -18,9 +18,17 @@ from tfdist_nb.transport.channel import KernelChannel
 from tfdist_nb.worker.ops import Op
 from tfdist_nb.worker.replies import (  # the replies, typed once for both ends
     Adopted,
+    Bandwidth,
+    CaptureState,
+    Checksums,
+    Described,
     EnvReport,
+    GpuReadings,
     LastException,
+    NumericsState,
     PeerReach,
+    ProfileSummary,
+    Read,
     Stacks,
     TaskInfo,
     TfConfigView,
@@ -109,9 +117,9 @@ class AgentClient:
         return adopted
 
     async def set_numerics(self, on: bool, dump_root: str | None,
-                           timeout: float) -> dict[str, Any]:
-        return dict(await self.call(Op.SET_NUMERICS, timeout=timeout, on=on,
-                                    dump_root=dump_root))
+                           timeout: float) -> NumericsState:
+        return await self.call(Op.SET_NUMERICS, timeout=timeout, on=on,
+                               dump_root=dump_root)
 
     async def profiler_server(self, timeout: float) -> int:
         return int(await self.call(Op.PROFILER_SERVER, inspect=True, timeout=timeout))
@@ -122,12 +130,11 @@ class AgentClient:
                                    service_addrs=service_addrs, logdir=logdir,
                                    duration_ms=duration_ms, delay_ms=delay_ms))
 
-    async def profile_state(self, timeout: float) -> dict[str, Any]:
-        return dict(await self.call(Op.PROFILE_STATE, inspect=True, timeout=timeout))
+    async def profile_state(self, timeout: float) -> CaptureState:
+        return await self.call(Op.PROFILE_STATE, inspect=True, timeout=timeout)
 
-    async def profile_summary(self, logdir: str, timeout: float) -> dict[str, Any]:
-        return dict(await self.call(Op.PROFILE_SUMMARY, inspect=True, timeout=timeout,
-                                    logdir=logdir))
+    async def profile_summary(self, logdir: str, timeout: float) -> ProfileSummary:
+        return await self.call(Op.PROFILE_SUMMARY, inspect=True, timeout=timeout, logdir=logdir)
 
     # the checks (docs/reference.md, Checks); a probe's own failure comes back as
     # {"error": why} where the worker says so (the sharding and variables reads)
@@ -155,40 +162,39 @@ class AgentClient:
         return reach
 
     async def allreduce_bandwidth(self, *, sizes_mb: list[float], timeout: float,
-                                  implementation: str | None = None) -> dict[str, Any]:
+                                  implementation: str | None = None) -> Bandwidth:
         """All-reduce timings through the task's strategy (``replicas`` and ``rows``, or
         ``skipped``), with ``implementation`` (RING, NCCL) for these calls when given; on the
         main shell, every task at once."""
-        return dict(await self.call(Op.ALLREDUCE_BANDWIDTH, timeout=timeout,
-                                    sizes_mb=list(sizes_mb), implementation=implementation))
+        return await self.call(Op.ALLREDUCE_BANDWIDTH, timeout=timeout,
+                               sizes_mb=list(sizes_mb), implementation=implementation)
 
-    async def gpu_readings(self, *, timeout: float) -> dict[str, Any]:
+    async def gpu_readings(self, *, timeout: float) -> GpuReadings:
         """The task's GPUs as it was given them, NVML reads them and TensorFlow sees them."""
-        return dict(await self.call(Op.GPU_READINGS, inspect=True, timeout=timeout))
+        return await self.call(Op.GPU_READINGS, inspect=True, timeout=timeout)
 
     async def env_report(self, *, timeout: float) -> EnvReport:
         report: EnvReport = await self.call(Op.ENV_REPORT, inspect=True, timeout=timeout)
         return report
 
-    async def sharding_describe(self, *, expr: str, timeout: float) -> dict[str, Any]:
+    async def sharding_describe(self, *, expr: str, timeout: float) -> Described:
         """What ``expr`` is in the task (kind, auto-shard policy, pipeline), nothing read."""
-        return dict(await self.call(Op.SHARDING_DESCRIBE, inspect=True, timeout=timeout,
-                                    expr=expr))
+        return await self.call(Op.SHARDING_DESCRIBE, inspect=True, timeout=timeout, expr=expr)
 
     async def sharding_fingerprints(self, *, expr: str, max_elements: int, max_seconds: float,
                                     unbatch: bool | None, reference: str | None,
-                                    with_reference: bool, timeout: float) -> dict[str, Any]:
+                                    with_reference: bool, timeout: float) -> Read:
         """The task's read of ``expr``: fingerprint counts, previews, the bound that cut it
         short, and with ``with_reference`` the undistributed dataset's read; on the main
         shell (a distributed dataset's iterator runs collectives)."""
-        return dict(await self.call(Op.SHARDING_FINGERPRINTS, timeout=timeout, expr=expr,
-                                    max_elements=max_elements, max_seconds=max_seconds,
-                                    unbatch=unbatch, reference=reference,
-                                    with_reference=with_reference))
+        return await self.call(Op.SHARDING_FINGERPRINTS, timeout=timeout, expr=expr,
+                               max_elements=max_elements, max_seconds=max_seconds,
+                               unbatch=unbatch, reference=reference,
+                               with_reference=with_reference)
 
     async def variable_checksums(self, *, expr: str, full_values: int,
-                                 timeout: float) -> dict[str, Any]:
+                                 timeout: float) -> Checksums:
         """Checksums of ``expr``'s variables as the task holds them, read on the main shell
         between cells."""
-        return dict(await self.call(Op.VARIABLE_CHECKSUMS, timeout=timeout, expr=expr,
-                                    full_values=full_values))
+        return await self.call(Op.VARIABLE_CHECKSUMS, timeout=timeout, expr=expr,
+                               full_values=full_values)

@@ -9,7 +9,7 @@ import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
@@ -27,6 +27,7 @@ from tfdist_nb.diagnostics.report import CheckReport, combine
 from tfdist_nb.errors import AgentError, SpecError
 from tfdist_nb.launchers.base import Launcher
 from tfdist_nb.worker import consistency, probes, variables_probe
+from tfdist_nb.worker.replies import Bandwidth, Failure, PeerReach, Read, Released
 
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables", "gpu")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
@@ -39,8 +40,11 @@ VARIABLES_TIMEOUT_S = 60.0
 GPU_PROBE_TIMEOUT_S = 60.0  # TensorFlow's first look at its GPUs initialises CUDA
 GPU_SIZES_MB = (1.0, 16.0, 256.0)
 
+R = TypeVar("R")
+#: a reply that collectives may be released from (``_ask_each``'s ``release``)
+RR = TypeVar("RR", bound=Released)
 #: one check's call into a task's agent, given the agent and the call's bound in seconds
-Ask = Callable[[AgentClient, float], Awaitable[Any]]
+Ask = Callable[[AgentClient, float], Awaitable[R]]
 
 
 def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
@@ -73,14 +77,16 @@ class CheckRunner:
         #: a local launcher: the network check also tries the tasks' way out
         self.launcher = launcher if launcher is not None and not launcher.remote else None
 
-    async def _ask(self, ask: Ask, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    async def _ask(self, ask: Ask[R],
+                   timeout: float = PROBE_TIMEOUT_S) -> dict[str, R | Failure]:
         """``{task: answer}``, every task at once; a task that fails or does not answer in
         time is ``{"error": ...}`` (``_answer``)."""
         answers = await asyncio.gather(*(_answer(ask(_agent(rt), timeout), timeout)
                                          for rt in self.targets))
         return {rt.name: a for rt, a in zip(self.targets, answers, strict=True)}
 
-    async def run(self, kind: str, expr: Any = None, **options: Any) -> CheckReport:
+    async def run(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
+                  **options: Any) -> CheckReport:
         if kind == "sharding":
             return await self.sharding(_expression(kind, expr), **options)
         if kind == "variables":
@@ -100,7 +106,8 @@ class CheckRunner:
                             env_report(await self.env())])
         raise SpecError(f"unknown check {kind!r}; one of {', '.join(KINDS)}")
 
-    async def tfconfig(self, config: Any = None) -> CheckReport:
+    async def tfconfig(self, config: str | Mapping[str, Any] | Path | None = None
+                       ) -> CheckReport:
         text = None
         if config is not None:
             text, errors = tfconfig_check.load_config(config)
@@ -116,7 +123,7 @@ class CheckRunner:
         addresses = {rt.name: rt.address for rt in self.targets}
         stand_ins = await self._ask(lambda agent, limit: agent.open_stand_in(timeout=limit))
         try:
-            reach = {}
+            reach: dict[str, dict[str, PeerReach]] = {}
             for rt in self.targets:  # one task at a time: connect times are not queued
                 others = {n: a for n, a in addresses.items() if n != rt.name}
                 reach.update(await self._reach_from(rt, others))
@@ -127,12 +134,12 @@ class CheckRunner:
             lambda agent, limit: agent.allreduce_bandwidth(sizes_mb=list(BANDWIDTH_SIZES_MB),
                                                            timeout=limit),
             BANDWIDTH_TIMEOUT_S)
-        first = next(iter(bandwidth.values()), None) if bandwidth else None
+        first = next(iter(bandwidth.values()), None)
         return network_check.analyse(reach, {t: _text(s) for t, s in stand_ins.items()},
-                                     first if isinstance(first, dict) else None,
-                                     outbound, outside, trouble)
+                                     first if first is not None and "error" not in first
+                                     else None, outbound, outside, trouble)
 
-    async def _outbound(self) -> tuple[dict[str, Any] | None, str, str | None]:
+    async def _outbound(self) -> tuple[dict[str, PeerReach] | None, str, str | None]:
         """Each local task's connect to a listener on this host's address beyond loopback:
         ``({task: {"ok", "ms", "error"}}, address, the launcher's cause and cure)``."""
         if self.launcher is None or (address := outside_address()) is None:
@@ -155,14 +162,15 @@ class CheckRunner:
         readings = await self._ask(lambda agent, limit: agent.gpu_readings(timeout=limit),
                                    GPU_PROBE_TIMEOUT_S)
         plan, not_timed = gpu_check.allreduce_plan(readings)
-        timed: dict[str, dict[str, Any]] = {}
+        timed: dict[str, dict[str, Bandwidth | Failure]] = {}
         for impl in plan:
-            def reduce(rt: TaskRuntime, limit: float, impl: str = impl) -> Awaitable[Any]:
+            def reduce(rt: TaskRuntime, limit: float, impl: str = impl) -> Awaitable[Bandwidth]:
                 return _agent(rt).allreduce_bandwidth(sizes_mb=list(GPU_SIZES_MB),
                                                       implementation=impl, timeout=limit)
 
             got = await self._ask_each(reduce, BANDWIDTH_TIMEOUT_S, release=True)
-            skipped = next((a["skipped"] for a in got.values() if "skipped" in a), None)
+            skipped = next((a["skipped"] for a in got.values()
+                            if "error" not in a and "skipped" in a), None)
             if skipped:
                 not_timed = skipped
                 break
@@ -171,7 +179,8 @@ class CheckRunner:
                 break
         return gpu_check.analyse(readings, timed, not_timed)
 
-    async def _reach_from(self, rt: TaskRuntime, others: dict[str, str]) -> dict[str, Any]:
+    async def _reach_from(self, rt: TaskRuntime,
+                          others: dict[str, str]) -> dict[str, dict[str, PeerReach]]:
         """``{rt: {peer: {"ok", "ms", "error"}}}`` for each of ``others`` (name -> address);
         a task that does not answer reaches none of them."""
         try:
@@ -198,8 +207,9 @@ class CheckRunner:
         problem = sharding_check.describe_problem(described)
         if problem is not None:
             return problem
-        distributed = any(d.get("kind") == "distributed" for d in described.values())
-        workers = max((int(d.get("workers") or 0) for d in described.values()), default=0)
+        found = [d for d in described.values() if "error" not in d]
+        distributed = any(d.get("kind") == "distributed" for d in found)
+        workers = max((d.get("workers") or 0 for d in found), default=0)
         if distributed and workers > len(self.targets):
             raise SpecError(f"a distributed dataset is read by all {workers} workers at once "
                             f"(its iterator runs collectives): check it on every task, not "
@@ -207,14 +217,15 @@ class CheckRunner:
         timeout = 2 * float(max_seconds) + READ_MARGIN_S
         first = self.targets[0].name
 
-        def read(rt: TaskRuntime, limit: float) -> Awaitable[dict[str, Any]]:
+        def read(rt: TaskRuntime, limit: float) -> Awaitable[Read]:
             return _agent(rt).sharding_fingerprints(
                 expr=expr, max_elements=int(max_elements), max_seconds=float(max_seconds),
                 unbatch=unbatch, reference=reference, with_reference=rt.name == first,
                 timeout=limit)
 
         reads = await self._ask_each(read, timeout, release=distributed)
-        ref = reads[first].pop("reference", None) if "error" not in reads[first] else None
+        mine = reads[first]
+        ref = mine.pop("reference", None) if "error" not in mine else None
         return sharding_check.analyse(described, reads, ref)
 
     async def variables(self, expr: str, atol: float = variables_check.ATOL,
@@ -228,15 +239,15 @@ class CheckRunner:
             VARIABLES_TIMEOUT_S)
         return variables_check.analyse(answers, atol=float(atol), rtol=float(rtol))
 
-    async def _ask_each(self, ask: Callable[[TaskRuntime, float], Awaitable[Any]],
-                        timeout: float, release: bool = False) -> dict[str, Any]:
+    async def _ask_each(self, ask: Callable[[TaskRuntime, float], Awaitable[RR]],
+                        timeout: float, release: bool = False) -> dict[str, RR | Failure]:
         """Like ``_ask``, with a call per task (its arguments may differ).
         ``release``: the op runs collectives, so once one task failed or did not answer, the
         collectives of those still running are aborted at once (they would wait for it
         forever), and their answers say ``"released": True`` for the analysis."""
         pending = {asyncio.ensure_future(_answer(ask(rt, timeout), timeout)): rt
                    for rt in self.targets}
-        answers: dict[str, Any] = {}
+        answers: dict[str, RR | Failure] = {}
         released: list[TaskRuntime] = []
         while pending:
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
@@ -248,8 +259,7 @@ class CheckRunner:
                                                  if _unanswered(answers.get(rt.name)))]
                 await asyncio.gather(*(self._abort(rt) for rt in released))
         for rt in released:
-            if isinstance(answers[rt.name], dict):
-                answers[rt.name]["released"] = True
+            answers[rt.name]["released"] = True
         return {rt.name: answers[rt.name] for rt in self.targets}
 
     async def _abort(self, rt: TaskRuntime) -> None:
@@ -276,7 +286,7 @@ def env_report(df: pd.DataFrame) -> CheckReport:
                        differing, fields={"mismatches": list(differing.index)})
 
 
-def _expression(kind: str, expr: Any) -> str:
+def _expression(kind: str, expr: object) -> str:
     if not isinstance(expr, str) or not expr.strip():
         example = "'dist_dataset'" if kind == "sharding" else "'model'"
         raise SpecError(f"the {kind} check needs an expression evaluated in every task, e.g. "
@@ -284,8 +294,8 @@ def _expression(kind: str, expr: Any) -> str:
     return expr
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else str(value.get("error", value))
+def _text(value: str | Failure) -> str:
+    return value if isinstance(value, str) else value["error"]
 
 
 def _agent(rt: TaskRuntime) -> AgentClient:
@@ -293,7 +303,7 @@ def _agent(rt: TaskRuntime) -> AgentClient:
     return rt.agent
 
 
-async def _answer(call: Awaitable[Any], timeout: float) -> Any:
+async def _answer(call: Awaitable[R], timeout: float) -> R | Failure:
     """The task's reply, or ``{"error": why}`` when the call failed there or did not come back
     within ``timeout``; then also ``"answered": False``, as the task may still be in it."""
     try:
@@ -304,10 +314,10 @@ async def _answer(call: Awaitable[Any], timeout: float) -> Any:
         return {"error": str(exc)}
 
 
-def _any_failed(answers: Mapping[str, Any]) -> bool:
-    return any(isinstance(a, dict) and "error" in a for a in answers.values())
+def _any_failed(answers: Mapping[str, Released]) -> bool:
+    return any("error" in a for a in answers.values())
 
 
-def _unanswered(answer: Any) -> bool:
+def _unanswered(answer: Failure | Released | None) -> bool:
     """Whether ``answer`` is ``_answer``'s for a call that did not come back in time."""
-    return isinstance(answer, dict) and answer.get("answered") is False
+    return answer is not None and "error" in answer and answer.get("answered") is False

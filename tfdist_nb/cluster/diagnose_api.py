@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,13 +20,14 @@ from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.diagnostics import env_check
 from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.errors import ClusterNotRunningError, SpecError
 from tfdist_nb.events import Event
 from tfdist_nb.results import RunResult, TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
-from tfdist_nb.topology import ClusterSpec, parse_targets
+from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.hub import EventHub
@@ -69,23 +70,23 @@ class Diagnose:
 
         @property
         def _last_failure(self) -> tuple[RunResult, str] | None: ...
-        def _runtimes(self, on: Any, allow_dead: bool = False) -> list[TaskRuntime]: ...
+        def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]: ...
         def _require_loop(self) -> LoopThread: ...
         def _inspector(self) -> Inspector: ...
         def _note(self, task: str, text: str, level: str = "INFO") -> None: ...
         def _default_targets(self) -> str: ...
-        def restart(self, on: Any = None) -> None: ...
+        def restart(self, on: Targets = None) -> None: ...
         def alerts(self) -> list[str]: ...
-        def logs(self, on: Any = None, grep: str | None = None, tail: int | None = None,
+        def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
                  level: str | None = None) -> pd.DataFrame: ...
 
-    def stacks(self, on: Any = None) -> dict[str, str]:
+    def stacks(self, on: Targets = None) -> dict[str, str]:
         """Python stacks of every thread of each task, also while its main thread is blocked
         inside a TensorFlow op: they are taken in the task's inspection subshell."""
         targets = self._runtimes(on, allow_dead=True)
         return self._require_loop().run(self._inspector().stacks_text(targets), INSPECT_CALL_S)
 
-    def collectives(self, on: Any = None, last: int | None = 20) -> pd.DataFrame:
+    def collectives(self, on: Targets = None, last: int | None = 20) -> pd.DataFrame:
         """Every targeted task's collective ledger (docs/reference.md, "Collectives and
         hangs"): its last ``last`` collectives (None: all kept), eager and inside tf.function,
         with kind, dtype, shape, bytes, function, the line that made it, state and times."""
@@ -95,13 +96,13 @@ class Diagnose:
         return collectives_frame({rt.name: self.live.view(rt.name).ledger for rt in targets},
                                  last)
 
-    def collectives_now(self, on: Any = None) -> dict[str, str]:
+    def collectives_now(self, on: Targets = None) -> dict[str, str]:
         """Where each targeted task stands in its collectives, in words (``%tfdist_stacks``)."""
         targets = self._runtimes(on, allow_dead=True)
         return where_each_stands({rt.name: self.live.view(rt.name).ledger for rt in targets},
                                  time.time())
 
-    def inject(self, kind: str, on: Any = None, **params: Any) -> dict[str, str]:
+    def inject(self, kind: str, on: Targets = None, **params: Any) -> dict[str, str]:
         """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
 
         Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
@@ -130,7 +131,7 @@ class Diagnose:
         said.insert(0, task_settings.set_log_level(self._require_loop(), targets, level))
         return "; ".join(said)
 
-    def debug(self, on: Any = None, *, on_input: InputHandler | None = None,
+    def debug(self, on: Targets = None, *, on_input: InputHandler | None = None,
               on_event: Callable[[Event], None] | None = None) -> TaskResult:
         """A post-mortem debugger (pdb) on one task's last exception, run in that task and
         driven from here (``%tfdist_debug``): ``on`` names the task (default: the first task
@@ -149,7 +150,7 @@ class Diagnose:
         return self._cells.debug(rt, on_event, on_input or ask_here, hub=self.hub,
                                  loop=self._require_loop(), alive=lambda: self._loop is not None)
 
-    def _debug_target(self, on: Any) -> str:
+    def _debug_target(self, on: Targets) -> str:
         """The one task ``on`` names, or the first that raised in the last failing cell."""
         if on is not None:
             named = parse_targets(on, self.spec)
@@ -177,11 +178,15 @@ class Diagnose:
         """Every task's environment read now, side by side: index = property (Python, TF and
         its CUDA/cuDNN build, Keras, numpy, GPUs and driver, OS, host, every ``$TF_*``,
         ``$CUDA_*``, ``$NCCL_*``, ``$XLA_*`` variable, then ``pkg:NAME`` for installed packages
-        whose versions differ), a column per task, and a bool ``mismatch`` column."""
+        whose versions differ; with the Ray launcher ``ray`` and ``ray (notebook)``: Ray's
+        version on each task's node and here), a column per task, and a bool ``mismatch``
+        column."""
         targets = self._runtimes("all")
-        return self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
+        df = self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
+        return env_check.with_launcher_rows(df, self.launcher.env_rows())
 
-    def check(self, kind: str, expr: Any = None, on: Any = None, **options: Any) -> CheckReport:
+    def check(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
+              on: Targets = None, **options: Any) -> CheckReport:
         """A preflight or consistency check (docs/reference.md, Checks): ``"tfconfig"`` (with
         ``expr`` a TF_CONFIG to check instead of the tasks' own: JSON text, dict or file path),
         ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env); ``"sharding"`` and

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfdist_nb import host_os
 from tfdist_nb.strenum import StrEnum
@@ -23,6 +23,7 @@ from tfdist_nb.strenum import StrEnum
 if TYPE_CHECKING:
     from tfdist_nb.cluster.task import TaskRuntime
     from tfdist_nb.launchers.base import Launcher
+    from tfdist_nb.store.tails import LiveStore
 
 
 class Scope(StrEnum):
@@ -88,7 +89,8 @@ def open_ports(tasks: Iterable[TaskRuntime]) -> dict[str, int]:
     return exposed(ports, host_os.tcp_listeners(pids)) if ports else {}
 
 
-def remote_servers(tasks: Iterable[TaskRuntime], has_ps: bool, live: Any) -> dict[str, str]:
+def remote_servers(tasks: Iterable[TaskRuntime], has_ps: bool,
+                   live: LiveStore | None) -> dict[str, str]:
     """Remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
     completed in their ledger (``live``: the cluster's live store), or a parameter-server
     cluster's ps and workers, which serve from their start."""
@@ -126,7 +128,7 @@ def local_exposure(launcher: Launcher, tasks: Iterable[TaskRuntime]) -> dict[str
 
 
 def exposure_line(said: SaidOnce, launcher: Launcher, tasks: Iterable[TaskRuntime],
-                  has_ps: bool, live: Any) -> str | None:
+                  has_ps: bool, live: LiveStore | None) -> str | None:
     """The line naming the exposed TF ports of a cluster's tasks the first time ``said`` sees
     this set of them (``live``: the cluster's live store, for remote tasks), else None."""
     if launcher.remote:

@@ -7,8 +7,7 @@ share is in its environment from then on (``Lifecycle``), in the run directory's
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.gpu_plan import CVD, GpuPlan, GpuRequest, Placement, gpu_request, plan_gpus
@@ -17,8 +16,8 @@ from tfdist_nb.topology import ClusterSpec
 from tfdist_nb.worker.gpu import host_devices
 
 
-def place(gpus: Any, per_task: Any, spec: ClusterSpec, launcher: Launcher,
-          env: Mapping[str, str]) -> tuple[GpuRequest, GpuPlan]:
+def place(gpus: str | Sequence[str | int], per_task: int | None, spec: ClusterSpec,
+          launcher: Launcher, env: Mapping[str, str]) -> tuple[GpuRequest, GpuPlan]:
     """The request ``gpus=`` / ``gpus_per_task=`` make, and the plan for ``spec``'s tasks."""
     request = gpu_request(gpus, per_task)
     where = launcher.gpu_placement

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,7 +41,7 @@ class LoopThread:
             fut.cancel()
             raise TimeoutError(f"gave up after {timeout:.0f}s") from None
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
 
     def close(self, timeout: float = 5.0) -> None:
@@ -55,6 +55,6 @@ class LoopThread:
             self.loop.close()
 
 
-async def gather(*coros: Any) -> list[Any]:
+async def gather(*coros: Awaitable[T]) -> list[T]:
     """``asyncio.gather`` as a coroutine, created on the loop thread (for ``LoopThread.run``)."""
     return list(await asyncio.gather(*coros))

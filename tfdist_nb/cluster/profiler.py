@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.errors import AgentError, TfdistError
 from tfdist_nb.topology import TaskId
+from tfdist_nb.worker.replies import CaptureState, ProfileSummary
 
 CALL_TIMEOUT_S = 60.0
 
@@ -51,10 +52,10 @@ async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRun
     return lead
 
 
-async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
+async def finish_capture(lead: TaskRuntime, capture: Capture) -> ProfileSummary:
     """Wait for the capture to end (bounded), then read the per-task summary."""
     deadline = time.monotonic() + (capture.delay_ms + capture.duration_ms) / 1000 + 60
-    state: dict[str, Any] = {}
+    state: CaptureState = {}
     while time.monotonic() < deadline:
         state = await _agent(lead).profile_state(timeout=CALL_TIMEOUT_S)
         if not state.get("running"):
@@ -70,7 +71,7 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> dict[str, Any]:
         return {"run": None, "files": {}, "unreadable": str(exc)}
 
 
-def describe(summary: dict[str, Any], capture: Capture) -> str:
+def describe(summary: ProfileSummary, capture: Capture) -> str:
     """What the user reads: where the trace is, how to open it, and per task what it holds;
     a task whose trace is missing (it ended or its profiler failed during the capture) is
     named, so "1 of 2" is never silent."""
@@ -154,7 +155,7 @@ class Profiler:
             return Started(capture, None, f"the profile capture did not start: {exc}")
 
 
-def _agent(rt: TaskRuntime) -> Any:
+def _agent(rt: TaskRuntime) -> AgentClient:
     if rt.agent is None:
         raise TfdistError(f"{rt.name} is not running")
     return rt.agent

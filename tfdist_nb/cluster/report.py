@@ -143,7 +143,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def task_rows(runtimes: Iterable[Any]) -> list[dict[str, Any]]:
+def task_rows(runtimes: Iterable[TaskRuntime]) -> list[dict[str, Any]]:
     """What each task said of itself at start-up, and its state now."""
     rows = []
     for rt in runtimes:
@@ -154,5 +154,5 @@ def task_rows(runtimes: Iterable[Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def tf_config_lines(runtimes: Iterable[Any]) -> dict[str, str]:
+def tf_config_lines(runtimes: Iterable[TaskRuntime]) -> dict[str, str]:
     return {rt.name: json.dumps(json.loads(rt.tf_config), sort_keys=True) for rt in runtimes}

@@ -15,13 +15,14 @@ from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.errors import SpecError
+from tfdist_nb.topology import Targets
 from tfdist_nb.worker.inject import KINDS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 INJECT_CALL_S = 15.0
 
 
-def check_fault(kind: str, on: Any) -> None:
+def check_fault(kind: str, on: Targets) -> None:
     """SpecError for a fault that cannot be armed: an unknown kind, or no task named."""
     if kind != "clear" and kind not in KINDS:
         raise SpecError(f"unknown fault {kind!r}; one of {', '.join(KINDS)} or clear")

@@ -35,6 +35,21 @@ def env_frame(reports: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     return df
 
 
+def with_launcher_rows(df: pd.DataFrame,
+                       rows: Mapping[str, tuple[str, Mapping[str, str]]]) -> pd.DataFrame:
+    """``df`` with what the launcher read (``Launcher.env_rows``): for each property a row of
+    the value where each task runs and a row ``PROP (notebook)``, both a mismatch when a task's
+    differs from the notebook's (the Ray launcher: Ray's version, docs/remote.md)."""
+    tasks = [c for c in df.columns if c != "mismatch"]
+    for prop, (here, theirs) in rows.items():
+        values = [theirs.get(t) for t in tasks]
+        differs = any(v != here for v in values)
+        df.loc[prop] = [*values, differs]
+        df.loc[f"{prop} (notebook)"] = [*([here] * len(tasks)), differs]
+    df["mismatch"] = df["mismatch"].astype(bool)
+    return df
+
+
 def critical_mismatch(df: pd.DataFrame) -> str | None:
     """One sentence when Python, TensorFlow or the Keras flavour differ between tasks."""
     bad = [p for p in CRITICAL if p in df.index and bool(df.loc[p, "mismatch"])]

@@ -12,7 +12,6 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import pandas as pd
 
@@ -20,6 +19,7 @@ from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
 from tfdist_nb.worker.gpu_probe import NvmlState
+from tfdist_nb.worker.replies import Bandwidth, Failure, GivenGpu, GpuReadings, TfBuild
 
 #: the oldest Linux driver of each CUDA major version (NVIDIA's CUDA compatibility table)
 DRIVER_FOR_CUDA = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
@@ -63,7 +63,7 @@ class GpuFinding:
         return f"{name_tasks(self.tasks)}: {self.text}"
 
 
-def no_gpu_cause(task: str, reading: Mapping[str, Any]) -> str | None:
+def no_gpu_cause(task: str, reading: GpuReadings) -> str | None:
     """Why ``task`` has no GPU, or None when it has one (given and found, or seen by TF)."""
     cvd, host = reading.get("cuda_visible_devices"), reading.get("host", "its host")
     nvml = reading.get("nvml") or {}
@@ -87,30 +87,32 @@ def no_gpu_cause(task: str, reading: Mapping[str, Any]) -> str | None:
     return f"no device: NVML finds no GPU on {host}"
 
 
-def allreduce_plan(readings: Mapping[str, Mapping[str, Any]]) -> tuple[list[str], str | None]:
+def allreduce_plan(readings: Mapping[str, GpuReadings | Failure]
+                   ) -> tuple[list[str], str | None]:
     """Which collectives to time (``RING``, ``NCCL``) and, for those left out, why. Only where
     every task's TensorFlow sees a GPU; NCCL not where tasks share one (it refuses two ranks
     of one collective on one GPU, and a failed collective leaves the cluster's unusable)."""
-    if any("error" in r for r in readings.values()):
+    answered = {t: r for t, r in readings.items() if "error" not in r}
+    if len(answered) < len(readings):
         return [], "a task did not answer"
-    tfs = [r.get("tf") for r in readings.values()]
+    tfs = [r["tf"] for r in answered.values()]
     if not readings or not all(tfs):
         return [], "TensorFlow is not imported in every task"
-    if not all((tf or {}).get("gpus") for tf in tfs):
+    if not all(tf and tf.get("gpus") for tf in tfs):
         return [], "not every task's TensorFlow sees a GPU"
-    if _shared(readings):
+    if _shared(answered):
         return ["RING"], "NCCL not tried: tasks share a GPU (NCCL refuses that)"
     return list(IMPLEMENTATIONS), None
 
 
-def analyse(readings: Mapping[str, Mapping[str, Any]],
-            allreduce: Mapping[str, Mapping[str, Any]] | None = None,
+def analyse(readings: Mapping[str, GpuReadings | Failure],
+            allreduce: Mapping[str, Mapping[str, Bandwidth | Failure]] | None = None,
             not_timed: str | None = None) -> CheckReport:
     """``readings[task]``: a task's ``gpu_readings`` (or ``{"error": why}`` when it did not
     answer); ``allreduce[implementation][task]``: its ``allreduce_bandwidth`` answer;
     ``not_timed``: why the collective was not (all) timed."""
     tasks = sorted(readings, key=task_order)
-    answered = {t: readings[t] for t in tasks if "error" not in readings[t]}
+    answered = {t: r for t in tasks if "error" not in (r := readings[t])}
     no_gpu = {t: cause for t, r in answered.items() if (cause := no_gpu_cause(t, r))}
     findings: list[GpuFinding] = []
     for task, reading in answered.items():
@@ -121,20 +123,20 @@ def analyse(readings: Mapping[str, Mapping[str, Any]],
     findings += said
     findings = _merged(findings)
     problems = [f for f in findings if f.problem]
-    silent = [t for t in tasks if t not in answered]
-    details = [f"{t}: did not answer ({readings[t]['error']})" for t in silent]
+    silent = {t: r["error"] for t in tasks if "error" in (r := readings[t])}
+    details = [f"{t}: did not answer ({why})" for t, why in silent.items()]
     details += [str(f) for f in sorted(findings, key=lambda f: not f.problem)]
     details += [f"{t}: no GPU: {cause}" for t, cause in no_gpu.items()]
     if not_timed and not no_gpu:
         details.append(f"all-reduce not timed: {not_timed}")
     ok = not problems and not silent
-    return CheckReport("gpu", ok, _summary(answered, no_gpu, findings, silent),
+    return CheckReport("gpu", ok, _summary(answered, no_gpu, findings, list(silent)),
                        _table(answered, no_gpu, findings), details=details,
                        fields={"findings": findings, "problems": problems, "no_gpu": no_gpu,
                                "allreduce": timings})
 
 
-def _summary(answered: Mapping[str, Mapping[str, Any]], no_gpu: Mapping[str, str],
+def _summary(answered: Mapping[str, GpuReadings], no_gpu: Mapping[str, str],
              findings: list[GpuFinding], silent: list[str]) -> str:
     if silent:
         return f"{name_tasks(silent)} did not answer the GPU check"
@@ -156,7 +158,7 @@ def _summary(answered: Mapping[str, Mapping[str, Any]], no_gpu: Mapping[str, str
             + (f"; {notes} note(s) below" if (notes := len(findings)) else ""))
 
 
-def _task_findings(task: str, r: Mapping[str, Any]) -> list[GpuFinding]:
+def _task_findings(task: str, r: GpuReadings) -> list[GpuFinding]:
     devices = r.get("devices") or []
     nvml, tf = r.get("nvml") or {}, r.get("tf")
     build = (tf or {}).get("build") or {}
@@ -190,14 +192,13 @@ def _task_findings(task: str, r: Mapping[str, Any]) -> list[GpuFinding]:
             say(issue, problem, text)
     if tf is not None and tf.get("error"):
         say(Issue.TF_ERROR, True, f"TensorFlow could not list its GPUs: {tf['error']}")
-    elif tf is not None and tf.get("gpus") is not None and tf["gpus"] < len(devices):
-        say(Issue.TF_SEES_FEWER, True, f"TensorFlow sees {tf['gpus']} of the {len(devices)} "
+    elif tf is not None and (seen := tf.get("gpus")) is not None and seen < len(devices):
+        say(Issue.TF_SEES_FEWER, True, f"TensorFlow sees {seen} of the {len(devices)} "
             f"GPU(s) it was given: {_why_fewer(found, build, out)}")
     return out
 
 
-def _device_findings(d: Mapping[str, Any],
-                     build: Mapping[str, Any]) -> list[tuple[Issue, bool, str]]:
+def _device_findings(d: GivenGpu, build: TfBuild) -> list[tuple[Issue, bool, str]]:
     gpu = f"GPU {d['entry']} ({d.get('name')})"
     out = []
     lowest = _lowest_capability(build.get("capabilities") or [])
@@ -242,7 +243,7 @@ _FEWER_BECAUSE = {Issue.DRIVER_TOO_OLD: "the driver is older than its CUDA needs
                   Issue.NOT_FOUND: "CUDA stops at the entry that names no GPU"}
 
 
-def _why_fewer(found: list[Mapping[str, Any]], build: Mapping[str, Any],
+def _why_fewer(found: list[GivenGpu], build: TfBuild,
                said: list[GpuFinding]) -> str:
     """The cause of a TF that sees fewer GPUs than given, from what else was found."""
     if build and not build.get("cuda_build"):
@@ -256,7 +257,7 @@ def _why_fewer(found: list[Mapping[str, Any]], build: Mapping[str, Any],
             "one (%tfdist_logs --grep dlopen)")
 
 
-def _growth(r: Mapping[str, Any]) -> str | None:
+def _growth(r: GpuReadings) -> str | None:
     """The task's memory policy when it is not "all of every GPU at the first op"."""
     tf = r.get("tf") or {}
     if str(r.get("allow_growth_env") or "").lower() == "true":
@@ -268,11 +269,11 @@ def _growth(r: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _key(r: Mapping[str, Any], d: Mapping[str, Any]) -> str:
+def _key(r: GpuReadings, d: GivenGpu) -> str:
     return d.get("uuid") or f"{r.get('host')}/{d['entry']}"
 
 
-def _shared(readings: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+def _shared(readings: Mapping[str, GpuReadings]) -> dict[str, list[str]]:
     """GPU (UUID, or host/entry without NVML) -> the tasks given it, where more than one."""
     holders: dict[str, list[str]] = defaultdict(list)
     for task, r in readings.items():
@@ -281,7 +282,7 @@ def _shared(readings: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     return {gpu: ts for gpu, ts in holders.items() if len(ts) > 1}
 
 
-def _sharing(readings: Mapping[str, Mapping[str, Any]]) -> list[GpuFinding]:
+def _sharing(readings: Mapping[str, GpuReadings]) -> list[GpuFinding]:
     out = []
     for gpu, tasks in _shared(readings).items():
         bare = [t for t in tasks if _growth(readings[t]) is None]
@@ -297,8 +298,8 @@ def _sharing(readings: Mapping[str, Mapping[str, Any]]) -> list[GpuFinding]:
     return out
 
 
-def _allreduce(answers: Mapping[str, Mapping[str, Any]]) -> tuple[pd.DataFrame | None,
-                                                                   list[GpuFinding]]:
+def _allreduce(answers: Mapping[str, Mapping[str, Bandwidth | Failure]]
+               ) -> tuple[pd.DataFrame | None, list[GpuFinding]]:
     """The timings table (one task's rows per implementation: every task times the same
     collective) and what they say: a failed collective, or NCCL worth asking for."""
     rows, said, best = [], [], {}
@@ -308,7 +309,8 @@ def _allreduce(answers: Mapping[str, Mapping[str, Any]]) -> tuple[pd.DataFrame |
             said.append(GpuFinding((task,), Issue.ALLREDUCE_FAILED, True,
                                    f"the {impl} all-reduce failed: {a['error']}; the cluster's "
                                    "collectives fail until its tasks restart (%tfdist_restart)"))
-        first = next((a for a in per_task.values() if a.get("rows")), None)
+        first = next((a for a in per_task.values() if "error" not in a and a.get("rows")),
+                     None)
         if first is None:
             continue
         rows += [{"implementation": impl, **row} for row in first["rows"]]
@@ -339,7 +341,7 @@ def _merged(findings: list[GpuFinding]) -> list[GpuFinding]:
     return list(merged.values())
 
 
-def _table(readings: Mapping[str, Mapping[str, Any]], no_gpu: Mapping[str, str],
+def _table(readings: Mapping[str, GpuReadings], no_gpu: Mapping[str, str],
            findings: list[GpuFinding]) -> pd.DataFrame:
     """One row per task and GPU given: what it is, what TF sees, versions, link, verdict."""
     rows = []
@@ -363,26 +365,26 @@ def _table(readings: Mapping[str, Mapping[str, Any]], no_gpu: Mapping[str, str],
     return pd.DataFrame(rows)
 
 
-def _link(d: Mapping[str, Any]) -> str | None:
+def _link(d: GivenGpu) -> str | None:
     if not d.get("pcie_gen"):
         return None
     return (f"gen{d['pcie_gen']} x{d.get('pcie_width')} "
             f"(max gen{d.get('pcie_gen_max')} x{d.get('pcie_width_max')})")
 
 
-def _version(text: Any) -> tuple[int, ...] | None:
+def _version(text: str | None) -> tuple[int, ...] | None:
     try:
         return tuple(int(p) for p in str(text).split("."))
     except ValueError:
         return None
 
 
-def _cuda_pair(value: Any) -> tuple[int, int] | None:
+def _cuda_pair(value: int | None) -> tuple[int, int] | None:
     """NVML's CUDA driver version (12060) as (12, 6)."""
     return (int(value) // 1000, int(value) % 1000 // 10) if value else None
 
 
-def _dotted(value: Any) -> str | None:
+def _dotted(value: int | None) -> str | None:
     pair = _cuda_pair(value)
     return f"{pair[0]}.{pair[1]}" if pair else None
 

@@ -10,15 +10,16 @@ import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.topology import task_order
+from tfdist_nb.worker.replies import Bandwidth, PeerReach
 
 #: the latency table's column for the outbound path (a listener on this host's address)
 OUTSIDE = "outside"
 
 
-def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
+def analyse(reach: Mapping[str, Mapping[str, PeerReach]],
             stand_ins: Mapping[str, str],
-            bandwidth: Mapping[str, Any] | None = None,
-            outbound: Mapping[str, Mapping[str, Any]] | None = None,
+            bandwidth: Bandwidth | None = None,
+            outbound: Mapping[str, PeerReach] | None = None,
             outside: str = "", trouble: str | None = None) -> CheckReport:
     """``reach[src][dst]``: ``{"ok", "ms", "error"}``; ``stand_ins[task]``: whether its TF port
     was served or listened on for the check (or why not); ``bandwidth``: one task's
@@ -31,16 +32,16 @@ def analyse(reach: Mapping[str, Mapping[str, Mapping[str, Any]]],
     failures: list[tuple[str, str, str]] = []
     for src, row in reach.items():
         for dst, got in row.items():
-            if got.get("ok"):
-                latency.loc[src, dst] = round(float(got["ms"]), 3)
+            if got["ok"] and got["ms"] is not None:
+                latency.loc[src, dst] = round(got["ms"], 3)
             else:
-                failures.append((src, dst, str(got.get("error"))))
+                failures.append((src, dst, str(got["error"])))
     cut_off = []
     for src, got in (outbound or {}).items():
-        if got.get("ok"):
-            latency.loc[src, OUTSIDE] = round(float(got["ms"]), 3)
+        if got["ok"] and got["ms"] is not None:
+            latency.loc[src, OUTSIDE] = round(got["ms"], 3)
         else:
-            cut_off.append((src, str(got.get("error"))))
+            cut_off.append((src, str(got["error"])))
     latency.index.name = "from \\ to"
     details = [f"{src} -> {dst}: {why}" for src, dst, why in failures]
     if cut_off:

@@ -21,6 +21,7 @@ import pandas as pd
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
+from tfdist_nb.worker.replies import Described, Failure, Read, Released, ShardCall, Skipped
 
 #: examples of the undistributed dataset, from the per-task reads, quoted in a summary
 QUOTED = 5
@@ -44,11 +45,11 @@ class OverlapCause(StrEnum):
     INPUTS_NOT_DISJOINT = "inputs_not_disjoint"  # FILE: the tasks' files overlap
 
 
-def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport | None:
+def describe_problem(described: Mapping[str, Described | Failure]) -> CheckReport | None:
     """A report when EXPR cannot be read on some task (raised, or is not a dataset) or the tasks
     disagree about what it is: nothing is iterated then, so no task waits in a collective for
     another that will never join."""
-    failed = {t: str(d["error"]) for t, d in described.items() if "error" in d}
+    failed = {t: d["error"] for t, d in described.items() if "error" in d}
     if failed:
         errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=task_order)]
         by_text: dict[str, list[str]] = {}
@@ -58,7 +59,7 @@ def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport 
         return CheckReport("sharding", False, summary, details=errors,
                            fields={"errors": errors, "overlap": None, "missing": None,
                                    "per_task": {}})
-    kinds = {t: d.get("kind") for t, d in described.items()}
+    kinds = {t: d.get("kind") for t, d in described.items() if "error" not in d}
     if len(set(kinds.values())) > 1:
         text = "the tasks disagree about the expression: " + ", ".join(
             f"{t} has a {'distributed dataset' if k == 'distributed' else 'tf.data.Dataset'}"
@@ -69,15 +70,14 @@ def describe_problem(described: Mapping[str, Mapping[str, Any]]) -> CheckReport 
     return None
 
 
-def policy_explained(desc: Mapping[str, Any]) -> tuple[str | None, str, str]:
+def policy_explained(desc: Described) -> tuple[str | None, str, str]:
     """``(policy set, sharding in effect, why)`` from one task's description of EXPR."""
     policy = desc.get("policy")
-    pipe = desc.get("pipeline") or {}
+    pipe = desc.get("pipeline")
     workers = desc.get("workers")
     w = f"{workers} workers" if workers else "the workers"
-    shards = [s for s in pipe.get("shards", [])]
-    own = ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in shards)
-    files, file_based = pipe.get("files"), pipe.get("file_based")
+    own = ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in _shards(desc))
+    files, file_based = (pipe.get("files"), pipe.get("file_based")) if pipe else (None, None)
     if desc.get("kind") == "dataset":
         if own:
             return policy, "shard()", (f"a plain tf.data.Dataset: no auto-sharding applies (only "
@@ -136,8 +136,8 @@ def policy_explained(desc: Mapping[str, Any]) -> tuple[str | None, str, str]:
     return policy, "unknown", f"auto_shard_policy {policy} (the source {file_text})"
 
 
-def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapping[str, Any]],
-            reference: Mapping[str, Any] | None = None) -> CheckReport:
+def analyse(described: Mapping[str, Described | Failure], reads: Mapping[str, Read | Failure],
+            reference: Read | Skipped | Failure | None = None) -> CheckReport:
     """``described[task]``: what EXPR is there (kind, policy, pipeline); ``reads[task]``: its
     fingerprint counts, previews and bound, or ``{"error": why}``, and ``"released": True``
     where the runner aborted its collectives because another task failed; ``reference``: the
@@ -145,10 +145,11 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
     problem = describe_problem(described)
     if problem is not None:
         return problem
-    tasks = sorted(reads, key=task_order)
-    failed = {t: _short(str(r["error"])) for t, r in reads.items() if "error" in r}
-    good = [t for t in tasks if t not in failed]
-    first = described[sorted(described, key=task_order)[0]]
+    found = {t: d for t, d in described.items() if "error" not in d}  # all, said above
+    failed = {t: _short(r["error"]) for t, r in reads.items() if "error" in r}
+    read = {t: r for t, r in reads.items() if "error" not in r}
+    good = sorted(read, key=task_order)
+    first = found[sorted(found, key=task_order)[0]]
     policy, effective, why = policy_explained(first)
     if first.get("kind") == "dataset":
         policy = None  # set on it, but only distributing it would apply it
@@ -164,17 +165,17 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
             return CheckReport("sharding", False, failure, details=details,
                                fields={**fields, "overlap": None, "missing": None,
                                        "per_task": {}, "overlap_cause": None})
-    reading = _Reading(good, reads)
+    reading = _Reading(good, read)
     overlap = reading.overlap()
-    cut = {t: reads[t].get("cut") for t in good if reads[t].get("cut")}
+    cut = {t: by for t in good if (by := read[t].get("cut"))}
     missing, extra, ref_notes = _missing(reference, reading.seen_by, bool(cut))
     details += ref_notes
-    table = reading.table(described)
+    table = reading.table(found)
     details += _reading_notes(reading, cut)
     fields.update(overlap=overlap, missing=missing, per_task=reading.per_task,
                   imbalance=reading.imbalance(), extra=extra, cut=cut)
-    fields["overlap_cause"] = _cause(described, effective)[0] if len(overlap) else None
-    problems = _problems(reading, overlap, missing, described, effective)
+    fields["overlap_cause"] = _cause(found, effective)[0] if len(overlap) else None
+    problems = _problems(reading, overlap, missing, found, effective)
     if failure is not None:
         problems.insert(0, failure)
     if problems:
@@ -191,7 +192,7 @@ def analyse(described: Mapping[str, Mapping[str, Any]], reads: Mapping[str, Mapp
 
 
 def _failures(failed: dict[str, str],
-              reads: Mapping[str, Mapping[str, Any]]) -> tuple[str, list[str], list[str]]:
+              reads: Mapping[str, Released]) -> tuple[str, list[str], list[str]]:
     """The summary of the tasks that could not read, one error line per task, and what was
     done to the tasks still reading."""
     errors = [f"{t}: {e}" for t, e in sorted(failed.items(), key=lambda x: task_order(x[0]))]
@@ -218,7 +219,7 @@ def _failures(failed: dict[str, str],
 class _Reading:
     """What the tasks that answered read: counts per fingerprint, who saw each."""
 
-    def __init__(self, good: list[str], reads: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(self, good: list[str], reads: Mapping[str, Read]) -> None:
         self.good, self.reads = good, reads
         self.previews: dict[str, str] = {}
         for t in good:
@@ -250,7 +251,7 @@ class _Reading:
         return (max(n) / min(n) if n and min(n) > 0 else
                 float("inf") if n and max(n) > 0 else 1.0)
 
-    def table(self, described: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    def table(self, described: Mapping[str, Described]) -> pd.DataFrame:
         seen_by, reads = self.seen_by, self.reads
         return pd.DataFrame([{
             "task": t, "examples": self.per_task[t], "distinct": len(self.counts[t]),
@@ -261,18 +262,19 @@ class _Reading:
             "seconds": reads[t].get("seconds"),
             "auto_shard_policy": _policy_cell(described.get(t, {})),
             "own_shard": ", ".join(
-                f"shard({s.get('num_shards')}, {s.get('index')})" for s in
-                (described.get(t, {}).get("pipeline") or {}).get("shards", [])),
+                f"shard({s.get('num_shards')}, {s.get('index')})"
+                for s in _shards(described.get(t, {}))),
         } for t in self.good]).set_index("task")
 
 
-def _missing(reference: Mapping[str, Any] | None, seen_by: dict[str, list[str]],
+def _missing(reference: Read | Skipped | Failure | None, seen_by: dict[str, list[str]],
              cut: bool) -> tuple[pd.DataFrame | None, int, list[str]]:
     """Elements of the undistributed dataset no task read (None: not measured), elements read
     that are not in it, and what to say about both."""
     notes: list[str] = []
     if not reference or "counts" not in reference:
-        why = (reference.get("skipped") or reference.get("error")) if reference else None
+        why = (None if not reference else reference["skipped"] if "skipped" in reference
+               else reference["error"])
         return None, 0, [f"missing not measured: {why}" if why else
                          "missing not measured: no undistributed dataset (give reference=EXPR)"]
     ref = reference["counts"]
@@ -300,7 +302,7 @@ def _missing(reference: Mapping[str, Any] | None, seen_by: dict[str, list[str]],
     return missing, extra, [*notes, note]
 
 
-def _reading_notes(reading: _Reading, cut: dict[str, Any]) -> list[str]:
+def _reading_notes(reading: _Reading, cut: dict[str, str]) -> list[str]:
     notes = [f"{t}: reading cut short by the {by}; the counts cover what was read"
              for t, by in cut.items()]
     if any(reading.dupes.values()):
@@ -314,7 +316,7 @@ def _reading_notes(reading: _Reading, cut: dict[str, Any]) -> list[str]:
 
 
 def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | None,
-              described: Mapping[str, Mapping[str, Any]], effective: str) -> list[str]:
+              described: Mapping[str, Described], effective: str) -> list[str]:
     good, seen_by = reading.good, reading.seen_by
     problems: list[str] = []
     if shared := len(overlap):
@@ -339,7 +341,7 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
     return problems
 
 
-def _cause(described: Mapping[str, Mapping[str, Any]], effective: str
+def _cause(described: Mapping[str, Described], effective: str
            ) -> tuple[OverlapCause, str]:
     """The likely reason several tasks read the same elements, read from the pipelines' own
     structure (their shard() calls and the shuffles before them)."""
@@ -352,11 +354,10 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str
             f"the tasks shard in different ways ({said}): each task must build the same "
             "pipeline with the same options (a cell or a branch that ran on some tasks "
             "only?)")
-    pipes = {t: d.get("pipeline") or {} for t, d in described.items()}
-    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in p.get("shards", []))
-              for t, p in pipes.items()}
-    shuffled = sorted((t for t, p in pipes.items()
-                       if any(s.get("after_unseeded_shuffle") for s in p.get("shards", []))),
+    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in _shards(d))
+              for t, d in described.items()}
+    shuffled = sorted((t for t, d in described.items()
+                       if any(s.get("after_unseeded_shuffle") for s in _shards(d))),
                       key=task_order)
     if shuffled and effective in ("shard()", "function"):
         calls = ", ".join(f"shard({n}, {i})" for n, i in shards[shuffled[0]])
@@ -391,7 +392,8 @@ def _cause(described: Mapping[str, Mapping[str, Any]], effective: str
         return OverlapCause.POLICY_OFF, (
             "auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
             "FILE), or shard it yourself")
-    unseeded = sorted((t for t, p in pipes.items() if p.get("unseeded_shuffle")), key=task_order)
+    unseeded = sorted((t for t, d in described.items()
+                       if (p := d.get("pipeline")) and p.get("unseeded_shuffle")), key=task_order)
     if effective == "DATA" and unseeded:
         return OverlapCause.DATA_UNSEEDED_SHUFFLE, (
             f"DATA sharding keeps every n-th element by position, and the pipeline "
@@ -421,7 +423,11 @@ def _short(error: str) -> str:
     return first if len(first) <= 240 else first[:237] + "..."
 
 
-def _policy_cell(desc: Mapping[str, Any]) -> str:
+def _shards(desc: Described) -> list[ShardCall]:
+    return desc["pipeline"].get("shards", []) if "pipeline" in desc else []
+
+
+def _policy_cell(desc: Described) -> str:
     if desc.get("kind") != "distributed":
         return "n/a (not distributed)"
     if desc.get("made_by") == "distribute_datasets_from_function":

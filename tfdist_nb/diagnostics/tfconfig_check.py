@@ -19,6 +19,7 @@ import pandas as pd
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.topology import validate_tf_config
 from tfdist_nb.worker.ops import PortState
+from tfdist_nb.worker.replies import Failure, TfConfigView
 
 
 def load_config(config: str | Mapping[str, Any] | Path) -> tuple[str, list[str]]:
@@ -50,7 +51,7 @@ def structure_errors(text: str | None, who: str) -> tuple[dict[str, Any] | None,
     return cfg, [f"{who}: {e}" for e in validate_tf_config(cfg)]
 
 
-def analyse(views: Mapping[str, Mapping[str, Any]],
+def analyse(views: Mapping[str, TfConfigView | Failure],
             expected: Mapping[str, str] | None = None) -> CheckReport:
     """``views``: per task (or ``"given"``) what its probe saw. ``expected``: the task each
     controller-side name should be (``worker:1``), to catch a task that sees itself as
@@ -98,7 +99,7 @@ def analyse(views: Mapping[str, Mapping[str, Any]],
                        fields={"errors": errors})
 
 
-def _brief(cluster: Any) -> str:
+def _brief(cluster: object) -> str:
     if not isinstance(cluster, dict):
         return repr(cluster)
     return "; ".join(f"{role}: {', '.join(map(str, addrs)) if isinstance(addrs, list) else addrs}"

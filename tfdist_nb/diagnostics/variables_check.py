@@ -18,13 +18,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
+from tfdist_nb.worker.replies import Checksums, Failure, VariableRow
 
 ATOL = 1e-6
 RTOL = 1e-5
@@ -69,11 +70,25 @@ SHARED_WORDS = {
 }
 
 
-def _floats(values: list[Any]) -> list[float]:
+class _Verdict(TypedDict):
+    verdict: str  # "equal" | "within tolerance" | "differs" | "diverged"
+    max_abs_diff: float | None
+    exact: bool  # from whole values or hashes, not from summaries
+    why: tuple[VariableCause, str] | None
+
+
+class Verdict(_Verdict, total=False):
+    """One variable across the tasks (``_compare``)."""
+
+    tolerance: float
+    bound: tuple[float, float]
+
+
+def _floats(values: list[float | str]) -> list[float]:
     return [float(v) for v in values]  # "nan" / "inf" / "-inf" came as text
 
 
-def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[str, Any]:
+def _compare(rows: dict[str, VariableRow], atol: float, rtol: float) -> Verdict:
     """One variable across tasks: verdict, max abs difference (exact or bounds) and why."""
     tasks = sorted(rows, key=task_order)
     first = rows[tasks[0]]
@@ -96,7 +111,7 @@ def _compare(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> dict[
             "tolerance": tol, "why": None}
 
 
-def _by_bytes(rows: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, Any] | None:
+def _by_bytes(rows: dict[str, VariableRow], tasks: list[str]) -> Verdict | None:
     """The verdict that needs no numbers (shapes, dtypes, hashes, where NaN/Inf are), or None
     when the values must be compared."""
     first = rows[tasks[0]]
@@ -121,9 +136,9 @@ def _by_bytes(rows: dict[str, dict[str, Any]], tasks: list[str]) -> dict[str, An
     return None
 
 
-def _tolerance(rows: dict[str, dict[str, Any]], atol: float, rtol: float) -> float:
+def _tolerance(rows: dict[str, VariableRow], atol: float, rtol: float) -> float:
     """``atol + rtol * max|a|``, the largest magnitude from every task's min and max."""
-    scale = max((abs(r.get(k, 0.0)) for r in rows.values() for k in ("min", "max")),
+    scale = max((abs(v) for r in rows.values() for v in (r.get("min", 0.0), r.get("max", 0.0))),
                 default=0.0)
     return atol + rtol * scale
 
@@ -142,7 +157,7 @@ def _max_abs_diff(arrays: list[list[float]]) -> float:
     return diff
 
 
-def _bounds(rows: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[float, float]:
+def _bounds(rows: dict[str, VariableRow], tasks: list[str]) -> tuple[float, float]:
     """Lower and upper bounds of the max abs difference from the summaries, over every pair of
     tasks (module docstring)."""
     lo, hi = 0.0, 0.0
@@ -153,7 +168,7 @@ def _bounds(rows: dict[str, dict[str, Any]], tasks: list[str]) -> tuple[float, f
     return lo, hi
 
 
-def _pair_bounds(ra: Mapping[str, Any], rb: Mapping[str, Any]) -> tuple[float, float]:
+def _pair_bounds(ra: VariableRow, rb: VariableRow) -> tuple[float, float]:
     """``_bounds`` of two tasks' summaries of one variable."""
     lo, hi = 0.0, 0.0
     n = max(int(ra.get("size") or 1), 1)
@@ -170,8 +185,8 @@ def _pair_bounds(ra: Mapping[str, Any], rb: Mapping[str, Any]) -> tuple[float, f
     return lo, hi
 
 
-def _verdict(rows: dict[str, dict[str, Any]], good: list[str], atol: float,
-             rtol: float) -> dict[str, Any]:
+def _verdict(rows: dict[str, VariableRow], good: list[str], atol: float,
+             rtol: float) -> Verdict:
     """``_compare``, or diverged when the variable is missing on some task that answered."""
     absent = [t for t in good if t not in rows]
     if absent:
@@ -180,12 +195,12 @@ def _verdict(rows: dict[str, dict[str, Any]], good: list[str], atol: float,
     return _compare(rows, atol, rtol)
 
 
-def _record(name: str, rows: Mapping[str, Mapping[str, Any]], got: Mapping[str, Any],
-            good: list[str]) -> dict[str, Any]:
+def _record(name: str, rows: Mapping[str, VariableRow], got: Verdict,
+            good: list[str]) -> dict[str, object]:
     """The variable's row of the table: what it is, its verdict, each task's hash."""
     mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
     first = rows[sorted(rows, key=task_order)[0]]
-    record: dict[str, Any] = {"variable": name}
+    record: dict[str, object] = {"variable": name}
     record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
                   mirrored=_mirrored_text(mirrored))
     record.update(verdict=got["verdict"],
@@ -202,8 +217,8 @@ class _Tally:
     """Every variable's verdict, gathered as the table, the fields and the lines need them."""
 
     good: list[str]
-    strategies: dict[str, Any]
-    records: list[dict[str, Any]] = field(default_factory=list)
+    strategies: dict[str, str | None]
+    records: list[dict[str, object]] = field(default_factory=list)
     diverged: dict[str, float] = field(default_factory=dict)
     bounds: dict[str, tuple[float, float]] = field(default_factory=dict)
     within: list[str] = field(default_factory=list)
@@ -211,7 +226,7 @@ class _Tally:
     kinds: dict[str, VariableCause] = field(default_factory=dict)
     odd_tasks: set[str] = field(default_factory=set)
 
-    def add(self, name: str, rows: dict[str, dict[str, Any]], got: Mapping[str, Any]) -> None:
+    def add(self, name: str, rows: dict[str, VariableRow], got: Verdict) -> None:
         self.records.append(_record(name, rows, got, self.good))
         if got["verdict"] in ("diverged", "differs"):
             value = got["max_abs_diff"]
@@ -226,20 +241,21 @@ class _Tally:
             self.within.append(name)
 
 
-def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
+def analyse(answers: Mapping[str, Checksums | Failure], atol: float = ATOL,
             rtol: float = RTOL) -> CheckReport:
     """``answers[task]``: ``{"variables": [...], "strategy": name}`` from each task's
     :func:`~tfdist_nb.worker.variables_probe.variable_checksums`, or ``{"error": why}``."""
     tasks = sorted(answers, key=task_order)
-    errors = [f"{t}: {answers[t]['error']}" for t in tasks if "error" in answers[t]]
-    good = [t for t in tasks if "error" not in answers[t]]
+    errors = [f"{t}: {a['error']}" for t in tasks if "error" in (a := answers[t])]
+    found = {t: a for t in tasks if "error" not in (a := answers[t])}
+    good = list(found)
     fields: dict[str, Any] = {"errors": errors, "diverged": {}, "within_tolerance": [],
                               "atol": atol, "rtol": rtol}
     if not good:
         return CheckReport("variables", False, errors[0] if errors else "no task answered",
                            details=errors, fields=fields)
-    by_name = _by_name(answers, good)
-    tally = _Tally(good, {t: answers[t].get("strategy") for t in good})
+    by_name = _by_name(found)
+    tally = _Tally(good, {t: a.get("strategy") for t, a in found.items()})
     for name, rows in by_name.items():
         tally.add(name, rows, _verdict(rows, good, atol, rtol))
     table = pd.DataFrame(tally.records).set_index("variable") if tally.records else pd.DataFrame()
@@ -264,12 +280,11 @@ def analyse(answers: Mapping[str, Mapping[str, Any]], atol: float = ATOL,
     return CheckReport("variables", True, summary, table, details=details, fields=fields)
 
 
-def _by_name(answers: Mapping[str, Mapping[str, Any]],
-             good: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def _by_name(answers: Mapping[str, Checksums]) -> dict[str, dict[str, VariableRow]]:
     """``{variable: {task: its row}}`` of the tasks that answered."""
-    by_name: dict[str, dict[str, dict[str, Any]]] = {}
-    for t in good:
-        for row in answers[t].get("variables", []):
+    by_name: dict[str, dict[str, VariableRow]] = {}
+    for t, answer in answers.items():
+        for row in answer.get("variables", []):
             by_name.setdefault(row["name"], {})[t] = row
     return by_name
 
@@ -316,7 +331,7 @@ def _mirrored_text(mirrored: Mapping[str, bool]) -> str:
 
 
 def _cause(mirrored: Mapping[str, bool],
-           strategies: Mapping[str, Any]) -> tuple[VariableCause, str]:
+           strategies: Mapping[str, str | None]) -> tuple[VariableCause, str]:
     """The likely cause of a variable present on every task whose values differ."""
     values = set(mirrored.values())
     if len(values) > 1:
@@ -346,7 +361,7 @@ def _common_cause(tally: _Tally) -> str | None:
     return texts.pop() if len(texts) == 1 else SHARED_WORDS.get(kinds.pop())
 
 
-def _odd_ones(rows: Mapping[str, Mapping[str, Any]], good: list[str]) -> list[str]:
+def _odd_ones(rows: Mapping[str, VariableRow], good: list[str]) -> list[str]:
     """The tasks outside the largest group of equal hashes (none to name for two tasks)."""
     if len(good) < 3:
         return list(good)

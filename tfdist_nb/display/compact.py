@@ -87,7 +87,7 @@ class TaskGrid:
 
     @staticmethod
     def _row(r: dict[str, Any]) -> str:
-        def cell(v: Any, digits: int = 0) -> str:
+        def cell(v: object, digits: int = 0) -> str:
             text = "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
             return f"<td style='padding:0 5px;text-align:right'>{html.escape(text)}</td>"
 

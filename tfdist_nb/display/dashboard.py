@@ -155,7 +155,7 @@ def _collective_html(row: dict[str, Any] | None) -> str:
 def _stats_html(view: TaskView) -> str:
     latest = view.latest
 
-    def fmt(value: Any, unit: str, digits: int = 0) -> str:
+    def fmt(value: float | None, unit: str, digits: int = 0) -> str:
         return "-" if value is None else f"{value:.{digits}f}{unit}"
 
     # the host's interfaces unless the task has a network namespace of its own

@@ -9,7 +9,9 @@ directory, the dashboard and ``%tfdist_logs``, and the cell ends with a line cou
 from __future__ import annotations
 
 import sys
-from typing import Any, TextIO
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
 
 from tfdist_nb.diagnostics.numerics import first_nan
 from tfdist_nb.events import Event, OutputLine, RichOutput, TaskNote
@@ -35,8 +37,8 @@ class LivePrinter:
     """Called with every event while a cell runs (in the notebook's main thread)."""
 
     def __init__(self, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 colour: bool = True, display: Any = None,
-                 max_lines_per_task: int | None = None, run_dir: Any = None,
+                 colour: bool = True, display: Callable[..., object] | None = None,
+                 max_lines_per_task: int | None = None, run_dir: Path | str | None = None,
                  verbose: bool = False, noise_said: set[str] | None = None) -> None:
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr

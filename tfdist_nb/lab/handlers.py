@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -38,6 +39,7 @@ from tfdist_nb.lab.discovery import CLUSTER_ID, find_clusters
 from tfdist_nb.lab.model import ClusterWatch
 
 AUTH_RESOURCE = "tfdist"
+T = TypeVar("T")
 SCAN_CACHE_S = 2.0
 HEARTBEAT_S = 10.0  # an update with the summary at least this often to a subscriber
 IO_TIMEOUT_S = 10.0  # a request waits this long for the run directories, then 504
@@ -46,14 +48,14 @@ IO_TIMEOUT_S = 10.0  # a request waits this long for the run directories, then 5
 class ClusterIndex:
     """Clusters found in the bases, a watch for each, and who listens to which."""
 
-    def __init__(self, bases: Callable[[], list[Path]], log: Any = None,
+    def __init__(self, bases: Callable[[], list[Path]], log: logging.Logger | None = None,
                  poll_interval: float = 0.5) -> None:
         self._bases = bases
         self.log = log
         self.poll_interval = poll_interval
         self._poller: PeriodicCallback | None = None
         self.watches: dict[str, ClusterWatch] = {}
-        self.subscribers: dict[str, set[Any]] = {}
+        self.subscribers: dict[str, set[StreamHandler]] = {}
         self._scanned = 0.0
         self._paths: dict[str, Path] = {}
         self._beat: dict[str, float] = {}
@@ -62,7 +64,7 @@ class ClusterIndex:
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-io")
         self._ticking = False
 
-    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` on the index's reading thread, awaited at most IO_TIMEOUT_S."""
         try:
             return await asyncio.wait_for(asyncio.wrap_future(self._io.submit(fn, *args)),
@@ -110,13 +112,13 @@ class ClusterIndex:
         return watch.detail(), lambda: self.deliver(watch, message)
 
     # ------------------------------------------------------------------ streams
-    def subscribe(self, watch: ClusterWatch, sock: Any) -> None:
+    def subscribe(self, watch: ClusterWatch, sock: StreamHandler) -> None:
         self.subscribers.setdefault(watch.id, set()).add(sock)
         if self._poller is None:  # started in a handler: the server's loop is running
             self._poller = PeriodicCallback(self.tick, self.poll_interval * 1000)
             self._poller.start()
 
-    def unsubscribe(self, cluster_id: str, sock: Any) -> None:
+    def unsubscribe(self, cluster_id: str, sock: StreamHandler) -> None:
         self.subscribers.get(cluster_id, set()).discard(sock)
 
     def collect(self, watch: ClusterWatch) -> str | None:

@@ -37,7 +37,7 @@ TEXT_MAX = 4000
 TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-(\d+)$")
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 

@@ -92,7 +92,7 @@ def _private_file(path: Path) -> str | None:
     return None
 
 
-def worker_process(pid: Any, create_time: Any, task: str) -> tuple[bool, str]:
+def worker_process(pid: object, create_time: object, task: str) -> tuple[bool, str]:
     """Whether ``pid`` is still the worker of ``task`` that recorded ``create_time``, and if
     not, why: pids are reused, so a sidecar's pid alone never justifies a signal."""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(create_time, (int, float)):
@@ -233,7 +233,7 @@ class AttachLauncher(Launcher):
         self.found: dict[TaskId, dict[str, Any]] = {}
         self.ignored: dict[TaskId, str] = {}  # why a sidecar there was not taken
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         return {"connection_dir": str(self.dir)}
 
     def base_environment(self) -> dict[str, str]:

@@ -272,7 +272,7 @@ class Launcher(abc.ABC):
                             "use it")
         return options
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         """What it runs with for each of its ``line_options``, as the line's flags give it
         (``option: value``): a line that changes one replaces the cluster. The default, {}:
         the line is compared with the cluster's own arguments (``hosts=``, launcher_options)."""
@@ -303,6 +303,11 @@ class Launcher(abc.ABC):
     def base_environment(self) -> Mapping[str, str] | None:
         """What each task's environment starts from; None: this process's own environment."""
         return None
+
+    def env_rows(self) -> dict[str, tuple[str, dict[str, str]]]:
+        """What ``%tfdist_env`` adds from the launcher: ``{property: (the notebook's value,
+        {task name: the value where the task runs})}``; none by default."""
+        return {}
 
     @abc.abstractmethod
     def tf_addresses(self, tasks: Sequence[TaskId],

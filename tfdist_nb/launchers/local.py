@@ -228,7 +228,7 @@ class LocalLauncher(Launcher):
         self.net_note: str | None = why_not if net == "auto" else None
         self._net_decided = net == "host" or why_not is not None
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         return {"net": self.net_mode}
 
     @property

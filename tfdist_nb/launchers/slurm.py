@@ -28,7 +28,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ STATUS_INTERVAL_S = 1.0  # between squeue calls while the job runs (one call per
 STOP_WAIT_S = 15.0  # after scancel, until squeue no longer lists the job
 
 
-def check_sbatch_args(args: Any) -> list[str]:
+def check_sbatch_args(args: str | Iterable[object] | None) -> list[str]:
     """``args`` as a list of sbatch words (a string is split like a shell), or ValueError when
     it holds an option the launcher sets itself."""
     if args is None:
@@ -206,8 +206,9 @@ class SlurmLauncher(Launcher):
                 raise SpecError(f"sbatch_args: {exc}") from None
         return options
 
-    def __init__(self, sbatch_args: Any = None, connection_dir: str | os.PathLike[str] |
-                 None = None, wait_timeout: float = 100.0, python: str | None = None,
+    def __init__(self, sbatch_args: str | Iterable[object] | None = None,
+                 connection_dir: str | os.PathLike[str] | None = None,
+                 wait_timeout: float = 100.0, python: str | None = None,
                  progress: Callable[[str], None] | None = None,
                  status_interval: float = STATUS_INTERVAL_S, **_: Any) -> None:
         for tool in ("sbatch", "squeue", "scancel"):
@@ -236,7 +237,7 @@ class SlurmLauncher(Launcher):
         self._said_lock = threading.Lock()
         self._last_said: tuple[str, str, str] | None = None
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         return {"sbatch_args": list(self.sbatch_args)}
 
     def ask_gpus(self, per_task: int) -> bool:

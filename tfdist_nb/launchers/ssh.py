@@ -288,7 +288,7 @@ class SSHLauncher(Launcher):
         self._sockdir: Path | None = None
         self._token = secrets.token_hex(6)
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         return {"hosts": list(self.hosts)}
 
     def base_environment(self) -> dict[str, str]:

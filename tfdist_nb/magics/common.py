@@ -16,7 +16,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import line_magic
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from tfdist_nb.cluster.facade import Cluster
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+N = TypeVar("N", int, float)
 #: What the Cluster API raises for what the user asked; the magics answer it as a UsageError.
 USER_ERRORS: tuple[type[Exception], ...] = (SpecError, ClusterNotRunningError, CannotRun,
                                             AgentError)
@@ -50,39 +53,40 @@ def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
     return UsageError(f"{text}\n{example}")
 
 
-def user_errors(example: str = EXAMPLE, *more: type[Exception]) -> Callable[[F], F]:
+def user_errors(example: str = EXAMPLE,
+                *more: type[Exception]) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """A magic whose user errors (``USER_ERRORS``, and ``more`` of its own) end as one
     UsageError with ``example``; the magic reads its line with ``parse_line(self.<magic>,
     line)``, which uses the example too."""
     caught = USER_ERRORS + more
 
-    def wrap(fn: F) -> F:
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(fn)
-        def magic(*args: Any, **kwargs: Any) -> Any:
+        def magic(*args: P.args, **kwargs: P.kwargs) -> R:
             try:
                 return fn(*args, **kwargs)
             except caught as exc:
                 raise usage(exc, example) from None
 
         magic.example = example  # type: ignore[attr-defined]
-        return magic  # type: ignore[return-value]
+        return magic
     return wrap
 
 
-def parse_line(magic: Any, line: str) -> Any:
+def parse_line(magic: Any, line: str) -> argparse.Namespace:
     """Split like a POSIX shell (quotes group words and are removed), then parse with the
     magic's own arguments; a mistake is a UsageError with the magic's example."""
     return _parse(magic, line, magic.parser.parse_args)
 
 
-def parse_line_and_rest(magic: Any, line: str) -> tuple[Any, list[str]]:
+def parse_line_and_rest(magic: Any, line: str) -> tuple[argparse.Namespace, list[str]]:
     """:func:`parse_line`, leaving the words the magic's arguments do not take to the caller
     (``%%tfcluster``: a plugin launcher's flags)."""
     args, rest = _parse(magic, line, magic.parser.parse_known_args)
     return args, list(rest)
 
 
-def _parse(magic: Any, line: str, parse: Callable[[list[str]], Any]) -> Any:
+def _parse(magic: Any, line: str, parse: Callable[[list[str]], R]) -> R:
     example = getattr(magic, "example", EXAMPLE)
     try:
         return parse(shlex.split(line))
@@ -92,12 +96,12 @@ def _parse(magic: Any, line: str, parse: Callable[[list[str]], Any]) -> Any:
         raise usage(exc, example) from None
 
 
-def number(kind: type, least: float, inclusive: bool = False) -> Any:
+def number(kind: type[N], least: float, inclusive: bool = False) -> Callable[[str], N]:
     """An argparse type: a finite number of ``kind`` above ``least`` (or equal to it with
     ``inclusive``); anything else is the option's usage error, not a failure deep inside."""
     bound = f"{'at least' if inclusive else 'above'} {least:g}"
 
-    def read(text: str) -> Any:
+    def read(text: str) -> N:
         try:
             value = kind(text)
         except ValueError:

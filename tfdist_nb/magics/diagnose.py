@@ -5,9 +5,10 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
@@ -27,6 +28,10 @@ from tfdist_nb.magics.common import (
     usage,
     user_errors,
 )
+
+if TYPE_CHECKING:
+    from tfdist_nb.diagnostics.isolate_report import IsolateReport
+    from tfdist_nb.diagnostics.report import CheckReport
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,7 +72,7 @@ class DiagnoseMagics(Magics):
     @line_magic
     @user_errors("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
                    "sharding EXPR, variables EXPR, gpu)")
-    def tfdist_check(self, line: str) -> Any:
+    def tfdist_check(self, line: str) -> CheckReport:
         """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
 
         - ``tfconfig``: every task's TF_CONFIG now: structure, task types, indices, duplicate
@@ -244,7 +249,7 @@ class DiagnoseMagics(Magics):
               help="also write the smallest failing variant there as %%tfdist_export does")
     @line_magic
     @user_errors("example: %tfdist_isolate --budget-s 120")
-    def tfdist_isolate(self, line: str) -> Any:
+    def tfdist_isolate(self, line: str) -> IsolateReport:
         """Re-run the last failing cell (with the cells before it that set the tasks up) in
         fresh kernels under smaller variants, and name the smallest that still fails: the
         same cluster again (flaky?), fewer workers down to one, each task's share alone,
@@ -278,7 +283,7 @@ class DiagnoseMagics(Magics):
         return report
 
 
-def _check_options(args: Any) -> dict[str, Any]:
+def _check_options(args: argparse.Namespace) -> dict[str, Any]:
     """``%tfdist_check``'s options that were given, by the name ``Cluster.check`` takes."""
     wanted = {"sharding": ("reference", "max_elements", "max_seconds"),
               "variables": ("atol", "rtol")}.get(args.kind, ())

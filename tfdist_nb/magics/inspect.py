@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -25,6 +25,9 @@ from tfdist_nb.magics.common import (
     user_errors,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 
 @magics_class
 class InspectMagics(Magics):
@@ -36,7 +39,7 @@ class InspectMagics(Magics):
               help="open the cluster's JupyterLab pane (tfdist-nb lab extension) instead")
     @line_magic
     @user_errors("example: %tfdist_status --table")
-    def tfdist_status(self, line: str) -> Any:
+    def tfdist_status(self, line: str) -> pd.DataFrame | None:
         """The live dashboard of every task; ``--table``: a DataFrame; ``--lab``: the cluster's
         dockable JupyterLab pane, fed by the Jupyter server (docs/reference.md).
 
@@ -72,7 +75,7 @@ class InspectMagics(Magics):
     @argument("--save", metavar="PATH", help="also write the lines as JSON Lines to PATH")
     @line_magic
     @user_errors("example: %tfdist_logs --on 1 --grep 'loss|step' --tail 50", ValueError)
-    def tfdist_logs(self, line: str) -> Any:
+    def tfdist_logs(self, line: str) -> pd.DataFrame:
         """The merged log of every task (from the run directory), as a DataFrame.
 
         Every line the tasks wrote is there, also TensorFlow's INFO records that the cell did not
@@ -111,7 +114,7 @@ class InspectMagics(Magics):
               help="the last N collectives of each task (default 20; 0: all kept)")
     @line_magic
     @user_errors("example: %tfdist_collectives --last 50")
-    def tfdist_collectives(self, line: str) -> Any:
+    def tfdist_collectives(self, line: str) -> pd.DataFrame:
         """Every task's collective ledger side by side, as a DataFrame: each collective it
         issued (eager or inside tf.function) with its kind, dtype, shape, the line that made it,
         its state and times. Examples::
@@ -172,7 +175,7 @@ class InspectMagics(Magics):
               help="every property, not only the ones that differ between tasks")
     @line_magic
     @user_errors("example: %tfdist_env --all")
-    def tfdist_env(self, line: str) -> Any:
+    def tfdist_env(self, line: str) -> pd.DataFrame:
         """Each task's environment, read now, side by side; ``mismatch`` marks differences.
 
         Python, TensorFlow and the CUDA/cuDNN it was built for, Keras / tf_keras, numpy, NVIDIA

@@ -13,7 +13,10 @@ the notebook: that is how the mode is turned off or the cluster inspected.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
 
 OURS = ("%tfdist_", "%tfcluster", "%%tfcluster")
 #: unloading or reloading this extension is the notebook's business, never the tasks'
@@ -25,13 +28,13 @@ class PersistentMode:
 
     def __init__(self) -> None:
         self.options: str | None = None  # None: off
-        self._shell: Any = None
+        self._shell: InteractiveShell | None = None
 
     @property
     def on(self) -> bool:
         return self.options is not None
 
-    def turn_on(self, shell: Any, options: str) -> None:
+    def turn_on(self, shell: InteractiveShell, options: str) -> None:
         self.options = options
         if self._shell is None:
             shell.input_transformers_cleanup.append(self.transform)

@@ -114,7 +114,7 @@ class Running:
     hosts: list[str] | None = None
     launcher_options: dict[str, Any] = field(default_factory=dict)
     #: what its launcher runs with for each of its flags (Launcher.line_values)
-    line_values: dict[str, Any] = field(default_factory=dict)
+    line_values: dict[str, object] = field(default_factory=dict)
     restartable: bool = True
     warm: int = 0  # its spare kernels
     gpus: GpuRequest = field(default_factory=GpuRequest)
@@ -196,13 +196,13 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
     return None
 
 
-def _line_values(request: ClusterRequest) -> dict[str, Any]:
+def _line_values(request: ClusterRequest) -> dict[str, object]:
     """What the line's launcher flags set, by option."""
     return {**request.launcher_options,
             **({HOSTS: request.hosts} if request.hosts is not None else {})}
 
 
-def _made_with(running: Running) -> dict[str, Any]:
+def _made_with(running: Running) -> dict[str, object]:
     """What the running cluster was made with, by option: its arguments, and over them what
     its launcher says it runs with (normalized as the line's flags are)."""
     return {**running.launcher_options,

@@ -36,6 +36,8 @@ from tfdist_nb.magics.request import (
 )
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from tfdist_nb.cluster.facade import Cluster
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
@@ -46,7 +48,7 @@ PLAIN_LINES = 5000
 class RunMagics(Magics):
     """``%%tfcluster`` and the magics that control its tasks."""
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+    def __init__(self, shell: InteractiveShell | None = None, **kwargs: Any) -> None:
         super().__init__(shell, **kwargs)
         self._noise_said: dict[str, set[str]] = {}  # run directory -> known noise already said
         self.mode = PersistentMode()  # %tfdist_mode
@@ -115,7 +117,7 @@ class RunMagics(Magics):
     @argument("--from-mode", action="store_true", help=argparse.SUPPRESS)  # %tfdist_mode's
     @line_cell_magic
     @user_errors()
-    def tfcluster(self, line: str, cell: str | None = None) -> Any:
+    def tfcluster(self, line: str, cell: str | None = None) -> None:
         """Start (or reuse, or resize) a multi-worker TensorFlow cluster and run the cell on it.
 
         Every task is a real ipykernel with its own TF_CONFIG, set before TensorFlow is
@@ -157,7 +159,7 @@ class RunMagics(Magics):
         code = cell if args.from_mode else f"# %%tfcluster {line}\n{cell}"
         return self._run(cluster, code, request)
 
-    def _read_line(self, line: str) -> tuple[Any, ClusterRequest]:
+    def _read_line(self, line: str) -> tuple[argparse.Namespace, ClusterRequest]:
         """The parsed ``%%tfcluster`` line and the request it makes; what the magic's parser
         does not take goes to the chosen launcher's flags."""
         args, rest = parse_line_and_rest(self.tfcluster, glue_values(line))
@@ -348,6 +350,7 @@ class RunMagics(Magics):
             raise usage("no cluster is running to send the cells to; give its SPEC, or start "
                         "it first with %%tfcluster 2 workers",
                         "example: %tfdist_mode on 2 workers --timeout 600")
+        assert self.shell is not None  # a magic runs in its shell
         self.mode.turn_on(self.shell, options)
         if (active := current()) is not None:
             active.persistent_mode = True
@@ -372,7 +375,7 @@ def running_of(cluster: Cluster | None) -> Running | None:
                    gpus=cluster.gpu_request)
 
 
-def notebook_cell_number(shell: Any) -> int | None:
+def notebook_cell_number(shell: InteractiveShell | None) -> int | None:
     """The notebook's ``In[n]`` of the cell running now: the number IPython's compiler named
     the cell's code by, found on the stack (``execution_count`` is n during the cell in
     IPython 8 and n + 1 in IPython 9)."""

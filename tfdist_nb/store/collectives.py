@@ -67,19 +67,19 @@ class LedgerView:
         self.issued = 0
         self._at.clear()
 
-    def at(self, group: Any, index: int) -> dict[str, Any] | None:
+    def at(self, group: int | str | None, index: int) -> dict[str, Any] | None:
         """This task's row for the ``index``-th collective of ``group``, if still kept."""
         with self._lock:
             seq = self._at.get((str(group), index))
             return None if seq is None else self.rows.get(seq)
 
-    def checked(self, key: Any) -> dict[str, Any] | None:
+    def checked(self, key: str | None) -> dict[str, Any] | None:
         """This task's row of the manifest check ``key``, if still kept."""
         with self._lock:
             rows = [r for r in self.rows.values() if r.get("check") == key]
         return rows[-1] if rows else None
 
-    def count(self, group: Any) -> int:
+    def count(self, group: int | str | None) -> int:
         return self.counts.get(str(group), 0)
 
     def recent(self, last: int | None = None) -> list[dict[str, Any]]:

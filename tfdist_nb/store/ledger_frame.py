@@ -3,17 +3,20 @@ views so that the server extension, which reads those views, never imports panda
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.topology import task_order
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
            "entered", "done", "waited_s", "called_at", "group", "index", "call", "position"]
 
 
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
-                      now: float | None = None) -> Any:
+                      now: float | None = None) -> pd.DataFrame:
     """The ledgers side by side (docs/reference.md, ``cluster.collectives``): each task's last
     ``last`` rows, ordered by position so the same collective of every task lines up, and at
     one position in task order (chief, workers, ps, evaluator: ``topology.task_order``);

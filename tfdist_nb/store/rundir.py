@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine
@@ -95,7 +95,7 @@ def _cluster_dir(path: Path) -> Path:
     return path
 
 
-def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> Any:
+def open_private(path: Path, mode: str = "a", permissions: int = 0o600) -> IO[str]:
     """Open a file created readable by the owner only (``permissions``), whatever the umask
     (never through a symlink: the run holds code, output and environments, docs/security.md);
     also what the exported reproducer and a saved log are written with."""
@@ -233,7 +233,7 @@ class RunDirectory:
     def task_dir(self, slug: str) -> Path:
         return _owner_only_dir(_owner_only_dir(self.path / "tasks") / slug)
 
-    def write_json(self, slug: str, name: str, data: Any) -> Path:
+    def write_json(self, slug: str, name: str, data: object) -> Path:
         path = self.task_dir(slug) / name
         with open_private(path, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from tfdist_nb.worker import kernel_internals, state
@@ -257,7 +258,7 @@ def stacks() -> Stacks:
 _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}")
 
 
-def _where(frame: Any) -> Where:
+def _where(frame: FrameType | None) -> Where:
     """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func", "line": "cell N
     line L"}`` for a frame.
 
@@ -269,7 +270,7 @@ def _where(frame: Any) -> Where:
         return {"kind": "unknown", "at": ""}
     stdlib = sysconfig.get_paths()["stdlib"]
     frames = []
-    f = frame
+    f: FrameType | None = frame
     while f is not None:
         frames.append(f)
         f = f.f_back
@@ -322,16 +323,16 @@ def _cell_file_test() -> Callable[[str], bool]:
     return is_cell
 
 
-def _inside_tf(frame: Any) -> bool:
+def _inside_tf(frame: FrameType) -> bool:
     """Whether the innermost non-standard-library frame of a thread is TensorFlow's: a thread
     (the main one, or a strategy's worker thread) waiting inside an op such as a collective."""
     inner = _innermost_own(frame)
     return any(p in inner.f_code.co_filename for p in _TF_PARTS)
 
 
-def _innermost_own(frame: Any) -> Any:
+def _innermost_own(frame: FrameType) -> FrameType:
     stdlib = sysconfig.get_paths()["stdlib"]
-    f = frame
+    f: FrameType | None = frame
     while f is not None:
         fn = f.f_code.co_filename
         if not ((fn.startswith(stdlib) and "-packages" not in fn) or fn.startswith("<frozen")):
@@ -340,7 +341,7 @@ def _innermost_own(frame: Any) -> Any:
     return frame
 
 
-def _at(frame: Any) -> str:
+def _at(frame: FrameType) -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 

@@ -14,6 +14,7 @@ import os
 import sys
 import sysconfig
 from collections.abc import Iterable
+from types import FrameType
 from typing import Any
 
 _by_name: dict[str, int] = {}  # a cell file the compiler cached -> the controller's cell number
@@ -82,7 +83,7 @@ def _library(filename: str) -> bool:
             or (filename.startswith(_stdlib) and "-packages" not in filename))
 
 
-def python_frames(frame: Any) -> Iterable[tuple[str, int]]:
+def python_frames(frame: FrameType | None) -> Iterable[tuple[str, int]]:
     """``(filename, line)`` from ``frame`` outwards."""
     while frame is not None:
         yield frame.f_code.co_filename, frame.f_lineno

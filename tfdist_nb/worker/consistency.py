@@ -26,6 +26,7 @@ from typing import Any
 
 from tfdist_nb.worker.dataset_graph import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
+from tfdist_nb.worker.replies import Described, Failure, Pipeline, Read, ShardCall, Skipped
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def _const_strings(node: Any) -> int | None:
     return count
 
 
-def describe_pipeline(dataset: Any) -> dict[str, Any]:
+def describe_pipeline(dataset: Any) -> Pipeline:
     """What the dataset's graph says: batched at the end, its own ``shard()`` calls (each with
     whether an unseeded shuffle comes before it), whether its output passed an unseeded
     shuffle, and whether (and from how many files) it reads files."""
@@ -120,7 +121,7 @@ def describe_pipeline(dataset: Any) -> dict[str, Any]:
             break
         if node.op in UNBATCH_OPS:
             break
-    shards = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
+    shards: list[ShardCall] = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
                "after_unseeded_shuffle": unseeded_upstream(n.input[0])}
               for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
     unseeded = bool(output and unseeded_upstream(output))
@@ -189,7 +190,7 @@ def _whole_from_function(info: dict[str, Any]) -> Any:
     return made if isinstance(made, tf.data.Dataset) else None
 
 
-def sharding_describe(expr: str) -> dict[str, Any]:
+def sharding_describe(expr: str) -> Described:
     """EXPR's kind, its auto-shard policy and pipeline facts, without reading an element (asked
     first, so that a task where EXPR fails is known before any collective starts)."""
     import tensorflow as tf
@@ -198,8 +199,10 @@ def sharding_describe(expr: str) -> dict[str, Any]:
         info = _resolve_dataset(evaluate(expr))
     except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
-    out = {k: v for k, v in info.items() if k in ("kind", "made_by", "strategy_name",
-                                                   "workers", "replicas")}
+    out: Described = {"kind": info["kind"]}
+    if info["kind"] == "distributed":
+        out.update({"made_by": info["made_by"], "strategy_name": info["strategy_name"],
+                    "workers": info["workers"], "replicas": info["replicas"]})
     base = info.get("dataset") if info["kind"] == "dataset" else info.get("source")
     if base is not None:
         out["policy"] = _policy(base)
@@ -284,7 +287,7 @@ class _Tally:
 
 
 def _read_plain(dataset: Any, unbatch: bool, max_elements: int,
-                max_seconds: float) -> dict[str, Any]:
+                max_seconds: float) -> Read:
     import tensorflow as tf
 
     tally = _Tally(max_elements)
@@ -308,7 +311,7 @@ def _read_plain(dataset: Any, unbatch: bool, max_elements: int,
 
 
 def _read_distributed(dist: Any, strategy: Any, max_elements: int,
-                      max_seconds: float) -> dict[str, Any]:
+                      max_seconds: float) -> Read:
     """Every task takes the same steps: after each one, an all-reduce (sum) of "I reached a
     bound" tells all of them whether to stop, so none is left alone in a collective."""
     import tensorflow as tf
@@ -356,7 +359,7 @@ def _read_distributed(dist: Any, strategy: Any, max_elements: int,
 def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,
                           max_seconds: float = MAX_SECONDS, unbatch: bool | None = None,
                           reference: str | None = None, with_reference: bool = False,
-                          ) -> dict[str, Any]:
+                          ) -> Read:
     """This task's view of EXPR: per-example fingerprint counts, previews and which bound cut
     the reading short. ``with_reference``: also read the undistributed dataset (``reference``,
     an expression, or the distributed dataset's source) after the task's own reading, with
@@ -378,7 +381,7 @@ def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,
 
 
 def _read_reference(info: dict[str, Any], reference: str | None, unbatch: bool,
-                    max_elements: int, max_seconds: float) -> dict[str, Any]:
+                    max_elements: int, max_seconds: float) -> Read | Skipped | Failure:
     import tensorflow as tf
 
     try:

@@ -20,6 +20,7 @@ from tfdist_nb.gpu_plan import GROWTH, Device, resolve
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.worker.gpu import device_handle, given, read_devices
 from tfdist_nb.worker.gpu_readings import maybe
+from tfdist_nb.worker.replies import GivenGpu, GpuReadings, NvmlView, TfGpuView
 
 logger = logging.getLogger(__name__)
 
@@ -35,42 +36,42 @@ class NvmlState(StrEnum):
     ERROR = "error"  # another NVML failure (its text in ``error``)
 
 
-def gpu_readings(nvml: Any = None) -> dict[str, Any]:
+def gpu_readings(nvml: Any = None) -> GpuReadings:
     """This task's GPU facts now: ``host``, ``cuda_visible_devices`` (None: unset),
     ``allow_growth_env``, ``nvml`` (state, driver, CUDA driver version, device count),
     ``devices`` (one per entry given, in CUDA's order) and ``tf`` (None: not imported)."""
     view = nvml_view(nvml)
     return {"host": socket.gethostname(), "cuda_visible_devices": given(),
             "allow_growth_env": os.environ.get(GROWTH), "nccl": _nccl_version(),
-            "tf": _tf_view(), "devices": view.pop("devices"), "nvml": view}
+            "tf": _tf_view(), "devices": view.pop("devices", []), "nvml": view}
 
 
-def nvml_view(nvml: Any = None) -> dict[str, Any]:
+def nvml_view(nvml: Any = None) -> NvmlView:
     """NVML's side alone (no TensorFlow, no CUDA): ``state``, ``error``, ``driver``,
     ``cuda_driver``, ``count`` and the ``devices`` given to this task; ``%tfdist_env`` reads
     its driver and GPU models from here too."""
     nv, state, error = _open(nvml)
-    out: dict[str, Any] = {"state": state, "error": error, "devices": []}
+    out: NvmlView = {"state": state, "error": error, "devices": []}
     if nv is None:
         return out
     try:
-        out.update(driver=_text(_read(nv, "nvmlSystemGetDriverVersion")),
-                   cuda_driver=_read(nv, "nvmlSystemGetCudaDriverVersion"),
-                   count=int(nv.nvmlDeviceGetCount()),
-                   devices=_given_devices(nv, given(), read_devices(nv)))
+        out.update({"driver": _text(_read(nv, "nvmlSystemGetDriverVersion")),
+                    "cuda_driver": _read(nv, "nvmlSystemGetCudaDriverVersion"),
+                    "count": int(nv.nvmlDeviceGetCount()),
+                    "devices": _given_devices(nv, given(), read_devices(nv))})
     finally:
         _read(nv, "nvmlShutdown")
     return out
 
 
-def _given_devices(nv: Any, cvd: str | None, devices: list[Device]) -> list[dict[str, Any]]:
+def _given_devices(nv: Any, cvd: str | None, devices: list[Device]) -> list[GivenGpu]:
     """A reading per device each entry given names (an index, a ``GPU-``/``MIG-`` UUID or a
     prefix; every device when nothing is set), in CUDA's order. CUDA stops at the first entry
     that names no device: that one is kept, unfound, with the entries it hides."""
     if cvd is None:
         return [_device(nv, str(d.index) if d.slot is None else d.uuid, d) for d in devices]
     entries = [e.strip() for e in cvd.split(",") if e.strip() not in ("", "-1")]
-    out: list[dict[str, Any]] = []
+    out: list[GivenGpu] = []
     for i, entry in enumerate(entries):
         found = resolve(entry, devices)
         if found is None:
@@ -96,14 +97,7 @@ def _open(nvml: Any) -> tuple[Any, NvmlState, str | None]:
     return nv, NvmlState.OK, None
 
 
-#: the PCIe link readings: key -> NVML getter
-_LINK = {"pcie_gen": "nvmlDeviceGetCurrPcieLinkGeneration",
-         "pcie_gen_max": "nvmlDeviceGetMaxPcieLinkGeneration",
-         "pcie_width": "nvmlDeviceGetCurrPcieLinkWidth",
-         "pcie_width_max": "nvmlDeviceGetMaxPcieLinkWidth"}
-
-
-def _device(nv: Any, entry: str, device: Device) -> dict[str, Any]:
+def _device(nv: Any, entry: str, device: Device) -> GivenGpu:
     """One given device as NVML reads it; an unsupported query (ECC on a consumer board, row
     remapping before Ampere) is None, never a guess. Link and health are the whole GPU's,
     also for a MIG instance."""
@@ -120,7 +114,10 @@ def _device(nv: Any, entry: str, device: Device) -> dict[str, Any]:
         "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
         "mem_total_mb": memory.total / 2**20 if memory is not None else None,
         "util_percent": getattr(_read(nv, "nvmlDeviceGetUtilizationRates", gpu), "gpu", None),
-        **{key: _read(nv, getter, gpu) for key, getter in _LINK.items()},
+        "pcie_gen": _read(nv, "nvmlDeviceGetCurrPcieLinkGeneration", gpu),
+        "pcie_gen_max": _read(nv, "nvmlDeviceGetMaxPcieLinkGeneration", gpu),
+        "pcie_width": _read(nv, "nvmlDeviceGetCurrPcieLinkWidth", gpu),
+        "pcie_width_max": _read(nv, "nvmlDeviceGetMaxPcieLinkWidth", gpu),
         "ecc_on": bool(ecc[0]) if ecc else None,
         "ecc_pending_on": bool(ecc[1]) if ecc else None,
         "ecc_uncorrected": _read(nv, "nvmlDeviceGetTotalEccErrors", gpu,
@@ -132,13 +129,13 @@ def _device(nv: Any, entry: str, device: Device) -> dict[str, Any]:
     }
 
 
-def _tf_view() -> dict[str, Any] | None:
+def _tf_view() -> TfGpuView | None:
     """What TensorFlow sees and was built for, in a task that imported it (None otherwise):
     GPU count, memory growth and limit per GPU, CUDA / cuDNN / compute capabilities built."""
     tf = sys.modules.get("tensorflow")
     if tf is None or not hasattr(tf, "config"):
         return None
-    view: dict[str, Any] = {"build": {}, "gpus": None, "growth": [], "limit_mb": []}
+    view: TfGpuView = {"build": {}, "gpus": None, "growth": [], "limit_mb": []}
     try:
         info = dict(tf.sysconfig.get_build_info())
         view["build"] = {"cuda_build": bool(info.get("is_cuda_build")),
@@ -176,9 +173,9 @@ def _read(nv: Any, name: str, *args: Any) -> Any:
     return maybe(lambda: getattr(nv, name)(*args), f"no {name}")
 
 
-def _flag(value: Any) -> bool | None:
+def _flag(value: object) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _text(value: Any) -> str | None:
+def _text(value: object) -> str | None:
     return value.decode() if isinstance(value, bytes) else None if value is None else str(value)

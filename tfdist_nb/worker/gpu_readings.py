@@ -191,5 +191,5 @@ def maybe(read: Callable[[], Any], what: str = "an NVML query") -> Any:
         return None
 
 
-def nvml_text(value: Any) -> str:
+def nvml_text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)

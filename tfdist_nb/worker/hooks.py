@@ -13,7 +13,8 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
@@ -56,7 +57,8 @@ def replace_method(module: ModuleType, cls_name: str, name: str,
     return put_in_place(cls, name, functools.wraps(method)(wrap(method)))
 
 
-def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnError | None) -> None:
+def _run(hook: Callable[[ModuleType], object], module: ModuleType,
+         on_error: OnError | None) -> None:
     try:
         hook(module)
     except Exception as exc:  # never break the user's import; say it instead
@@ -68,14 +70,15 @@ def _run(hook: Callable[[ModuleType], Any], module: ModuleType, on_error: OnErro
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs ``hook(module)`` right after one of ``names`` has been imported."""
 
-    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], Any],
+    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], object],
                  on_error: OnError | None) -> None:
         self.names = names
         self.hook = hook
         self.on_error = on_error
         self._busy: set[str] = set()
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if name not in self.names or name in self._busy:
             return None
         self._busy.add(name)
@@ -90,13 +93,13 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 class _HookedLoader(importlib.abc.Loader):
-    def __init__(self, loader: Any, hook: Callable[[ModuleType], Any],
+    def __init__(self, loader: importlib.abc.Loader, hook: Callable[[ModuleType], object],
                  on_error: OnError | None) -> None:
         self._loader = loader
         self._hook = hook
         self._on_error = on_error
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -104,7 +107,7 @@ class _HookedLoader(importlib.abc.Loader):
         _run(self._hook, module, self._on_error)
 
 
-def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], Any],
+def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], object],
                  on_error: OnError | None = None) -> None:
     """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once).
 

@@ -9,12 +9,13 @@ to one root per task: TensorBoard's Debugger V2 cannot read a root shared by sev
 from __future__ import annotations
 
 import os
-from typing import Any
 
-_state: dict[str, Any] = {"numerics": False, "dump_root": None}
+from tfdist_nb.worker.replies import NumericsState
+
+_state: NumericsState = {"numerics": False, "dump_root": None}
 
 
-def set_numerics(on: bool, dump_root: str | None = None) -> dict[str, Any]:
+def set_numerics(on: bool, dump_root: str | None = None) -> NumericsState:
     import tensorflow as tf
 
     if on and not _state["numerics"]:
@@ -30,4 +31,4 @@ def set_numerics(on: bool, dump_root: str | None = None) -> dict[str, Any]:
     elif not on and _state["dump_root"]:
         tf.debugging.experimental.disable_dump_debug_info()
         _state["dump_root"] = None
-    return dict(_state)
+    return _state.copy()

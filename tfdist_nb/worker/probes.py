@@ -19,7 +19,7 @@ from typing import Any
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import gpu_probe
 from tfdist_nb.worker.ops import PortState
-from tfdist_nb.worker.replies import EnvReport, PeerReach, TfConfigView
+from tfdist_nb.worker.replies import Bandwidth, BandwidthRow, EnvReport, PeerReach, TfConfigView
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def find_strategy() -> Any:
 
 
 def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
-                        implementation: str | None = None) -> dict[str, Any]:
+                        implementation: str | None = None) -> Bandwidth:
     """All-reduce of float32 tensors of ``sizes_mb`` through the user's strategy, every task at
     once (the controller calls all tasks together): best time per size. Algorithm bandwidth is
     size / time; bus bandwidth scales it by 2(n-1)/n, as nccl-tests report all-reduce.
@@ -215,7 +215,7 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
                if implementation else None)
     own = getattr(getattr(strategy.extended, "_communication_options", None),
                   "implementation", None)
-    rows = []
+    rows: list[BandwidthRow] = []
     for mb in sizes_mb:
         elements = int(mb * 2**20 / 4)
         value = tf.ones([elements], tf.float32)

@@ -9,10 +9,11 @@ import glob
 import os
 import socket
 import threading
-from typing import Any
+
+from tfdist_nb.worker.replies import CaptureState, ProfileSummary, TraceFile
 
 _server_port: int | None = None
-_capture: dict[str, Any] = {}
+_capture: CaptureState = {}
 
 
 def start_server() -> int:
@@ -37,8 +38,7 @@ def start_capture(service_addrs: list[str], logdir: str, duration_ms: int,
         return "busy"
     import tensorflow as tf
 
-    _capture.clear()
-    _capture.update(running=True, logdir=logdir, error=None)
+    _capture.update({"running": True, "logdir": logdir, "error": None})
 
     def run() -> None:
         try:
@@ -65,11 +65,11 @@ def _op_name(event: str) -> str | None:
     return event
 
 
-def capture_state() -> dict[str, Any]:
-    return {k: v for k, v in _capture.items() if k in ("running", "logdir", "error")}
+def capture_state() -> CaptureState:
+    return _capture.copy()
 
 
-def summary(logdir: str, top: int = 5) -> dict[str, Any]:
+def summary(logdir: str, top: int = 5) -> ProfileSummary:
     """Per trace file of the newest capture in ``logdir``: its events and the ops that took
     the most time on the host."""
     runs = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*")))
@@ -77,7 +77,7 @@ def summary(logdir: str, top: int = 5) -> dict[str, Any]:
         return {"run": None, "files": {}}
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    files = {}
+    files: dict[str, TraceFile] = {}
     for path in sorted(glob.glob(os.path.join(runs[-1], "*.xplane.pb"))):
         space = xplane_pb2.XSpace()
         with open(path, "rb") as f:
@@ -93,5 +93,5 @@ def summary(logdir: str, top: int = 5) -> dict[str, Any]:
                             busy[op] += e.duration_ps
         files[os.path.basename(path)] = {
             "events": events,
-            "top_ms": [[name, ps / 1e9] for name, ps in busy.most_common(top)]}
+            "top_ms": [(name, ps / 1e9) for name, ps in busy.most_common(top)]}
     return {"run": runs[-1], "files": files}

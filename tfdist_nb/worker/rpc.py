@@ -30,10 +30,10 @@ from tfdist_nb.worker.ops import Op
 class JsonReply:
     """What ``call`` returns: IPython's display formatter sends ``value`` as application/json."""
 
-    def __init__(self, value: Any) -> None:
+    def __init__(self, value: object) -> None:
         self.value = value
 
-    def _repr_json_(self) -> Any:
+    def _repr_json_(self) -> dict[str, object]:
         return {"result": self.value}
 
     def __repr__(self) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from tfdist_nb.worker.consistency import evaluate
 from tfdist_nb.worker.probes import find_strategy
+from tfdist_nb.worker.replies import Checksums, VariableRow
 
 FULL_VALUES = 1024  # a variable this small is sent whole (exact max abs difference)
 FULL_TOTAL = 16384  # at most this many values in full per task; the rest as summaries
@@ -77,7 +78,7 @@ def _local(var: Any) -> tuple[Any, bool]:
     return inner, False
 
 
-def _summary(name: str, var: Any, budget: list[int], full_values: int) -> dict[str, Any]:
+def _summary(name: str, var: Any, budget: list[int], full_values: int) -> VariableRow:
     import numpy as np
     import tensorflow as tf
 
@@ -85,18 +86,18 @@ def _summary(name: str, var: Any, budget: list[int], full_values: int) -> dict[s
     arr = np.asarray(local.numpy() if hasattr(local, "numpy") else local)
     inner = var if isinstance(var, tf.Variable) else getattr(var, "_value", var)
     out = summarise(name, arr, budget, full_values)
-    out.update(mirrored=mirrored, variable_type=type(inner).__name__)
+    out.update({"mirrored": mirrored, "variable_type": type(inner).__name__})
     return out
 
 
-def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> dict[str, Any]:
+def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> VariableRow:
     """One array's checksums (numpy only): exact hash, float64 sum / sum of squares / min /
     max, values at fixed positions, and all values when it is small enough (``budget[0]``:
     how many values this task may still send whole)."""
     import numpy as np
 
     arr = np.asarray(arr)
-    out: dict[str, Any] = {
+    out: VariableRow = {
         "name": name, "dtype": str(arr.dtype), "shape": list(arr.shape), "size": int(arr.size),
         "sha": hashlib.sha256(f"{arr.dtype.str}{arr.shape}".encode() +
                               np.ascontiguousarray(arr).tobytes()).hexdigest()[:16],
@@ -107,11 +108,11 @@ def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> dict[
     finite = flat[np.isfinite(flat)]
     out["nonfinite"] = int(flat.size - finite.size)
     if finite.size:
-        out.update(sum=float(finite.sum()), sumsq=float((finite * finite).sum()),
-                   min=float(finite.min()), max=float(finite.max()))
+        out.update({"sum": float(finite.sum()), "sumsq": float((finite * finite).sum()),
+                    "min": float(finite.min()), "max": float(finite.max())})
     if flat.size:
         idx = np.unique(np.linspace(0, flat.size - 1, min(SAMPLES, flat.size)).astype(int))
-        out["samples"] = [[int(i), _num(flat[i])] for i in idx]
+        out["samples"] = [(int(i), _num(flat[i])) for i in idx]
     if flat.size <= full_values and flat.size <= budget[0]:
         budget[0] -= flat.size
         out["values"] = [_num(x) for x in flat]
@@ -124,7 +125,7 @@ def _num(x: float) -> float | str:
     return float(x) if math.isfinite(x) else str(x)  # JSON has no NaN / Infinity
 
 
-def variable_checksums(expr: str, full_values: int = FULL_VALUES) -> dict[str, Any]:
+def variable_checksums(expr: str, full_values: int = FULL_VALUES) -> Checksums:
     """Per variable of EXPR on this task: name, dtype, shape, whether it is mirrored, an exact
     hash of its bytes, float64 sum / sum of squares / min / max, a few values at fixed
     positions, and the whole value when it has at most ``full_values`` elements (and the
