@@ -10,9 +10,9 @@ cluster, in order:
 - *start (s)*: ``Cluster(...).start()`` until every task is ready;
 - *strategy (s)*: the cell that makes the strategy (real: ``MultiWorkerMirroredStrategy()``;
   simulated: the ``strategy`` command, its start-up ledger row);
-- *cell end after the raise (s)*: the last task raises before an all-reduce the others wait in;
-  from its error (the kernel's ``error_at``) to the cell's end with the hang named (culprit
-  checked);
+- *hang named / cell end after the raise (s)*: the last task raises before an all-reduce the
+  others wait in; from its error (the kernel's ``error_at``) to the hang's alert naming it (the
+  ``hang`` note's time, culprit checked), and to the cell's end, every waiter released;
 - *controller CPU while idle (cores)*: this process's CPU time over ``--idle-s`` with nothing
   running, divided by the wall time (the tasks' own processes are not counted);
 - *memory per task (MB)*: this process's RSS growth from before the start to the idle
@@ -40,6 +40,7 @@ from typing import Any
 import psutil
 
 from tfdist_nb import Cluster
+from tfdist_nb.events import HANG, TaskNote
 
 HANG_GOAL_S = 2.0
 READ_GOAL_S = 1.0
@@ -79,10 +80,13 @@ def measure(n: int, simulated: bool, idle_s: float) -> dict[str, Any]:
         assert r.ok, r.summary()
         culprit = f"worker:{n - 1}"
         code = cells["raise"].format(name=culprit, culprit=("worker", n - 1))
-        r = c.run(code, timeout=300)
+        named: list[float] = []  # when the hang's alert was made (the note's own time)
+        r = c.run(code, timeout=300, on_event=lambda e: named.append(e.time)
+                  if isinstance(e, TaskNote) and e.topic == HANG else None)
         ended = time.time()
         said = r.tasks[culprit]
         assert r.hang is not None and r.hang.culprit == culprit, r.summary()
+        row["raise_to_named_s"] = named[0] - (said.error_at or ended)
         row["raise_to_end_s"] = ended - (said.error_at or ended)
         row["hang_rule"] = str(r.hang.rule)
         time.sleep(2.0)  # what the cell left settles
@@ -130,10 +134,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         rows.append(r)
         base = next(b for b in rows if b["simulated"] is kind and "failed" not in b)
         r["ratio"] = {k: r[k] / base[k] if base[k] else None
-                      for k in ("start_s", "strategy_s", "raise_to_end_s", "idle_cores")}
+                      for k in ("start_s", "strategy_s", "raise_to_named_s", "raise_to_end_s",
+                                "idle_cores")}
         print(f"{r['tasks']:5d} {'simulated' if kind else 'real':9s}: start "
-              f"{r['start_s']:.2f} s, strategy {r['strategy_s']:.2f} s, raise to end "
-              f"{r['raise_to_end_s']:.2f} s ({r['hang_rule']}), idle {r['idle_cores']:.3f} "
+              f"{r['start_s']:.2f} s, strategy {r['strategy_s']:.2f} s, raise to named "
+              f"{r['raise_to_named_s']:.2f} s, to end {r['raise_to_end_s']:.2f} s "
+              f"({r['hang_rule']}), idle {r['idle_cores']:.3f} "
               f"cores, {r['mb_per_task']:.2f} MB/task; status {r['status_s'] * 1e3:.0f} ms, "
               f"collectives {r['collectives_s'] * 1e3:.0f} ms, dashboard "
               f"{r['dashboard_build_s'] * 1e3:.0f}/{r['dashboard_refresh_s'] * 1e3:.0f} ms, "

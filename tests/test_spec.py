@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tfdist_nb.errors import SpecError
-from tfdist_nb.topology import ClusterSpec, TaskId, parse_spec, parse_targets
+from tfdist_nb.topology import ClusterSpec, TaskId, name_tasks, parse_spec, parse_targets
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -94,3 +94,12 @@ def test_one_task_order_for_the_collectives_table_and_the_lab_panes(tmp_path: Pa
     # the spec read from the task directories is written as a SPEC is: "2 ps", not "2 pss"
     (tmp_path / "tasks" / "ps-1").mkdir()
     assert ClusterWatch("c1", tmp_path).summary()["spec"] == "1 chief 2 workers 2 ps"
+
+
+def test_task_names_in_a_sentence_stay_short_at_any_size() -> None:
+    assert name_tasks(["worker:1", "chief:0"]) == "chief:0 and worker:1"  # in task order
+    assert name_tasks([f"worker:{i}" for i in range(8)]).count("worker:") == 8  # in full
+    many = [f"worker:{i}" for i in range(1023)] + ["ps:1", "ps:0", "chief:0"]
+    assert name_tasks(many) == "chief:0, worker:0-1022 and ps:0-1 (1,026 tasks)"
+    gaps = [f"worker:{i}" for i in (0, 1, 2, 5, 7, 8, 9, 10, 11)]
+    assert name_tasks(gaps) == "worker:0-2, worker:5 and worker:7-11 (9 tasks)"

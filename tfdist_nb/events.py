@@ -6,6 +6,7 @@ thing. No I/O here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -115,6 +116,9 @@ class TaskNote:
 
 #: a TaskNote's topic: this task was restarted (one per task per restart)
 RESTART = "restart"
+#: a TaskNote's topic: the hang rules named a culprit, said the moment they did (the waiters are
+#: released after it; at 1,024 tasks that takes seconds, docs/performance.md)
+HANG = "hang"
 
 
 @dataclass(frozen=True)
@@ -139,7 +143,7 @@ class TelemetrySample:
 Event = OutputLine | RichOutput | TaskNote | TelemetrySample
 
 
-def describe_tensor(dtype: str, shape: Any) -> str:
+def describe_tensor(dtype: str, shape: Iterable[int | None] | None) -> str:
     """``float32[4,?]``: how a collective's tensor is named in the ledger, on the worker (its
     mismatch errors) and in the controller (hang causes) alike."""
     if shape is None:
@@ -147,7 +151,7 @@ def describe_tensor(dtype: str, shape: Any) -> str:
     return f"{dtype}[{','.join('?' if d is None else str(d) for d in shape)}]"
 
 
-def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
+def gpu_summary(gpus: object) -> tuple[float | None, float | None]:
     """Mean utilisation and summed memory of a task's GPUs, from a telemetry sample's ``gpus``
     (None, None without a GPU; values that are not numbers are left out). The memory is the
     task's own processes' (``task_mem_mb``) where NVML told them apart, else the GPUs' use."""
@@ -161,5 +165,5 @@ def gpu_summary(gpus: Any) -> tuple[float | None, float | None]:
     return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

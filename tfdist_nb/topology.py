@@ -146,8 +146,12 @@ def _parse_role(word: str) -> str:
     return role
 
 
-def parse_targets(text: str | int | TaskId | Iterable[str | int | TaskId] | None,
-                  spec: ClusterSpec) -> list[TaskId]:
+#: what ``on=``/``--on`` takes: ``"0,1"``, ``"worker:0"``, an index, a TaskId, a list of
+#: them, or None / ``"all"`` for every task
+Targets = str | int | TaskId | Iterable[str | int | TaskId] | None
+
+
+def parse_targets(text: Targets, spec: ClusterSpec) -> list[TaskId]:
     """Resolve ``--on``/``on=`` against a spec: ``None``/``"all"`` is every task.
 
     A task that the spec does not have is an error naming the tasks it does have.
@@ -190,10 +194,35 @@ def task_order(name: str) -> tuple[int, str, int]:
     return rank, role, int(index) if index.isdigit() else 0
 
 
+#: more task names than this are said as runs (``worker:0-1022``) with their count
+NAMES_IN_FULL = 8
+
+
 def name_tasks(names: Iterable[str]) -> str:
-    """``"worker:0, worker:1 and ps:0"``: task names in task order, for a sentence."""
+    """``"worker:0, worker:1 and ps:0"``: task names in task order, for a sentence; more than
+    ``NAMES_IN_FULL`` as runs of consecutive indexes, ``"worker:0-1022 and ps:0 (1,024 tasks)"``."""
     ordered = sorted(names, key=task_order)
+    if len(ordered) > NAMES_IN_FULL:
+        runs: list[list[str]] = []
+        for name in ordered:
+            if runs and _follows(runs[-1][-1], name):
+                runs[-1].append(name)
+            else:
+                runs.append([name])
+        said = [run[0] if len(run) == 1 else f"{run[0]}-{run[-1].partition(':')[2]}"
+                for run in runs]
+        return f"{_in_full(said)} ({len(ordered):,} tasks)"
+    return _in_full(ordered)
+
+
+def _in_full(ordered: list[str]) -> str:
     return ordered[0] if len(ordered) == 1 else ", ".join(ordered[:-1]) + " and " + ordered[-1]
+
+
+def _follows(before: str, name: str) -> bool:
+    role, _, index = name.partition(":")
+    was, _, last = before.partition(":")
+    return role == was and index.isdigit() and last.isdigit() and int(index) == int(last) + 1
 
 
 def validate_tf_config(cfg: object) -> list[str]:

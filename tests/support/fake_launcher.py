@@ -50,7 +50,8 @@ class FakeKernel:
         self.task = launch.env.get("TFDIST_TASK")
         self.agent: dict[str, Callable[..., Any]] = {
             "describe": self._describe, "warm": lambda **_: {"warm_s": 0.0},
-            "adopt": self._adopt, "stacks": lambda: {"main": {"kind": "idle"}, "threads": {}},
+            "adopt": self._adopt,
+            "stacks": lambda: {"main": {"kind": "idle"}, "threads": {}, "in_tf": []},
             "abort_collectives": lambda reason: "aborted",
             "set_environment": lambda env: self.env.update(env) or "ok"}
 

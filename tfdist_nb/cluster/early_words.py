@@ -9,9 +9,8 @@ collective it waits in, and a stack RPC to each of 1,023 waiters cost seconds
 
 from __future__ import annotations
 
-from typing import Any
-
 from tfdist_nb.results import TaskResult, TaskStatus
+from tfdist_nb.worker.replies import Stacks, Where
 
 #: a hang's waiters whose stacks are read (every other task left running is read too)
 WAITER_STACKS = 16
@@ -28,12 +27,12 @@ def stack_targets(names: list[str], waiting: set[str] | None) -> list[str]:
     return [n for n in names if n not in waiting] + waiters[:WAITER_STACKS]
 
 
-def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
+def who_waits(stacks: dict[str, Stacks | None]) -> str:
     """One line naming the tasks inside a TensorFlow op and those elsewhere (the likely
     cause when the others wait in a collective)."""
-    inside = [t for t, s in stacks.items() if s and s.get("main", {}).get("kind") == "tensorflow"]
+    inside = [t for t, s in stacks.items() if s and s["main"]["kind"] == "tensorflow"]
     elsewhere = {t: main_at(s["main"]) for t, s in stacks.items()
-                 if s and s.get("main", {}).get("kind") in ("python", "idle")}
+                 if s and s["main"]["kind"] in ("python", "idle")}
     if not inside or not elsewhere:
         return ""
     away = "; ".join(f"{t} at {at}" for t, at in elsewhere.items())
@@ -41,7 +40,7 @@ def who_waits(stacks: dict[str, dict[str, Any] | None]) -> str:
             f"likely the cause: {away}")
 
 
-def explain_early(res: TaskResult, stack: dict[str, Any] | None, detected: bool,
+def explain_early(res: TaskResult, stack: Stacks | None, detected: bool,
                   stall_timeout: float | None, skipped: bool = False) -> None:
     """Add where ``res``'s task stood to its explanation; ``detected``: a detector ended the
     run (its collectives were aborted); ``skipped``: a waiter whose stack was not read."""
@@ -50,10 +49,10 @@ def explain_early(res: TaskResult, stack: dict[str, Any] | None, detected: bool,
             said = f"{RESTART}."
             res.explanation = f"{res.explanation}\n{said}" if res.explanation else said
         return
-    threads = stack.get("threads", {})
+    threads = stack["threads"]
     if res.status is not TaskStatus.ABORTED:  # a released task's report is the culprit's
         res.stack = threads.get("MainThread") or next(iter(threads.values()), None)
-    main = stack.get("main", {})
+    main = stack["main"]
     where = {"tensorflow": "inside a TensorFlow op (a collective, if the others wait too)",
              "python": "running Python code", "idle": "idle"}.get(main.get("kind"), "?")
     said = f"main thread {where} at {main_at(main)}"
@@ -65,7 +64,7 @@ def explain_early(res: TaskResult, stack: dict[str, Any] | None, detected: bool,
     res.explanation = f"{said}." if not res.explanation else f"{res.explanation}\n{said}."
 
 
-def main_at(main: dict[str, Any]) -> str:
+def main_at(main: Where) -> str:
     """The user's line first (``cell 5 line 3``), the innermost frame after it: a frame in
     TensorFlow's own code says where it waits, not which of the user's lines led there."""
     line, at = main.get("line"), main.get("at")

@@ -20,8 +20,11 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.stall import Progress
 from tfdist_nb.errors import AgentError
+from tfdist_nb.events import HANG
+from tfdist_nb.results import Hang
 from tfdist_nb.store.collectives import LedgerView
-from tfdist_nb.topology import TaskId
+from tfdist_nb.topology import TaskId, name_tasks
+from tfdist_nb.worker.replies import Stacks
 
 HEARTBEAT_GAP_S = 5.0
 #: stacks and abort RPCs in flight at once: each is bounded by INSPECT_TIMEOUT_S from when it is
@@ -100,6 +103,14 @@ class Inspector:
         self.hub.note(rt.name, f"waits in {describe_row(row)} for {', '.join(prompting)}, at an "
                       "input prompt: not a hang, it goes on once the prompt is answered")
 
+    def hang_named(self, hang: Hang) -> None:
+        """The culprit and its waiters, alerted the moment the rules prove the hang: the cell
+        ends once every waiter is released, seconds later at 1,024 tasks."""
+        released = (f"; releasing the {len(hang.waiting)} task(s) waiting for it"
+                    if hang.waiting else "")
+        self.hub.note(hang.culprit, f"{hang.cause.rstrip('.')}{released}", "ERROR", topic=HANG,
+                      about=tuple(hang.waiters))
+
     def stopped(self, rt: TaskRuntime) -> str | None:
         """When the task's process is stopped (SIGSTOP; it answers nothing until SIGCONT), that
         and what to do, in words; None when it is not (or is on another host)."""
@@ -112,12 +123,12 @@ class Inspector:
         v = self.hub.live.view(rt.name)
         return (v.latest or None), [line.text for line in list(v.lines)[-8:]]
 
-    async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None:
+    async def stacks(self, rt: TaskRuntime) -> Stacks | None:
         if rt.agent is None or rt.state is TaskState.DEAD:
             return None
         try:
             async with self._rpcs:
-                return dict(await rt.agent.stacks())
+                return await rt.agent.stacks()
         except (asyncio.TimeoutError, AgentError):
             return None
 
@@ -126,14 +137,24 @@ class Inspector:
         found = await asyncio.gather(*(self.stacks(rt) for rt in targets))
         return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
 
-    async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None:
-        if rt.agent is None or rt.state is TaskState.DEAD:
-            return
-        with contextlib.suppress(asyncio.TimeoutError, AgentError):
-            async with self._rpcs:
-                await rt.agent.abort_collectives(reason)
-            self.hub.note(rt.name, f"aborted its collectives ({reason}); restart the tasks "
-                          "before the next collective", "WARNING")
+    async def abort_collectives(self, targets: list[TaskRuntime], reason: str) -> list[str]:
+        """Abort the collectives of every target (the agent's inspection subshell answers while
+        a collective blocks the main thread), said in one alert naming them; their names."""
+        async def one(rt: TaskRuntime) -> str | None:
+            if rt.agent is None or rt.state is TaskState.DEAD:
+                return None
+            with contextlib.suppress(asyncio.TimeoutError, AgentError):
+                async with self._rpcs:
+                    await rt.agent.abort_collectives(reason)
+                return rt.name
+            return None
+
+        done = [n for n in await asyncio.gather(*(one(rt) for rt in targets)) if n is not None]
+        if done:
+            self.hub.note(done[0], f"aborted the collectives of {name_tasks(done)} ({reason}); "
+                          "restart the tasks before the next collective", "WARNING",
+                          about=tuple(done[1:]))
+        return done
 
     async def interrupt(self, targets: list[TaskRuntime], grace_s: float) -> list[str]:
         """SIGINT; a task with a thread still inside a TensorFlow op ``grace_s`` later (SIGINT
@@ -144,15 +165,11 @@ class Inspector:
                 rt.state in (TaskState.BUSY, TaskState.PROMPT, TaskState.STALLED)
                 for rt in targets):
             await asyncio.sleep(0.1)
-        aborted = []
-        for rt in targets:
-            found = await self.stacks(rt)
-            # the main thread, or a thread a strategy runs its all-reduce on, still inside TF
-            if found and (found.get("main", {}).get("kind") == "tensorflow"
-                          or found.get("in_tf")):
-                await self.abort_collectives(rt, "interrupted by the user")
-                aborted.append(rt.name)
-        return aborted
+        found = await asyncio.gather(*(self.stacks(rt) for rt in targets))
+        # the main thread, or a thread a strategy runs its all-reduce on, still inside TF
+        inside = [rt for rt, s in zip(targets, found, strict=True)
+                  if s and (s["main"]["kind"] == "tensorflow" or s["in_tf"])]
+        return await self.abort_collectives(inside, "interrupted by the user")
 
 
 def _process_stopped(rt: TaskRuntime) -> bool:
@@ -162,12 +179,12 @@ def _process_stopped(rt: TaskRuntime) -> bool:
     return host_os.process_state(rt.pid) == "T"
 
 
-def format_stacks(found: dict[str, Any] | None) -> str:
+def format_stacks(found: Stacks | None) -> str:
     if found is None:
         return "(no answer: the task is dead or did not answer in time)"
-    main = found.get("main", {})
+    main = found["main"]
     parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
     if main.get("line") not in (None, "?"):
         parts.append(f"  the user's line that led there: {main['line']}")
-    parts += [f"--- {name} ---\n{stack}" for name, stack in found.get("threads", {}).items()]
+    parts += [f"--- {name} ---\n{stack}" for name, stack in found["threads"].items()]
     return "\n".join(parts)

@@ -32,6 +32,7 @@ from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
 from tfdist_nb.worker.memory_limits import read_oom_kills
+from tfdist_nb.worker.replies import Stacks
 
 POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
@@ -47,9 +48,9 @@ class Inspector(Protocol):
 
     def progress(self, rt: TaskRuntime) -> Progress: ...
 
-    async def stacks(self, rt: TaskRuntime) -> dict[str, Any] | None: ...
+    async def stacks(self, rt: TaskRuntime) -> Stacks | None: ...
 
-    async def abort_collectives(self, rt: TaskRuntime, reason: str) -> None: ...
+    async def abort_collectives(self, targets: list[TaskRuntime], reason: str) -> list[str]: ...
 
     def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
 
@@ -65,6 +66,8 @@ class Inspector(Protocol):
     def stopped(self, rt: TaskRuntime) -> str | None: ...
 
     def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None: ...
+
+    def hang_named(self, hang: Hang) -> None: ...
 
 
 class RunEnd(StrEnum):
@@ -142,6 +145,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int | None, timeou
                     hang := find_hang(inspector, by_name, results, cell or 0)) is not None:
                 control.hang = hang
                 control.stop(RunEnd.HANG)
+                inspector.hang_named(hang)  # said now: releasing the waiters takes a while
                 break
             ended = {n: r.status for n, r in results.items()}
             for rt in busy:
@@ -294,7 +298,7 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     ended = await asyncio.gather(*(rt.live_handle.check_exit() for rt in rest))
     reachable = [rt for rt, code in zip(rest, ended, strict=True)
                  if rt.name not in frozen and code is None]
-    stacks: dict[str, dict[str, Any] | None] = {}
+    stacks: dict[str, Stacks | None] = {}
     asked = stack_targets([rt.name for rt in reachable],
                           set(control.hang.waiting) if control.hang is not None else None)
     if inspector is not None and (reason is RunEnd.TIMEOUT or reason in _DETECTED):
@@ -306,10 +310,11 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
              if reason in (RunEnd.STALL, RunEnd.TIMEOUT) else "")
     if inspector is not None and reason is RunEnd.CRASH and control.hang is None:
         control.hang = await _hang_after_crash(inspector, by_name, done, cell, stacks)
+        if control.hang is not None:
+            inspector.hang_named(control.hang)
     if inspector is not None and reason in _DETECTED:
         why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else str(reason)
-        await asyncio.gather(*(inspector.abort_collectives(rt, f"{why} in the cluster")
-                               for rt in reachable), return_exceptions=True)
+        await inspector.abort_collectives(reachable, f"{why} in the cluster")
     await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable),
                          return_exceptions=True)
     grace_s = 0.0 if reason is RunEnd.STOPPED else grace_s
@@ -355,7 +360,7 @@ async def _released(hang: Hang, inspector: Inspector, results: dict[str, TaskRes
 
 async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime],
                             done: dict[str, TaskResult], cell: int,
-                            stacks: dict[str, dict[str, Any] | None]) -> Hang | None:
+                            stacks: dict[str, Stacks | None]) -> Hang | None:
     """The crash as a hang rule sees it (the others released as ``aborted``, naming the dead
     task). A task whose stack is inside a TensorFlow op but whose ledger row has not arrived
     yet (rows that stay open go out within half a second) is waited for, up to a second."""

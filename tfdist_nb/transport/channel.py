@@ -26,6 +26,7 @@ from typing import Any
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import CONSOLE, Event, OutputLine, RichOutput, TelemetrySample
 from tfdist_nb.transport.ordering import Line, StreamOrder
+from tfdist_nb.transport.receive import bursts
 from tfdist_nb.transport.session import faster_session, message_time
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
@@ -80,6 +81,7 @@ class KernelChannel:
         self.client = client
         client.session = faster_session(client.session)  # before the channels exist
         self._sink = sink
+        self._held: list[Event] | None = None  # a burst's events, sunk together at its end
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
         self._console: set[str] = set()  # requests of another client (a console), by msg_id
@@ -95,8 +97,8 @@ class KernelChannel:
         self.client.start_channels(hb=self.heartbeat)
         await self.client.wait_for_ready(timeout=timeout)
         self.subshells = await self._supports_subshells(timeout)
-        self._pumps = [asyncio.ensure_future(self._pump_iopub()),
-                       asyncio.ensure_future(self._pump_shell()),
+        self._pumps = [asyncio.ensure_future(self._pump("iopub", self._on_iopub)),
+                       asyncio.ensure_future(self._pump("shell", self._on_shell)),
                        asyncio.ensure_future(self._pump_stdin())]
 
     async def close(self) -> None:
@@ -211,20 +213,33 @@ class KernelChannel:
             logger.exception("tfdist_nb: could not ask for %s's input", self.task)
             self.answer(ex.prompt, EOF_ANSWER)
 
-    async def _pump_shell(self) -> None:
-        while True:
-            msg = await self.client.get_shell_msg()
-            ex = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
-            if ex and msg["msg_type"] == "execute_reply" and not ex.reply.done():
-                ex.reply.set_result(msg["content"])
+    def _on_shell(self, msg: dict[str, Any]) -> None:
+        ex = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if ex and msg["msg_type"] == "execute_reply" and not ex.reply.done():
+            ex.reply.set_result(msg["content"])
 
-    async def _pump_iopub(self) -> None:
-        while True:
-            msg = await self.client.get_iopub_msg()
+    async def _pump(self, which: str, handle: Callable[[dict[str, Any]], None]) -> None:
+        """Every burst of the ``which`` channel handled, its events sunk together (one write)."""
+        async for burst in bursts(self.client, which):
+            held: list[Event] = []
+            self._held = held
             try:
-                self._on_iopub(msg)
-            except Exception:  # one odd message must not stop the task's log
-                logger.exception("tfdist_nb: could not handle a message from %s", self.task)
+                for msg in burst:
+                    try:  # one odd message must not stop the task's log
+                        handle(msg)
+                    except Exception:
+                        logger.exception("tfdist_nb: could not handle a message from %s",
+                                         self.task)
+            finally:
+                self._held = None
+                if held:
+                    self._sink(held)
+
+    def _emit(self, events: list[Event]) -> None:
+        if self._held is not None:
+            self._held.extend(events)
+        else:
+            self._sink(events)
 
     def _on_iopub(self, msg: dict[str, Any]) -> None:
         kind = msg["msg_type"]
@@ -242,7 +257,7 @@ class KernelChannel:
             # tracebacks come after the streams were flushed: everything before them is in
             self._sink_lines(self._order.release(now, force=kind != TELEMETRY_MSG))
         if kind == TELEMETRY_MSG:
-            self._sink([TelemetrySample(content.get("time", t), self.task, content)])
+            self._emit([TelemetrySample(content.get("time", t), self.task, content)])
         elif kind == "debug_event":
             event = content.get("event")
             if event in ("stopped", "continued", "terminated", "exited"):
@@ -256,7 +271,7 @@ class KernelChannel:
         elif kind in ("display_data", "execute_result", "update_display_data"):
             if ex is not None:
                 ex.outputs.append({"output_type": kind, **content})
-            self._sink([RichOutput(t, self.task, kind, content.get("data", {}),
+            self._emit([RichOutput(t, self.task, kind, content.get("data", {}),
                                    content.get("metadata", {}), cell, origin=self._origin(parent))])
             plain = content.get("data", {}).get("text/plain")
             if plain:
@@ -283,7 +298,7 @@ class KernelChannel:
 
     def _sink_lines(self, lines: list[Line]) -> None:
         if lines:  # one batch per message: a flood costs one write, not one per line
-            self._sink([OutputLine(t, self.task, stream, text, self._cells.get(parent),
+            self._emit([OutputLine(t, self.task, stream, text, self._cells.get(parent),
                                    origin=self._origin(parent))
                         for t, stream, text, parent in lines])
 
