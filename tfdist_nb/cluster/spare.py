@@ -20,7 +20,7 @@ from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.start_steps import StartFailed
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import Event, OutputLine
-from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.launchers.base import Launcher, TaskHandle
 from tfdist_nb.launchers.kernel_key import KernelKey, Unfit
 from tfdist_nb.store.rundir import open_private
 from tfdist_nb.transport.channel import KernelChannel
@@ -123,6 +123,7 @@ class Spare:
     preload: tuple[str, ...]
     cwd: str
     directory: Path
+    launcher: Launcher | None = field(default=None, repr=False)  # what starts it
     handle: TaskHandle | None = None
     channel: KernelChannel | None = None
     subshell: str | None = None
