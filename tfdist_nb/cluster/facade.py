@@ -31,8 +31,8 @@ from tfdist_nb.cluster.lifecycle import STOP_GRACE_S, STOP_TIMEOUT_S, Lifecycle,
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
-from tfdist_nb.cluster.spare import WarmOutcome
-from tfdist_nb.cluster.spares import PoolUser, spare_count
+from tfdist_nb.cluster.spare import WarmOutcome, spare_count
+from tfdist_nb.cluster.spares import PoolUser
 from tfdist_nb.cluster.start_steps import Setup
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime

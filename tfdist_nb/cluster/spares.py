@@ -50,8 +50,7 @@ from tfdist_nb.cluster.spare import (
 )
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.errors import SpecError
-from tfdist_nb.launchers.base import Launcher, TaskLaunch
+from tfdist_nb.launchers.base import TaskLaunch
 from tfdist_nb.launchers.kernel_key import KernelKey
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
@@ -433,34 +432,3 @@ class HostCpu:
         self._last = (idle1, total1)
         total = total1 - total0
         return (idle1 - idle0) / total * self.cores if total > 0 else 0.0
-
-
-def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
-    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
-    launcher when there is something to preload, none otherwise."""
-    tasks = len(setup.spec.tasks)
-    if warm is None:
-        default = default_spares(tasks)
-        return default if launcher.spares and setup.preload else 0
-    if warm is False or (not isinstance(warm, bool) and warm == 0):
-        return 0
-    if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
-        if not launcher.spares:
-            raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
-                            "(leave warm unset or False)")
-        return tasks if warm is True else int(warm)
-    raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
-
-
-def default_spares(tasks: int) -> int:
-    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
-    ``warm`` unset; unset or ``auto``: one per task."""
-    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return tasks
-    if raw in ("off", "false", "no"):
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
-                    "TFDIST_WARM=0)")
