@@ -200,7 +200,7 @@ class Isolation:
         except KeyboardInterrupt:
             self.walk.stopped = "interrupted"
         finally:
-            if self.warm:  # the pool the variants kept, if the user's cluster has none
+            if self.warm:  # the variants kept the pool: it serves the user's cluster, or ends
                 SESSION.end_idle()
         return IsolateReport(
             cell=self.cell, failure=self.failure, rows=list(self.walk.rows),

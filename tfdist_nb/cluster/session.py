@@ -126,17 +126,19 @@ class Session:
     def give_back(self, pool: SparePool, user: PoolUser, keep: bool = False) -> None:
         """A cluster done with its pool (it stops, or keeps no spares any more): the pool serves
         the cluster that used it before, is kept for the next one of its key (``keep``:
-        ``stop(keep_spares=True)``), or ends."""
+        ``stop(keep_spares=True)``; no spare starts until it is taken), or ends."""
         loop = self.loop()
-        if loop.run(pool.release(user), CLOSE_TIMEOUT_S) or keep:
+        if loop.run(pool.release(user, keep), CLOSE_TIMEOUT_S) or keep:
             return
         with self._lock:
             self._pools = [p for p in self._pools if p is not pool]
         self._close(pool)
 
     def end_idle(self) -> None:
-        """End the kept pools nobody uses (after ``isolate()``, and at close)."""
+        """After ``isolate()``: the kept pools nobody uses end, those in use refill again."""
         self.take_pool(None)
+        for pool in list(self._pools):
+            self.loop().call_soon(pool.start_refill)
 
     def close(self) -> None:
         """At exit and at ``%unload_ext``: the one close of what outlives a cluster, in

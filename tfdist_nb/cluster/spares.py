@@ -157,12 +157,13 @@ class SparePool:
             return
         self._refill = asyncio.ensure_future(self._keep_full())
 
-    async def release(self, user: PoolUser) -> int:
+    async def release(self, user: PoolUser, keep: bool = False) -> int:
         """``user`` gives the pool back: the cluster that used it before is served again; with
-        none left, no spare starts (one being warmed finishes). How many still use it."""
+        none left, or ``keep`` (it is handed on to the next cluster), no spare starts until it
+        is taken (one being warmed finishes). How many still use it."""
         with contextlib.suppress(ValueError):
             self._users.remove(user)
-        if not self._users:
+        if not self._users or keep:
             await self._stop_refill()
         return len(self._users)
 
