@@ -155,6 +155,39 @@ def test_the_session_knows_which_clusters_run_and_the_registry_reads_it() -> Non
     assert registry.last_cluster() is c
 
 
+def test_spare_pools_are_the_sessions_one_per_kernel_key_taken_and_given_back() -> None:
+    """The session owns one spare pool per kernel key (cluster/session.py): two clusters whose
+    import-time environments differ keep separate pools; the cluster that replaces one
+    (``stop(keep_spares=True)``, a resize) takes the pool of its key and its spares become its
+    tasks; a stop without keep ends the pool; the session's close ends every pool left."""
+    from tfdist_nb.cluster.session import SESSION
+
+    def make(launcher: FakeLauncher, tf_x: str) -> Cluster:
+        return Cluster(workers=1, launcher=launcher, preload=(), warm=1, start_timeout=20,
+                       env={"TF_X": tf_x}).start()
+
+    fakes = [FakeLauncher() for _ in range(3)]
+    a, b = make(fakes[0], "a"), make(fakes[1], "b")
+    try:
+        wait_for(lambda: a.spares()["ready"] == b.spares()["ready"] == 1, 10, "two spares")
+        pools = {id(c._lifecycle.spares) for c in (a, b) if c._lifecycle}
+        assert len(pools) == 2 and len(SESSION._pools) == 2
+        (spare,) = a.spares()["pids"]
+        a.stop(keep_spares=True)  # kept in the session for the next cluster of its key
+        assert len(SESSION._pools) == 2
+        resized = make(fakes[2], "a")
+        w = resized.warm_outcome
+        assert w is not None and w.adopted == 1, w
+        assert next(iter(resized.tasks.values())).pid == spare
+        resized.stop()  # nobody else uses its pool: it ends
+        assert len(SESSION._pools) == 1
+    finally:
+        SESSION.close()
+    assert not SESSION._pools and not b.running
+    spares = [k for f in fakes for k in f.kernels if k.launch.task.role == "spare"]
+    assert len(spares) >= 2 and all(k.exit_code is not None for k in spares)
+
+
 def test_an_aborted_collective_is_explained_by_a_second_strategy_only_where_one_was_made(
         tmp_path: Path) -> None:
     """worker:1 made a second strategy (its note said so), worker:0 did not: the same abort

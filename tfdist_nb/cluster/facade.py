@@ -3,8 +3,8 @@ the cluster's loop thread, wait with a deadline.
 
 Every other job has a module of its own (docs/design.md, "Rooms of the package"): tasks start
 and stop in :mod:`.lifecycle`, cells run in :mod:`.cells` and :mod:`.runner`, spare kernels are
-:mod:`.spare_control`'s; the tools that look into the tasks (stacks, checks, the reproducer, the
-report, ...) are the :mod:`.diagnose_api` mixin's.
+in the session's pools (:mod:`.spares`); the tools that look into the tasks (stacks, checks,
+the reproducer, the report, ...) are the :mod:`.diagnose_api` mixin's.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from tfdist_nb.cluster.gpus import place
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, Isolation
-from tfdist_nb.cluster.lifecycle import STOP_TIMEOUT_S, Lifecycle, start_error
+from tfdist_nb.cluster.lifecycle import STOP_GRACE_S, STOP_TIMEOUT_S, Lifecycle, start_error
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
-from tfdist_nb.cluster.spare import WarmOutcome
-from tfdist_nb.cluster.spare_control import ClusterSpares
+from tfdist_nb.cluster.spare import WarmOutcome, spare_count
+from tfdist_nb.cluster.spares import PoolUser
 from tfdist_nb.cluster.start_steps import Setup
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -53,7 +53,6 @@ from tfdist_nb.store.tails import LiveStore
 from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
 
 logger = logging.getLogger(__name__)
-
 
 
 def current() -> Cluster | None:
@@ -106,10 +105,9 @@ class Cluster(Diagnose):
                            start_timeout=float(start_timeout), gpus=plan)
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self.running = False
-        # spare kernels (docs/reference.md, warm=): how many, and the pool while running
-        self._spares = ClusterSpares(self.setup, warm, self.tasks,
-                                     lambda text, level: self._note("spares", text, level),
-                                     lambda: self.running)
+        # spare kernels (docs/reference.md, warm=): how many; the pool is the session's
+        self._spares = PoolUser(self.setup, spare_count(warm, chosen, self.setup), self.tasks,
+                                lambda text, level: self._note("spares", text, level))
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
         self._exposure_said = exposure.SaidOnce()
@@ -169,7 +167,8 @@ class Cluster(Diagnose):
         self._lifecycle = Lifecycle(self.setup, self.rundir, self.hub, self.tasks)
         self._loop = SESSION.loop()
         SESSION.clusters.track(self)
-        self._spares.begin(self._lifecycle, self._loop, self.rundir.path)
+        self._spares.base = self.rundir.path
+        self._lifecycle.spares = SESSION.take_pool(self._spares if self._spares.count else None)
         try:
             self._loop.run(self._lifecycle.start_all(), self.start_timeout + STOP_TIMEOUT_S)
         except BaseException as exc:
@@ -204,28 +203,27 @@ class Cluster(Diagnose):
         if self._loop is None:
             return self.last_stop
         self._cells.stop_all(self._loop)
+        keep = keep_spares and self._lifecycle is not None and self._lifecycle.spares is not None
         if self._lifecycle is not None:
             with swallowed(logger):
-                handed = self._spares.hand_over() if keep_spares else None
-                self.last_stop = (handed if handed is not None else
-                                  self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S))
+                self.last_stop = self._loop.run(self._lifecycle.stop_all(
+                    0.0 if keep else STOP_GRACE_S), STOP_TIMEOUT_S)
         self._cells.wait(5)
-        self._teardown()
+        self._teardown(keep)
         return self.last_stop
 
-    def _teardown(self) -> None:
+    def _teardown(self, keep_spares: bool = False) -> None:
         self.running = False
         self._profiler.armed = None  # an armed capture does not outlive the tasks
         if self._dashboard is not None:
             with swallowed(logger):
                 self._dashboard.stop()
         if self._loop is not None:
-            if self._lifecycle is not None and (any(rt.handle for rt in self.tasks.values())
-                                                or self._lifecycle.spares is not None):
+            if self._lifecycle is not None and any(rt.handle for rt in self.tasks.values()):
                 with swallowed(logger):
                     self._loop.run(self._lifecycle.stop_all(), STOP_TIMEOUT_S)
             self._loop = None  # the session's: it serves the next cluster
-            self._spares.end()
+        self._give_back(keep_spares)
         self.launcher.release()
         for rt in self.tasks.values():
             if rt.state is not TaskState.STOPPED:
@@ -266,7 +264,7 @@ class Cluster(Diagnose):
     def warm_outcome(self) -> WarmOutcome | None:
         """How the last start or restart used spare kernels (``adopted``, ``still_warming``,
         ``cold``, ``why_cold``, ``fresh_ports``); None without spares."""
-        return self._spares.outcome
+        return self._lifecycle.warm if self._lifecycle is not None else None
 
     @property
     def warm_note(self) -> str | None:
@@ -278,21 +276,26 @@ class Cluster(Diagnose):
     def spares(self) -> dict[str, Any]:
         """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,
         ``note`` (why none is being started, e.g. memory)."""
-        return self._spares.summary()
+        pool = self._lifecycle.spares if self._lifecycle is not None else None
+        now = pool.summary() if pool is not None else {
+            "ready": 0, "warming": 0, "pids": [], "note": None if self._spares.count else "off"}
+        return {**now, "count": self._spares.count}
 
     def set_warm(self, warm: bool | int | None) -> None:
         """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
-        self._spares.set_count(warm)
+        self._spares.count = spare_count(warm, self.launcher, self.setup)
+        if self.running and self._lifecycle is not None:
+            if not self._spares.count:
+                self._give_back()
+            elif self._lifecycle.spares is None:
+                self._lifecycle.spares = SESSION.take_pool(self._spares)
 
-    def _lend_spares(self) -> bool:
-        """Hand this cluster's spare kernels to the session for clusters started beside it
-        (``isolate()``'s variants); False if it has none. ``_reclaim_spares`` takes them back."""
-        return self._spares.lend()
-
-    def _reclaim_spares(self, lent: bool) -> None:
-        """After clusters started beside this one: take the session's kept pool back if this
-        cluster ``lent`` its spares (an empty pool of its own if none is left), else end it."""
-        self._spares.reclaim(lent)
+    def _give_back(self, keep: bool = False) -> None:
+        """The session's pool back (kept for the next cluster of its key with ``keep``)."""
+        if self._lifecycle is not None and (pool := self._lifecycle.spares) is not None:
+            self._lifecycle.spares = None
+            with swallowed(logger):
+                SESSION.give_back(pool, self._spares, keep)
 
     # ------------------------------------------------------------------ running cells
     def interrupt(self, on: Any = None, grace_s: float = 2.0) -> list[str]:

@@ -7,8 +7,8 @@ Which variant comes next and what the outcomes mean is decided by the pure walk
 (the user's cluster is left as it was), bounded by the time budget, and builds the report. Each
 variant starts with a prelude cell (``tfdist_nb/worker/isolate_prelude.py``) that applies it:
 the strategy in place of MultiWorkerMirroredStrategy, eager functions, a collective timeout. With
-spare kernels the variants take the user's cluster's spares (lent through the session, given back
-at the end) and pass them from one variant to the next, as a resize does.
+spare kernels the variants take the pool of their kernel key from the session (the user's
+cluster's, if it has one) and keep it for the next variant, as a resize does.
 """
 
 from __future__ import annotations
@@ -105,8 +105,6 @@ class Cluster(Protocol):
     def start(self, *, announce: bool = True) -> object: ...
     def stop(self, *, keep_spares: bool = False) -> object: ...
     def run(self, code: str, on: Any = None, timeout: float | None = None) -> RunResult: ...
-    def _lend_spares(self) -> bool: ...
-    def _reclaim_spares(self, lent: bool) -> None: ...
 
 
 class Isolation:
@@ -180,7 +178,6 @@ class Isolation:
     def run(self) -> IsolateReport:
         started = time.monotonic()
         deadline = started + self.budget_s
-        lent = self.warm and self.cluster._lend_spares()
         try:
             while (variant := self.walk.next()) is not None:
                 left = deadline - time.monotonic()
@@ -203,8 +200,8 @@ class Isolation:
         except KeyboardInterrupt:
             self.walk.stopped = "interrupted"
         finally:
-            if self.warm:
-                self.cluster._reclaim_spares(lent)
+            if self.warm:  # the variants kept the pool: it serves the user's cluster, or ends
+                SESSION.end_idle()
         return IsolateReport(
             cell=self.cell, failure=self.failure, rows=list(self.walk.rows),
             verdict=self.walk.verdict(), finding=self.walk.finding(),

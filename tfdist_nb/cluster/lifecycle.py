@@ -7,7 +7,8 @@ socket it could not bind, a step fails) is noticed within a poll interval, start
 fresh endpoints, and otherwise reported with the tail of its process log. ``start_timeout``
 bounds the whole start of the cluster, retries included (docs/design.md, Start-up).
 
-With a pool of spare kernels (:mod:`.spares`), a start or restart first takes spares: each is
+With a pool of spare kernels (:mod:`.spares`, the session's pool of the cluster's kernel key,
+held in ``spares`` while the cluster runs), a start or restart first takes spares: each is
 adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
 tasks no spare fits start cold as above, said in one line (``warm``, a ``WarmOutcome``). A spare
 still warming when taken is waited for about as long as the rest of a cold start would take
@@ -300,26 +301,11 @@ class Lifecycle:
         for rt, target in zip(serving, targets, strict=True):
             self.hub.note(rt.name, f"serving ParameterServerStrategy at {target}")
 
-    async def stop_all(self) -> list[StopReport]:
-        """Every task and every spare, at once."""
+    async def stop_all(self, grace_s: float = STOP_GRACE_S) -> list[StopReport]:
+        """Every task, at once (``grace_s`` 0: killed at once, the cluster is being replaced);
+        the cluster gives its spare pool back to the session after."""
         await self.exits.close()  # these exits are asked for
-        reports, _ = await asyncio.gather(self.stop(list(self.tasks.values())),
-                                          self.close_spares())
-        return reports
-
-    async def close_spares(self) -> None:
-        if self.spares is not None:
-            pool, self.spares = self.spares, None
-            await pool.close()
-
-    async def stop_for_handoff(self) -> tuple[list[StopReport], SparePool | None]:
-        """The cluster is being replaced: its tasks are killed at once (no grace) and its pool
-        is detached, to be handed to the new cluster."""
-        await self.exits.close()
-        pool, self.spares = self.spares, None
-        if pool is not None:
-            await pool.detach()
-        return await self._end(list(self.tasks.values()), 0.0), pool
+        return await self._end(list(self.tasks.values()), grace_s)
 
     async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
         """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""

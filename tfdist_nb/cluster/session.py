@@ -1,12 +1,13 @@
 """What outlives one cluster in this process (docs/design.md, "Who owns what"): the loop thread
-every cluster's kernel channels live on, the spare pool a stopped cluster leaves to the one
-that replaces it (a ``%%tfcluster`` resize), and which clusters run and which one the magics
-drive (:class:`Clusters`, read through :mod:`.registry`).
+every cluster's kernel channels live on, the spare pools (one per kernel key), and which
+clusters run and which one the magics drive (:class:`Clusters`, read through :mod:`.registry`).
 
-A cluster borrows the loop and gives its pool back; nothing passes from one ``Cluster`` to
-another by hand. The loop thread is started on first use and lives as long as the process (a
-daemon thread); a kept pool is taken by the next cluster that wants spares, ended by the next one
-that does not, and at exit (the spares also die with this process, like tasks). At exit every
+A cluster borrows the loop, and takes the pool of its key from the session and gives it back;
+nothing passes from one ``Cluster`` to another by hand. The loop thread is started on first use
+and lives as long as the process (a daemon thread). A pool ends when the last cluster using it
+gives it back, unless it is kept (``stop(keep_spares=True)``: a resize, ``isolate()``'s
+variants); a kept pool is taken by the next cluster of its key, ended by the next start that
+does not take it, and at exit (the spares also die with this process, like tasks). At exit every
 cluster still running is stopped too: no worker outlives the notebook kernel.
 """
 
@@ -19,7 +20,7 @@ import weakref
 from typing import Protocol
 
 from tfdist_nb.cluster.loop import LoopThread
-from tfdist_nb.cluster.spares import SparePool
+from tfdist_nb.cluster.spares import PoolUser, SparePool
 from tfdist_nb.debuglog import swallowed
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class Session:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._loop: LoopThread | None = None
-        self._kept: SparePool | None = None
+        self._pools: list[SparePool] = []  # one per kernel key
         self.clusters = Clusters()
 
     def loop(self) -> LoopThread:
@@ -103,35 +104,54 @@ class Session:
                 self._loop = LoopThread("tfdist-loop")
             return self._loop
 
-    def keep_pool(self, pool: SparePool) -> None:
-        """A stopped cluster's pool (detached), for the cluster that replaces it; a pool kept
-        before and never taken ends now."""
+    def take_pool(self, user: PoolUser | None) -> SparePool | None:
+        """A cluster asks for the spare pool of its kernel key (``user``; None: it keeps no
+        spares): the one kept or in use, else a new one, served to it until it gives it back
+        and kept full from now on. Kept pools nobody uses that it does not take end now."""
+        key = user.key if user is not None else None
         with self._lock:
-            old, self._kept = self._kept, pool
-        if old is not None:
+            pool = next((p for p in self._pools if p.key == key), None)
+            if user is not None and pool is None:
+                pool = SparePool(user)
+                self._pools.append(pool)
+            idle = [p for p in self._pools if p is not pool and not p.users]
+            self._pools = [p for p in self._pools if p not in idle]
+        for old in idle:
             self._close(old)
-
-    def take_pool(self) -> SparePool | None:
-        """The kept pool, if any (the caller attaches it)."""
-        with self._lock:
-            pool, self._kept = self._kept, None
+        if pool is not None and user is not None:
+            pool.serve(user)
+            self.loop().call_soon(pool.start_refill)
         return pool
 
-    def drop_pool(self) -> None:
-        """End a kept pool nobody takes (a cluster without spares started)."""
-        pool = self.take_pool()
-        if pool is not None:
-            self._close(pool)
+    def give_back(self, pool: SparePool, user: PoolUser, keep: bool = False) -> None:
+        """A cluster done with its pool (it stops, or keeps no spares any more): the pool serves
+        the cluster that used it before, is kept for the next one of its key (``keep``:
+        ``stop(keep_spares=True)``; no spare starts until it is taken), or ends."""
+        loop = self.loop()
+        if loop.run(pool.release(user, keep), CLOSE_TIMEOUT_S) or keep:
+            return
+        with self._lock:
+            self._pools = [p for p in self._pools if p is not pool]
+        self._close(pool)
+
+    def end_idle(self) -> None:
+        """After ``isolate()``: the kept pools nobody uses end, those in use refill again."""
+        self.take_pool(None)
+        for pool in list(self._pools):
+            self.loop().call_soon(pool.start_refill)
 
     def close(self) -> None:
         """At exit and at ``%unload_ext``: the one close of what outlives a cluster, in
         dependency order: every cluster still running (through its stop path, its tasks
-        told first), the kept pool, then the fork servers (their forked kernels are gone by
-        then), then the private network they all ran in."""
+        told first, its pool given back), the pools, then the fork servers (their forked
+        kernels are gone by then), then the private network they all ran in."""
         from tfdist_nb.launchers import forkserver, private_net
 
         self.clusters.stop_all()
-        self.drop_pool()
+        with self._lock:
+            pools, self._pools = self._pools, []
+        for pool in pools:
+            self._close(pool)
         with swallowed(logger):
             forkserver.close_all()
         with swallowed(logger):

@@ -1,6 +1,6 @@
 """One spare kernel (docs/design.md, "Spare kernels"): its state, the line said about how a start
-used spares, whether it fits a task, and how it ends. The pool that starts and hands them out is
-:mod:`.spares`.
+used spares, whether it fits a task, and how it ends; how many spares ``warm=`` asks for. The pool
+that starts and hands them out is :mod:`.spares`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
@@ -17,10 +18,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.ending import end_kernel
-from tfdist_nb.cluster.start_steps import StartFailed
+from tfdist_nb.cluster.start_steps import Setup, StartFailed
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine
-from tfdist_nb.launchers.base import TaskHandle
+from tfdist_nb.launchers.base import Launcher, TaskHandle
 from tfdist_nb.launchers.kernel_key import KernelKey, Unfit
 from tfdist_nb.store.rundir import open_private
 from tfdist_nb.transport.channel import KernelChannel
@@ -123,6 +125,7 @@ class Spare:
     preload: tuple[str, ...]
     cwd: str
     directory: Path
+    launcher: Launcher | None = field(default=None, repr=False)  # what starts it
     handle: TaskHandle | None = None
     channel: KernelChannel | None = None
     subshell: str | None = None
@@ -248,3 +251,34 @@ async def await_warm(spare: Spare, typical: float, deadline: float) -> None:
     except BaseException:
         await stop_spare(spare)
         raise
+
+
+def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
+    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
+    launcher when there is something to preload, none otherwise."""
+    tasks = len(setup.spec.tasks)
+    if warm is None:
+        default = default_spares(tasks)
+        return default if launcher.spares and setup.preload else 0
+    if warm is False or (not isinstance(warm, bool) and warm == 0):
+        return 0
+    if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
+        if not launcher.spares:
+            raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
+                            "(leave warm unset or False)")
+        return tasks if warm is True else int(warm)
+    raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
+
+
+def default_spares(tasks: int) -> int:
+    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
+    ``warm`` unset; unset or ``auto``: one per task."""
+    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
+    if raw in ("", "auto"):
+        return tasks
+    if raw in ("off", "false", "no"):
+        return 0
+    if raw.isdigit():
+        return int(raw)
+    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
+                    "TFDIST_WARM=0)")

@@ -1,11 +1,12 @@
 """Spare worker kernels: restart and resize without paying a TensorFlow import (docs/design.md,
 "Spare kernels"; docs/reference.md, ``warm=``).
 
-A pool per cluster keeps up to ``count`` worker kernels that have imported ``preload`` at low
-CPU priority and made no TensorFlow context (:mod:`tfdist_nb.worker.adopt`). A restart, or the
-start of the cluster that replaces this one (``%%tfcluster`` resize), takes spares instead of
-launching; each becomes its task before any user code runs, also one still warming when taken
-(the restart waits for it about as long as a cold start would take, then starts cold).
+A pool per kernel key, owned by the session (:mod:`.session`), keeps up to ``count`` worker
+kernels that have imported ``preload`` at low CPU priority and made no TensorFlow context
+(:mod:`tfdist_nb.worker.adopt`). A restart, the start of the cluster that replaces this one
+(``%%tfcluster`` resize) and ``isolate()``'s variants take spares instead of launching; each
+becomes its task before any user code runs, also one still warming when taken (the restart
+waits for it about as long as a cold start would take, then starts cold).
 
 When they start: whenever the pool is short while the host has CPU to spare (at least a core
 idle over the last look, for ``idle_s`` seconds): from the cluster's own start on (on a host
@@ -13,11 +14,12 @@ with idle cores, beside its tasks; on a small one, as soon as they are up), also
 runs whose tasks sleep or wait in a collective, never while a restart is under way. Every
 missing spare starts at once, each only when available memory would still hold one more
 TensorFlow task after it (tasks still starting counted). Their import runs at low priority, so
-a cell that gets busy later is barely slowed. They are stopped with the cluster. A spare whose
+a cell that gets busy later is barely slowed. They are stopped with the last cluster that uses
+the pool (unless it keeps them for the next one: ``stop(keep_spares=True)``). A spare whose
 import-time environment, interpreter, preload or working directory differs from what a task
 asks for is never used.
 
-Everything here runs on the cluster's loop thread, except :meth:`SparePool.summary`.
+Everything here runs on the session's loop thread, except :meth:`SparePool.summary`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,9 +48,9 @@ from tfdist_nb.cluster.spare import (
     stop_spare,
     unless_dies,
 )
+from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.errors import SpecError
-from tfdist_nb.launchers.base import Launcher, TaskLaunch
+from tfdist_nb.launchers.base import TaskLaunch
 from tfdist_nb.launchers.kernel_key import KernelKey
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
@@ -59,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.start_steps import Setup
+    from tfdist_nb.cluster.task import TaskRuntime
 
 T = TypeVar("T")
 
@@ -74,21 +78,51 @@ SUBSHELL_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 30.0
 MAX_FAILURES = 3
 
-class SparePool:
-    """Up to ``count`` spares for the cluster it is attached to (``attach``); it can be handed on
-    to the cluster that replaces that one, with the loop thread its kernels' channels live on."""
+@dataclass(eq=False)
+class PoolUser:
+    """A cluster using the pool of its kernel key: ``count`` spares it keeps (0: none), its
+    tasks (no spare starts while one restarts; those starting have not taken their memory
+    yet), where its spares' files go (``base``/spares) and where the pool's notes go."""
 
-    def __init__(self, count: int, idle_s: float | None = None) -> None:
-        self.count = count
+    setup: Setup
+    count: int
+    tasks: Mapping[TaskId, TaskRuntime]
+    note: Callable[[str, str], None]
+    base: Path | None = None
+
+    @property
+    def key(self) -> KernelKey:
+        return KernelKey.of(self.setup.python, self.setup.preload, os.getcwd(), self.spare_env())
+
+    def busy(self) -> bool:
+        return any(rt.state is TaskState.RESTARTING for rt in list(self.tasks.values()))
+
+    def starting(self) -> int:
+        return sum(rt.state is TaskState.STARTING for rt in list(self.tasks.values()))
+
+    def spare_env(self) -> dict[str, str]:
+        """What a spare starts with: a task's environment without its identity."""
+        setup = self.setup
+        env = worker_env(TaskId("spare", 0), "", setup.extra_env, setup.python,
+                         base=setup.launcher.base_environment(), local=True)
+        for key in ("TF_CONFIG", "TFDIST_TASK"):
+            env.pop(key, None)
+        env[SPARE_ENV] = "1"
+        return env
+
+
+class SparePool:
+    """The spares of one kernel key, owned by the session (:mod:`.session`): kept full for the
+    cluster that took the pool last and has not given it back (``user``), for as long as one
+    uses it; a pool given back with ``keep`` waits for the next cluster of its key."""
+
+    def __init__(self, user: PoolUser, idle_s: float | None = None) -> None:
         self.idle_s = float(os.environ.get("TFDIST_SPARE_IDLE_S", IDLE_S)
                             if idle_s is None else idle_s)
         self._spares: list[Spare] = []
         self._numbers = itertools.count(1)
-        self._setup: Setup | None = None
-        self._base: Path | None = None
-        self._busy: Callable[[], bool] = lambda: True
-        self._starting: Callable[[], int] = lambda: 0
-        self._note: Callable[[str, str], None] = lambda text, level: None
+        self._users: list[PoolUser] = []
+        self._last = user  # the last cluster served: the pool's key is its
         self._refill: asyncio.Task[None] | None = None
         self._closed = False
         self._failures = 0
@@ -97,17 +131,24 @@ class SparePool:
         self._said: set[str] = set()
         self.skipped: NotStarting | None = None  # why no spare is being started now, or None
 
-    # ------------------------------------------------------------------ owner
-    def attach(self, setup: Setup, base: Path, busy: Callable[[], bool],
-               note: Callable[[str, str], None], count: int | None = None,
-               starting: Callable[[], int] = lambda: 0) -> None:
-        """Serve the cluster of ``setup``; new spares' files go under ``base``/spares.
-        ``busy``: whether the cluster is restarting tasks (no spare starts then); ``starting``:
-        how many of its tasks are starting (the memory they will take is not taken yet)."""
-        self._setup, self._base, self._busy, self._note = setup, base, busy, note
-        self._starting = starting
-        if count is not None:
-            self.count = count
+    # ------------------------------------------------------------------ the session's
+    @property
+    def key(self) -> KernelKey:
+        """Which tasks its spares can become (the one rule: :mod:`~.launchers.kernel_key`)."""
+        return self._last.key
+
+    @property
+    def users(self) -> int:
+        return len(self._users)
+
+    @property
+    def count(self) -> int:
+        return self._users[-1].count if self._users else 0
+
+    def serve(self, user: PoolUser) -> None:
+        """Keep the pool full for ``user`` from now on (until it gives it back)."""
+        self._users.append(user)
+        self._last = user
         self._said.clear()
 
     def start_refill(self) -> None:
@@ -116,12 +157,15 @@ class SparePool:
             return
         self._refill = asyncio.ensure_future(self._keep_full())
 
-    async def detach(self) -> None:
-        """Stop refilling (a spare being warmed finishes) and serve no cluster until attached
-        again: the pool is being handed to the cluster that replaces this one."""
-        await self._stop_refill()
-        self._busy = lambda: True
-        self._note = lambda text, level: None
+    async def release(self, user: PoolUser, keep: bool = False) -> int:
+        """``user`` gives the pool back: the cluster that used it before is served again; with
+        none left, or ``keep`` (it is handed on to the next cluster), no spare starts until it
+        is taken (one being warmed finishes). How many still use it."""
+        with contextlib.suppress(ValueError):
+            self._users.remove(user)
+        if not self._users or keep:
+            await self._stop_refill()
+        return len(self._users)
 
     async def close(self) -> None:
         """Stop every spare at once (SIGKILL, no grace: a spare holds nothing of the user's)."""
@@ -241,10 +285,9 @@ class SparePool:
     async def _check_spares(self) -> None:
         """Drop ready spares that died while idle, spares a task could no longer take (the
         cluster's environment changed), and spares beyond ``count``."""
-        setup = self._setup
-        if setup is None:
+        if not self._users:
             return
-        wanted = KernelKey.of(setup.python, setup.preload, os.getcwd(), self.spare_env())
+        wanted = self._users[-1].key
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
             if spare not in self._spares or spare.state != SpareState.READY:
                 continue  # taken or stopped by an earlier step of this check
@@ -292,26 +335,27 @@ class SparePool:
             self._note(text, level)
 
     # ------------------------------------------------------------------ one spare
-    def spare_env(self) -> dict[str, str]:
-        """What a spare starts with: a task's environment without its identity."""
-        assert self._setup is not None
-        setup = self._setup
-        env = worker_env(TaskId("spare", 0), "", setup.extra_env, setup.python,
-                         base=setup.launcher.base_environment(), local=True)
-        for key in ("TF_CONFIG", "TFDIST_TASK"):
-            env.pop(key, None)
-        env[SPARE_ENV] = "1"
-        return env
+    def _busy(self) -> bool:
+        return not self._users or self._users[-1].busy()
+
+    def _starting(self) -> int:
+        return self._users[-1].starting() if self._users else 0
+
+    def _note(self, text: str, level: str) -> None:
+        if self._users:
+            self._users[-1].note(text, level)
 
     def _new_spare(self) -> Spare:
-        assert self._setup is not None and self._base is not None
+        user = self._users[-1]
+        assert user.base is not None
         number = next(self._numbers)
-        directory = self._base / "spares" / f"spare-{number}"
+        directory = user.base / "spares" / f"spare-{number}"
         for d in (directory.parent, directory):
             d.mkdir(mode=0o700, exist_ok=True)
             os.chmod(d, 0o700)
-        spare = Spare(number=number, env=self.spare_env(), python=self._setup.python,
-                      preload=tuple(self._setup.preload), cwd=os.getcwd(), directory=directory)
+        spare = Spare(number=number, env=user.spare_env(), python=user.setup.python,
+                      preload=tuple(user.setup.preload), cwd=os.getcwd(), directory=directory,
+                      launcher=user.setup.launcher)
         self._spares.append(spare)
         return spare
 
@@ -340,13 +384,13 @@ class SparePool:
 
     async def _warm(self, spare: Spare) -> None:
         """Start the kernel, import ``preload`` in it at low priority, make its subshell."""
-        assert self._setup is not None
+        assert spare.launcher is not None
         launch = TaskLaunch(task=TaskId("spare", spare.number), env=spare.env,
                             python=spare.python, log_path=spare.log_path,
                             connection_file=spare.directory / "kernel-connection.json",
                             cwd=spare.cwd, preload=spare.preload)
         # shielded: a close() while the process is being spawned still finds (and ends) it
-        spare.starting = asyncio.ensure_future(self._setup.launcher.start(launch))
+        spare.starting = asyncio.ensure_future(spare.launcher.start(launch))
         spare.handle = handle = await asyncio.shield(spare.starting)
         channel = KernelChannel(spare.name, handle.client, spare.sink)
         spare.channel = channel
@@ -389,34 +433,3 @@ class HostCpu:
         self._last = (idle1, total1)
         total = total1 - total0
         return (idle1 - idle0) / total * self.cores if total > 0 else 0.0
-
-
-def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
-    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
-    launcher when there is something to preload, none otherwise."""
-    tasks = len(setup.spec.tasks)
-    if warm is None:
-        default = default_spares(tasks)
-        return default if launcher.spares and setup.preload else 0
-    if warm is False or (not isinstance(warm, bool) and warm == 0):
-        return 0
-    if isinstance(warm, bool) or (isinstance(warm, int) and warm > 0):
-        if not launcher.spares:
-            raise SpecError(f"warm= needs the local launcher; {launcher.name} tasks start cold "
-                            "(leave warm unset or False)")
-        return tasks if warm is True else int(warm)
-    raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
-
-
-def default_spares(tasks: int) -> int:
-    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
-    ``warm`` unset; unset or ``auto``: one per task."""
-    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return tasks
-    if raw in ("off", "false", "no"):
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
-                    "TFDIST_WARM=0)")
