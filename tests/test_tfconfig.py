@@ -85,3 +85,17 @@ def test_a_task_never_inherits_rays_breakpoint_hook() -> None:
     assert "PYTHONBREAKPOINT" not in env and env["PATH"] == "/bin"
     own = worker_env(task, "{}", None, sys.executable, base={"PYTHONBREAKPOINT": "ipdb.set_trace"})
     assert own["PYTHONBREAKPOINT"] == "ipdb.set_trace"
+
+
+def test_heartbeats_slow_down_only_beyond_512_tasks_and_never_against_the_user(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfdist_nb.cluster.environment import telemetry_env
+    from tfdist_nb.worker.telemetry import telemetry_interval
+
+    monkeypatch.delenv("TFDIST_TELEMETRY_INTERVAL", raising=False)
+    assert telemetry_env(2, {}) == telemetry_env(512, {}) == {}  # the default 1 s
+    said = telemetry_env(1024, {})["TFDIST_TELEMETRY_INTERVAL"]
+    assert telemetry_interval(said) == 2.0  # the tasks accept it: 512 samples a second in all
+    assert telemetry_env(1024, {"TFDIST_TELEMETRY_INTERVAL": "0.5"}) == {}  # env= wins
+    monkeypatch.setenv("TFDIST_TELEMETRY_INTERVAL", "1")
+    assert telemetry_env(1024, {}) == {}  # so does the notebook's environment

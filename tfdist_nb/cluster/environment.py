@@ -47,12 +47,15 @@ def parse_env_items(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+INTERVAL = "TFDIST_TELEMETRY_INTERVAL"
+
+
 def check_env(env: Mapping[str, str] | None) -> None:
     """SpecError for an ``env=`` the tasks could not start with, before anything starts: a
     ``TFDIST_TELEMETRY_INTERVAL`` (here or in ``env=``) they would refuse, or a TASK_OWNED
     variable."""
-    for where, value in (("the environment", os.environ.get("TFDIST_TELEMETRY_INTERVAL")),
-                         ("env=", (env or {}).get("TFDIST_TELEMETRY_INTERVAL"))):
+    for where, value in (("the environment", os.environ.get(INTERVAL)),
+                         ("env=", (env or {}).get(INTERVAL))):
         try:
             telemetry_interval(value)
         except ValueError as exc:
@@ -60,6 +63,20 @@ def check_env(env: Mapping[str, str] | None) -> None:
     owned = sorted(set(env or {}) & set(TASK_OWNED))
     if owned:
         raise SpecError(f"env={owned[0]} cannot be set: {TASK_OWNED[owned[0]]}")
+
+
+#: above this many tasks the heartbeat interval grows with the cluster, so the controller reads
+#: at most this many samples a second (docs/performance.md, "The controller at 1,024 tasks")
+SAMPLES_PER_S = 512
+
+
+def telemetry_env(tasks: int, extra: Mapping[str, str]) -> dict[str, str]:
+    """The tasks' seconds between heartbeats: the default 1 s up to ``SAMPLES_PER_S`` tasks,
+    ``tasks / SAMPLES_PER_S`` beyond (2 s at 1,024), unless ``TFDIST_TELEMETRY_INTERVAL`` is
+    set here or in ``env=`` (the one step to choose another)."""
+    if tasks <= SAMPLES_PER_S or INTERVAL in os.environ or INTERVAL in extra:
+        return {}
+    return {INTERVAL: f"{tasks / SAMPLES_PER_S:.3g}"}
 
 
 def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,

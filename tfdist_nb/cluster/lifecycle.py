@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.ending import end_kernel
-from tfdist_nb.cluster.environment import worker_env
+from tfdist_nb.cluster.environment import telemetry_env, worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.spare import (
@@ -267,7 +267,9 @@ class Lifecycle:
     def _env(self, task: TaskId, tf_config: str) -> dict[str, str]:
         """The task's environment (its GPUs included), as written to its ``env.json``."""
         setup, launcher = self.setup, self.setup.launcher
-        env = worker_env(task, tf_config, {**setup.gpus.env(task), **setup.extra_env},
+        env = worker_env(task, tf_config, {**telemetry_env(len(setup.spec.tasks),
+                                                         setup.extra_env),
+                                           **setup.gpus.env(task), **setup.extra_env},
                          setup.python, base=launcher.base_environment(),
                          local=not launcher.remote)
         self.rundir.write_json(task.slug, "env.json", env)
