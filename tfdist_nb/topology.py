@@ -83,6 +83,11 @@ class ClusterSpec:
                 "evaluator": self.evaluator}[role]
 
     @property
+    def size(self) -> int:
+        """How many tasks, without building them (``len(tasks)``)."""
+        return self.workers + self.chief + self.ps + self.evaluator
+
+    @property
     def tasks(self) -> list[TaskId]:
         """Every task, chief first, then workers, ps, evaluator (TensorFlow's usual order)."""
         return [TaskId(role, i) for role in ROLES for i in range(self.count(role))]

@@ -267,8 +267,7 @@ class Lifecycle:
     def _env(self, task: TaskId, tf_config: str) -> dict[str, str]:
         """The task's environment (its GPUs included), as written to its ``env.json``."""
         setup, launcher = self.setup, self.setup.launcher
-        env = worker_env(task, tf_config, {**telemetry_env(len(setup.spec.tasks),
-                                                         setup.extra_env),
+        env = worker_env(task, tf_config, {**telemetry_env(setup.spec.size, setup.extra_env),
                                            **setup.gpus.env(task), **setup.extra_env},
                          setup.python, base=launcher.base_environment(),
                          local=not launcher.remote)
