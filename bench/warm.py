@@ -107,7 +107,7 @@ def warm_restart(cluster: Any) -> dict[str, float]:
     restart_s, _ = _timed(cluster.restart)
     strategy_s, _ = _timed(lambda: _strategy(cluster))
     adopted = {rt.pid for rt in cluster.tasks.values()} <= pids
-    assert adopted, f"the restart did not take the spares: {cluster.warm_note}"
+    assert adopted, f"the restart did not take the spares: {cluster.warm_outcome}"
     return {"total_s": restart_s + strategy_s, "restart_s": restart_s, "strategy_s": strategy_s}
 
 
@@ -127,7 +127,7 @@ def usual_restart(cluster: Any, after_hang: bool) -> dict[str, Any]:
     restart_s, _ = _timed(cluster.restart)
     strategy_s, _ = _timed(lambda: _strategy(cluster))
     return {"total_s": restart_s + strategy_s, "restart_s": restart_s, "strategy_s": strategy_s,
-            "spares_ready": ready, "note": cluster.warm_note}
+            "spares_ready": ready, "note": str(cluster.warm_outcome)}
 
 
 def cold_restart(cluster: Any) -> dict[str, float]:
@@ -149,7 +149,7 @@ def resize(old: Any, n: int, warm: bool) -> tuple[dict[str, float], Any]:
     _strategy(new)
     done = time.perf_counter()
     if warm:
-        assert new.warm_note and "from spare" in new.warm_note, new.warm_note
+        assert "from spare" in str(new.warm_outcome), new.warm_outcome
     return ({"total_s": done - t0, "stop_s": stopped - t0, "start_s": started - stopped,
              "strategy_s": done - started}, new)
 
@@ -186,7 +186,7 @@ def step_after(n: int, steps: int, warm: bool) -> tuple[float, Any]:
             _wait_spares(cluster, n)
             pids = set(cluster.spares()["pids"])
             cluster.restart()
-            assert {rt.pid for rt in cluster.tasks.values()} <= pids, cluster.warm_note
+            assert {rt.pid for rt in cluster.tasks.values()} <= pids, str(cluster.warm_outcome)
         result = cluster.run(TRAIN.format(steps=steps), timeout=600)
         assert result.ok, result.summary()
         return max(_medians([r.stdout for r in result.tasks.values()])), None

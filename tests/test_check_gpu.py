@@ -274,7 +274,7 @@ def test_the_check_on_this_cpu_machine_says_no_gpu_and_why() -> None:
 
     from tests.gpu_here import visible_nvml_gpus
     from tfdist_nb import Cluster
-    from tfdist_nb.cluster import registry
+    from tfdist_nb.cluster.session import SESSION
 
     if visible_nvml_gpus():
         pytest.skip("this machine has a GPU: bench/gpu_device_check.py covers GPU hosts")
@@ -284,13 +284,13 @@ def test_the_check_on_this_cpu_machine_says_no_gpu_and_why() -> None:
         made = c.run("import tensorflow as tf\n"
                      "strategy = tf.distribute.MultiWorkerMirroredStrategy()")
         assert made.ok, made
-        registry.set_current(c)
+        SESSION.clusters.set_current(c)
         try:
             report = ip.run_line_magic("tfdist_check", "gpu")
             with pytest.raises(UsageError, match="the gpu check takes no argument"):
                 ip.run_line_magic("tfdist_check", "gpu model")
         finally:
-            registry.set_current(None)
+            SESSION.clusters.set_current(None)
         assert report.ok and set(report.no_gpu) == {"worker:0", "worker:1"}, report
         for cause in report.no_gpu.values():  # nvidia-ml-py is installed, no driver is
             assert cause.startswith("no NVML library (libnvidia-ml.so) on"), cause

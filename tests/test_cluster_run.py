@@ -105,6 +105,9 @@ def test_timeout_interrupts_and_the_tasks_come_back(cluster2: Any) -> None:
 
 
 def test_status_has_every_spec_column(cluster2: Any) -> None:
+    # the telemetry columns come with each task's first sample (a fresh cluster may have none)
+    wait_for(lambda: cluster2.status()["net_scope"].notna().all(), 30,
+             "a telemetry sample from every task")
     df = cluster2.status()
     assert list(df.columns) == STATUS_COLUMNS
     assert STATUS_COLUMNS[:15] == ["task", "host", "pid", "state", "step", "step_time_ms",

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from tfdist_nb import Cluster
-from tfdist_nb.cluster import registry
-from tfdist_nb.diagnostics import sharding_check, variables_check
+from tfdist_nb.cluster.session import SESSION
+from tfdist_nb.diagnostics import sharding_check, sharding_policy, variables_check
 from tfdist_nb.diagnostics.sharding_check import OverlapCause
 from tfdist_nb.worker.variables_probe import FULL_VALUES, summarise
 
@@ -153,7 +153,7 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
 
     ip = InteractiveShell.instance()
     ip.extension_manager.load_extension("tfdist_nb")
-    registry.set_current(c)
+    SESSION.clusters.set_current(c)
     try:
         report = ip.run_line_magic("tfdist_check", "sharding by_data --max-elements 1000")
         assert report.ok and report.per_task == {"worker:0": 32, "worker:1": 32}
@@ -164,7 +164,7 @@ def test_sharding_and_variables_on_a_real_cluster(cluster: Cluster) -> None:
         with pytest.raises(UsageError, match="takes no --reference"):
             ip.run_line_magic("tfdist_check", "network --reference x")
     finally:
-        registry.set_current(None)
+        SESSION.clusters.set_current(None)
     again = c.run("print(float(strategy.reduce('SUM', strategy.run(lambda: tf.constant(1.)), "
                   "axis=None)))")
     assert again.ok and again.tasks["worker:1"].stdout.strip() == "2.0"
@@ -208,7 +208,7 @@ def test_auto_shard_policy_follows_the_files_of_the_source(tmp_path: Path) -> No
         assert said["unseeded_shuffle"] is (shuffle_seed is None)
 
     def explain(pipeline: dict[str, Any], policy: str, workers: int = 2) -> tuple[str, str]:
-        _, effective, why = sharding_check.policy_explained(
+        _, effective, why = sharding_policy.policy_explained(
             {"kind": "distributed", "made_by": "experimental_distribute_dataset",
              "policy": policy, "workers": workers, "pipeline": pipeline})
         return effective, why

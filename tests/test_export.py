@@ -163,17 +163,30 @@ def test_files_and_directories_of_another_user_are_never_written(tmp_path: Path)
     assert theirs.read_text().endswith("(theirs)\n")
 
 
-def test_restarts_are_found_by_their_notes_topic_never_by_words() -> None:
-    """Isolate and export replay the cells after the last restart: a restart is a note of
-    topic 'restart' (one time for the notes its tasks wrote together), not a line or a note
-    whose text begins with 'restart'."""
+def test_restarts_are_found_by_their_records_never_by_words() -> None:
+    """Isolate and export replay the cells after every task was last restarted: a restart is
+    one ``Restart`` record in the run directory, read back by its fields, not a line or a note
+    whose text begins with 'restart'; each task's log says how it came back."""
     from tfdist_nb.cluster.export import restart_times
+    from tfdist_nb.events import Restart
+    from tfdist_nb.lab.model import compact_event
+    from tfdist_nb.store.logs import logs_frame
 
+    both = Restart(10.0, {"worker:0": "spare", "worker:1": "forked"},
+                   {"worker:0": "127.0.0.1:2001", "worker:1": "127.0.0.1:2002"}, 0.51)
+    one = Restart(30.0, {"worker:1": "cold"}, seconds=4.2)
     events = [
         {"kind": "output", "time": 1.0, "task": "worker:0", "text": "restarting the epoch"},
         {"kind": "note", "time": 2.0, "task": "worker:0", "text": "restarted by hand?"},
-        {"kind": "note", "time": 10.0, "task": "worker:0", "text": "x", "topic": "restart"},
-        {"kind": "note", "time": 10.5, "task": "worker:1", "text": "y", "topic": "restart"},
-        {"kind": "note", "time": 30.0, "task": "worker:1", "text": "z", "topic": "restart"},
-    ]
-    assert restart_times(events) == [10.0, 30.0]
+        both.to_json(), one.to_json()]
+    assert restart_times(events, ["worker:0", "worker:1"]) == [10.0]
+    assert restart_times(events, ["worker:1"]) == [10.0, 30.0]
+    assert Restart(**both.to_json()) == both
+    assert str(both) == ("restarted in 0.5s, on fresh TF ports: worker:0 from a spare; "
+                         "worker:1 forked from the fork server")
+    assert compact_event(both.to_json()) == {  # the panel's line: the whole restart
+        "time": 10.0, "task": "cluster", "stream": "note", "text": str(both), "cell": None,
+        "level": "INFO"}
+    said = logs_frame(events, on={"worker:1"}, grep="^restarted").text.tolist()
+    assert said == ["restarted in 0.5s, forked from the fork server, on a fresh TF port "
+                    "(127.0.0.1:2002)", "restarted in 4.2s, spawned cold, with the same TF_CONFIG"]

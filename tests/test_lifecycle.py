@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -98,3 +99,33 @@ def test_unloading_the_extension_stops_the_cluster() -> None:
         ip.extension_manager.unload_extension("tfdist_nb")
     assert current() is None
     assert gone(pid)
+
+
+WATCHED = textwrap.dedent("""
+    import os, sys, time
+    from tfdist_nb.worker.lifeline import ParentWatch
+    parent = int(sys.argv[1])
+    while os.getppid() == parent:  # the parent ends before the watch starts
+        time.sleep(0.01)
+    ParentWatch(parent, sys.argv[2], interval=0.05).start()
+    time.sleep(60)
+""")
+STARTS_WATCHED_AND_ENDS = ("import os, subprocess, sys\n"
+                           "child = subprocess.Popen([sys.executable, '-c', sys.argv[1], "
+                           "str(os.getpid()), sys.argv[2]])\nprint(child.pid, flush=True)\n")
+
+
+def test_a_kernel_whose_controller_ended_while_it_started_still_leaves(tmp_path: Any) -> None:
+    """The controller SIGKILLed while a spare was still starting: its parent watch, started
+    after the controller was gone, ends it (it used to take the kernel for someone else's)."""
+    out = subprocess.run([sys.executable, "-c", STARTS_WATCHED_AND_ENDS, WATCHED,
+                          str(tmp_path / "kernel-connection.json")],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    pid = int(out)
+    try:
+        wait_for(lambda: not psutil.pid_exists(pid)
+                 or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, 15,
+                 "the orphaned kernel to leave")
+    finally:
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).kill()

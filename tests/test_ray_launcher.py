@@ -226,7 +226,7 @@ def test_three_starts_in_a_row_from_one_notebook(ray2: ray_cluster.RayCluster) -
 
 def test_an_unplaceable_request_is_named(ray2: ray_cluster.RayCluster) -> None:
     started = time.monotonic()
-    c = Cluster(workers=3, launcher="ray", preload=(), warm=False,
+    c = Cluster(workers=3, launcher="ray", preload=(), warm=False, start_timeout=600,
                 launcher_options={"address": ray2.client_address, "strategy": "STRICT_SPREAD"})
     with pytest.raises(ClusterStartError) as err:
         c.start()
@@ -234,7 +234,9 @@ def test_an_unplaceable_request_is_named(ray2: ray_cluster.RayCluster) -> None:
     assert "Ray cannot place 3 task(s) of {CPU 1} each with strategy STRICT_SPREAD" in text
     for node in ray2.nodes:
         assert f"{node}: CPU 1" in text, text
-    assert time.monotonic() - started < 30 and not c.running
+    # named at once, not at the start timeout: under 30 s, plus about 40 s for each time Ray
+    # Client's own server failed to start and the launcher connected again (Ray issue 63202)
+    assert time.monotonic() - started < 100 and not c.running
     nothing_left(ray2)
 
 

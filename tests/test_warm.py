@@ -26,6 +26,7 @@ from tests.support.processes import wait_for
 from tfdist_nb import Cluster
 from tfdist_nb.cluster.spare import Held, NoSpare, Spare, env_delta
 from tfdist_nb.errors import SpecError
+from tfdist_nb.events import Restart
 from tfdist_nb.launchers.fork_handle import ServerKey
 from tfdist_nb.launchers.kernel_key import KernelKey, Part, Unfit, import_time
 
@@ -64,6 +65,12 @@ def gone(pid: int) -> bool:
 def ready_spares(c: Cluster, n: int, timeout: float = 120) -> list[int]:
     wait_for(lambda: c.spares()["ready"] >= n, timeout, f"{n} spare kernel(s) ready")
     return list(c.spares()["pids"])
+
+
+def restarts(c: Cluster) -> list[Restart]:
+    """The restarts the run directory keeps, by their records."""
+    assert c.rundir is not None
+    return [Restart(**r) for r in c.rundir.iter_events() if r["kind"] == Restart.kind]
 
 
 def identities(c: Cluster) -> dict[str, dict[str, Any]]:
@@ -179,6 +186,10 @@ def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> N
         assert w is not None and (w.adopted, w.cold, w.still_warming, w.fresh_ports) == (
             2, (), 0, True), w
         assert sorted(rt.pid for rt in c.tasks.values()) == sorted(spares)
+        [restart] = restarts(c)  # kept with the events: how each came back, where it moved
+        assert restart.tasks == {"worker:0": "spare", "worker:1": "spare"}, restart
+        assert restart.moved == {rt.name: rt.address for rt in c.tasks.values()}
+        assert 0 < restart.seconds < 30
         wait_for(lambda: all(gone(pid) for pid, _ in old.values()), 5,
                  "the old processes to be killed")
         seen = identities(c)
@@ -207,6 +218,7 @@ def test_restart_from_spares_gives_a_working_mwms_cluster_like_a_cold_one() -> N
         c.restart(on="0")  # some tasks: their addresses stay (the others know them)
         assert c.tasks[next(iter(c.tasks))].address == seen["worker:0"]["tf_config"][
             "cluster"]["worker"][0]
+        assert (restarts(c)[-1].tasks, restarts(c)[-1].moved) == ({"worker:0": "spare"}, {})
 
 
 def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold() -> None:
@@ -219,7 +231,8 @@ def test_a_restart_with_one_spare_ready_takes_it_and_starts_the_other_task_cold(
         c.restart()
         w = c.warm_outcome
         assert w is not None and (w.tasks, w.adopted, len(w.cold)) == (2, 1, 1), w
-        assert c.warm_note == str(w)  # the line said is the outcome's own words
+        # the task without a spare was forked from the fork server (TensorFlow imported)
+        assert sorted(restarts(c)[-1].tasks.values()) == ["forked", "spare"], restarts(c)
         assert losses(c.run(cell("mwms_loop"), timeout=180)) == cold
         assert set(c.status()["state"]) == {"idle"}
 
@@ -269,10 +282,10 @@ def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The spare's process is SIGKILLed at the start of its adoption (after it was taken,
     before the adopt call): the restart starts that task cold, says so, and completes."""
-    from tfdist_nb.cluster import lifecycle
+    from tfdist_nb.cluster import spare as adoption
 
     killed: list[int] = []
-    real = lifecycle.copy_start_log
+    real = adoption.copy_start_log
 
     def kill_then_go_on(spare: Any, path: Any) -> None:
         if not killed and spare.pid:
@@ -283,7 +296,7 @@ def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
     with Cluster(workers=2) as c:
         cold = losses(c.run(cell("mwms_loop"), timeout=180))
         ready_spares(c, 2)
-        monkeypatch.setattr(lifecycle, "copy_start_log", kill_then_go_on)
+        monkeypatch.setattr(adoption, "copy_start_log", kill_then_go_on)
         c.restart()
         assert len(killed) == 1 and killed[0] not in {rt.pid for rt in c.tasks.values()}
         assert any("could not take spare-" in a and "starting it cold" in a
@@ -295,7 +308,7 @@ def test_a_spare_killed_while_it_is_being_adopted_is_replaced_by_a_cold_start(
 def test_resize_by_the_magic_takes_the_old_clusters_spares(capsys: Any) -> None:
     from IPython.core.interactiveshell import InteractiveShell
 
-    from tfdist_nb.cluster.facade import current
+    from tfdist_nb.cluster.registry import current
 
     ip = InteractiveShell.instance()
     ip.extension_manager.load_extension("tfdist_nb")

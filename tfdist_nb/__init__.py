@@ -16,33 +16,26 @@ if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
     from tfdist_nb.cluster.checks import check_tf_config
-    from tfdist_nb.cluster.facade import Cluster, current
+    from tfdist_nb.cluster.facade import Cluster
+    from tfdist_nb.cluster.registry import current
     from tfdist_nb.diagnostics.isolate_report import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
     from tfdist_nb.results import RunResult, TaskResult
 
 
+#: what a public name is imported from, on first use
+_LAZY = {"Cluster": "tfdist_nb.cluster.facade", "current": "tfdist_nb.cluster.registry",
+         "check_tf_config": "tfdist_nb.cluster.checks",
+         "IsolateReport": "tfdist_nb.diagnostics.isolate_report",
+         "CheckReport": "tfdist_nb.diagnostics.report",
+         "RunResult": "tfdist_nb.results", "TaskResult": "tfdist_nb.results"}
+
+
 def __getattr__(name: str) -> Any:
-    if name in ("Cluster", "current"):
-        from tfdist_nb.cluster import facade
+    if name in _LAZY:
+        import importlib
 
-        return getattr(facade, name)
-    if name == "check_tf_config":
-        from tfdist_nb.cluster.checks import check_tf_config
-
-        return check_tf_config
-    if name == "IsolateReport":
-        from tfdist_nb.diagnostics.isolate_report import IsolateReport
-
-        return IsolateReport
-    if name == "CheckReport":
-        from tfdist_nb.diagnostics.report import CheckReport
-
-        return CheckReport
-    if name in ("RunResult", "TaskResult"):
-        from tfdist_nb import results
-
-        return getattr(results, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'tfdist_nb' has no attribute {name!r}")
 
 
@@ -60,9 +53,8 @@ def load_ipython_extension(ipython: InteractiveShell) -> None:
 
 
 def unload_ipython_extension(ipython: InteractiveShell) -> None:
-    """Unloading ends what the extension started: every cluster, the kept spares, the fork
-    servers and the private network (the session's one close), and persistent mode, whose
-    input transformer would otherwise send every later cell to a cluster that is gone."""
+    """Unloading ends what the extension started (the session's one close), and persistent
+    mode, whose input transformer would otherwise send later cells to a cluster that is gone."""
     from tfdist_nb.cluster.session import SESSION
     from tfdist_nb.magics.run import RunMagics
 

@@ -1,13 +1,7 @@
 """What each dashboard chart shows and the axes it is drawn on: one home for the notebook
 widget (display/dashboard.py) and the JupyterLab pane (lab/model.py serves it to the pane).
-
-The axes are chosen for what a user must judge (docs/reference.md, "Dashboard charts"): every
-y axis starts at 0, so two tasks 0.4 points apart look 0.4 points apart, not a chart apart;
-percentages reach at least 100 (CPU: 100 is one core, said on the axis); time charts span the
-whole run while it is short, its last ``WINDOW_S`` seconds once it is long. A chart with no data
-says why in words instead of drawing an empty frame.
-
-Pure: no widgets, no IPython.
+Every y axis starts at 0, so two tasks 0.4 points apart look 0.4 points apart, not a chart
+apart (docs/reference.md, "Dashboard charts"). Pure.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``tfdist-nb`` / ``python -m tfdist_nb``: run the quickstart headless, or open JupyterLab on it.
 
-``quickstart`` executes ``examples/01_quickstart.ipynb`` with nbclient (a real notebook kernel that
-starts a real 2-worker cluster), prints every cell's output as text and ends with the per-task
-summary; it exits non-zero if any cell failed. ``lab`` opens JupyterLab on ``examples/``.
+``quickstart`` executes ``examples/01_quickstart.ipynb`` with nbclient (a real kernel starting a
+real cluster) and prints its output as text; it exits non-zero if any cell failed.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ def examples_dir() -> Path:
     raise SystemExit("tfdist-nb: examples/01_quickstart.ipynb not found; run from the repository")
 
 
-def _cell_text(cell: Any, colour: bool) -> list[str]:
+def _cell_text(cell: Mapping[str, Any], colour: bool) -> list[str]:
     lines: list[str] = []
     for out in cell.get("outputs", []):
         kind = out.get("output_type")

@@ -1,11 +1,6 @@
-"""What the code decided quietly, for a maintainer to see: module loggers under ``tfdist_nb`` and
-``$TFDIST_LOG`` (docs/reference.md, Environment).
-
-Where the code swallows an exception on purpose (a best-effort clean-up, a reading that may
-fail), it does so through :class:`swallowed`, which logs it at DEBUG with its traceback and the
-line that swallowed it. Nothing is printed unless ``TFDIST_LOG`` is set (``debug``, ``info``,
-``warning``): then the ``tfdist_nb`` loggers write to stderr, in the controller and, since the
-tasks inherit the variable, in every task (where it shows in the task's output).
+"""What the code decided quietly, for a maintainer to see: module loggers under ``tfdist_nb``,
+written to stderr only when ``$TFDIST_LOG`` is set (docs/reference.md, Environment); the tasks
+inherit it. An exception swallowed on purpose goes through :class:`swallowed`, so it is logged.
 """
 
 from __future__ import annotations

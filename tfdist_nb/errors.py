@@ -24,11 +24,8 @@ class AgentError(TfdistError, RuntimeError):
 
 
 class TaskError(TfdistError, RuntimeError):
-    """One or more tasks of a run did not finish cleanly.
-
-    Raised by the ``%%tfcluster`` magic so "Run All" stops; the per-task tracebacks have already
-    been shown under their task names, so the notebook renders only this one-line summary.
-    """
+    """One or more tasks of a run did not finish cleanly: raised by ``%%tfcluster`` so "Run
+    All" stops, rendered as one line since the tasks' tracebacks were shown already."""
 
     def __init__(self, message: str, result: object = None) -> None:
         super().__init__(message)

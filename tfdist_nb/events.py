@@ -105,7 +105,7 @@ class TaskNote:
     text: str
     level: str = "INFO"
     kind: str = "note"
-    topic: str | None = None  # what a program reads it by (RESTART), never by its text
+    topic: str | None = None  # what a program reads it by (HANG), never by its text
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -114,8 +114,6 @@ class TaskNote:
         return out
 
 
-#: a TaskNote's topic: this task was restarted (one per task per restart)
-RESTART = "restart"
 #: a TaskNote's topic: the hang rules named a culprit, said the moment they did (the waiters are
 #: released after it; at 1,024 tasks that takes seconds, docs/performance.md)
 HANG = "hang"
@@ -140,7 +138,49 @@ class TelemetrySample:
         return {"time": self.time, "task": self.task, "data": self.data, "kind": self.kind}
 
 
-Event = OutputLine | RichOutput | TaskNote | TelemetrySample
+class CameBack(StrEnum):
+    """How a restarted task came back (``Restart.tasks``)."""
+
+    SPARE = "spare"  # a spare kernel was adopted as the task
+    FORKED = "forked"  # forked from the fork server (TensorFlow imported already)
+    COLD = "cold"  # spawned, importing everything itself
+
+
+#: how each way back is said in a task's log
+CAME_BACK: dict[str, str] = {CameBack.SPARE: "from a spare", CameBack.COLD: "spawned cold",
+                             CameBack.FORKED: "forked from the fork server"}
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart, kept with the events when it is done (``kind == "restart"``, what a program
+    finds it by; ``Restart(**record)`` reads it back): when it began, how each task came back
+    (``tasks``: name -> ``CameBack``), each one's fresh TF address when they moved to fresh
+    ports (``moved``; empty: the same TF_CONFIGs), how long it took. ``said(task)`` is its line
+    in a task's log, ``str()`` the whole."""
+
+    time: float
+    tasks: dict[str, str]
+    moved: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    kind: str = "restart"
+
+    def said(self, task: str) -> str:
+        where = (f"on a fresh TF port ({self.moved[task]})" if task in self.moved else
+                 "with the same TF_CONFIG")
+        return f"restarted in {self.seconds:.1f}s, {CAME_BACK[self.tasks[task]]}, {where}"
+
+    def __str__(self) -> str:
+        ways = [(how, [t for t, h in self.tasks.items() if h == how]) for how in CAME_BACK]
+        said = "; ".join(f"{', '.join(names)} {CAME_BACK[how]}" for how, names in ways if names)
+        ports = "on fresh TF ports" if self.moved else "with the same TF_CONFIGs"
+        return f"restarted in {self.seconds:.1f}s, {ports}: {said}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+Event = OutputLine | RichOutput | TaskNote | TelemetrySample | Restart
 
 
 def describe_tensor(dtype: str, shape: Iterable[int | None] | None) -> str:

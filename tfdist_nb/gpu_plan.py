@@ -1,11 +1,7 @@
-"""Which GPUs each task gets (docs/reference.md, GPUs), pure: the devices NVML sees in, each
-task's ``CUDA_VISIBLE_DEVICES`` out, as one typed record (:class:`GpuPlan`).
-
-NVML enumerates every GPU whatever ``CUDA_VISIBLE_DEVICES`` says (docs/design.md, Facts), so a
-process's own value is applied here (:func:`select`) as CUDA reads it: indices, ``GPU-`` and
-``MIG-`` UUIDs or a unique prefix of one, up to the first entry that names no device. The NVML
-read itself is :func:`tfdist_nb.worker.gpu.read_devices`; the controller and the tasks' sampler
-both map through here.
+"""Which GPUs each task gets (docs/reference.md, GPU placement), pure: the devices NVML sees in,
+each task's ``CUDA_VISIBLE_DEVICES`` out (:class:`GpuPlan`). NVML enumerates every GPU whatever
+``CUDA_VISIBLE_DEVICES`` says, so :func:`select` applies a process's own value as CUDA reads it;
+the controller and the tasks' sampler both map through here.
 """
 
 from __future__ import annotations
@@ -183,12 +179,10 @@ def plan_gpus(request: GpuRequest, tasks: Sequence[TaskId], *, where: Placement 
               seen: Sequence[Device] | None = None, notebook_cvd: str | None = None,
               env_cvd: str | None = None,
               hosts: Mapping[TaskId, str] | None = None) -> GpuPlan:
-    """Each task's GPUs: workers and the chief get disjoint contiguous sets, an even share of
-    the GPUs (``per_task`` each if asked), taking turns when they outnumber them; the other
-    roles none. ``seen``: the devices NVML reads on this host (None: no NVML);
-    ``notebook_cvd``: this process's own CUDA_VISIBLE_DEVICES; ``env_cvd``: one given with
-    ``env=``, which wins; ``hosts``: the host of each task (PER_HOST: each host's tasks share
-    out the same devices). SpecError for what cannot be placed."""
+    """Each task's GPUs (docs/reference.md, GPU placement). ``seen``: the devices NVML reads on
+    this host (None: no NVML); ``notebook_cvd``: this process's own CUDA_VISIBLE_DEVICES;
+    ``env_cvd``: one given with ``env=``, which wins; ``hosts``: each task's host (PER_HOST).
+    SpecError for what cannot be placed."""
     if env_cvd is not None:
         return GpuPlan(notes=(GpuNote(NoteKind.ENV_WINS, f"{CVD}={env_cvd!r} from --env: every "
                                       "task starts with it, --gpus is not applied"),))

@@ -1,10 +1,7 @@
 """What the host's operating system answers where Linux and macOS differ: the one platform seam.
-
-tfdist_nb targets Linux, where ``/proc`` answers these questions exactly; where there is none
-(macOS) psutil and the standard library answer them, and each function says what its fallback
-lacks (docs/reference.md, "Platforms"). ``PROC`` is the one switch: the tests point it at a
-missing path to run the fallbacks on Linux. Standard library at import (psutil when a fallback
-runs): the worker side and the remote bootstrap import it too.
+``/proc`` answers exactly; without it (macOS) psutil does, and each function says what its
+fallback lacks (docs/reference.md, "Platforms"). ``PROC`` is the switch the tests point at a
+missing path to run the fallbacks on Linux. Stdlib at import: the remote bootstrap imports it.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 PROC = Path("/proc")
-#: the ports where outgoing connections live when the host does not say (IANA's dynamic ports,
-#: what macOS uses)
+#: IANA's dynamic ports (macOS's), where outgoing connections live when the host does not say
 IANA_EPHEMERAL_LOW = 49152
 #: psutil's process statuses as ``/proc/PID/stat`` letters them
 _LETTERS = {"running": "R", "sleeping": "S", "disk-sleep": "D", "stopped": "T",
@@ -54,10 +50,8 @@ def process_state(pid: int) -> str | None:
 
 
 def zombie_status(pid: int) -> int | None:
-    """The exit code of ``pid`` when it is a zombie (ended, not yet reaped by its parent), from
-    ``/proc/PID/stat``'s exit_code field (Linux 3.5+); None otherwise. Without /proc always
-    None: nothing but its parent's wait says how a zombie ended, so it is seen ended only when
-    its parent reaps it or dies."""
+    """The exit code of ``pid`` when it is a zombie, from ``/proc/PID/stat``'s exit_code field
+    (Linux 3.5+); else None. Without /proc always None: only the parent's wait could say."""
     fields = _stat(pid) if has_proc() else []
     if len(fields) < 50 or fields[0] != "Z":
         return None
@@ -82,10 +76,9 @@ def tcp_table_listeners(text: str) -> list[tuple[str, int]]:
 
 
 def tcp_listeners(pids: Iterable[int] | None) -> list[tuple[str, int]]:
-    """``(address, port)`` of listening TCP sockets: with /proc every one of the host (its
-    ``net/tcp`` and ``tcp6``); without, those of processes ``pids`` (psutil), which are this
-    user's own, or with ``pids`` None every process's (listing those takes root on macOS:
-    psutil.AccessDenied otherwise, for the caller to read as "cannot tell")."""
+    """``(address, port)`` of listening TCP sockets: with /proc every one of the host; without,
+    those of ``pids`` (psutil), or with ``pids`` None every process's, which takes root on
+    macOS (psutil.AccessDenied otherwise, for the caller to read as "cannot tell")."""
     if has_proc():
         return [found for name in ("tcp", "tcp6")
                 for found in tcp_table_listeners(_read(PROC / "net" / name))]

@@ -1,31 +1,23 @@
 """How completed collectives travel: repeated calls folded into runs, unfolded on arrival (pure).
 
-A training loop issues the same collectives every step, so a ledger sent row by row is the same
-dozen fields again and again: about 200 kB a second per task at 200 steps/s, encoded on the task
-and decoded, written and indexed on the controller, all on the cores the training needs
-(bench/, part c). Consecutive completed calls of one traced function from one line (or eager
-collectives from one line) are therefore sent as one *run*: the fields they share once, and per
-call only its first sequence number and its times. ``unfold`` gives back exactly the rows that
-were folded, so the controller, the run directory and the JupyterLab pane see every collective
-(docs/reference.md, "Collectives and hangs").
-
-A call is folded only when the run's arithmetic reproduces its sequence numbers, positions and
-call numbers; anything else (an open, failed or aborted row, a manifest check) goes as a row.
+A training loop issues the same collectives every step: sent row by row that is about 200 kB a
+second per task at 200 steps/s, on the cores the training needs. Consecutive completed calls
+from one line are sent as one *run* (shared fields once, per call its first sequence number and
+times); a call is folded only when the run's arithmetic reproduces its sequence numbers,
+positions and call numbers, so ``unfold`` gives back exactly the rows.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-#: Ledger rows that are waits for other tasks, not TensorFlow collectives: no group, no position
-#: (``index`` None), ``members`` the tasks waited for, ``check`` a key the same on every task.
-#: ``check``: the comparison of a tf.function's collectives before its first run; ``startup``:
-#: the making of a MultiWorkerMirroredStrategy (docs/reference.md, "Collectives and hangs").
+#: Ledger rows that are waits for other tasks, not TensorFlow collectives (no group, no
+#: position): ``check`` compares a tf.function's collectives before its first run, ``startup``
+#: is the making of a MultiWorkerMirroredStrategy (docs/reference.md, "Collectives and hangs").
 BARRIER_KINDS = frozenset({"check", "startup"})
 
-#: what TensorFlow raises in a collective that was released, not failed: aborted
-#: (``abort_collective_ops``, a peer gone), cancelled; the ledger, the runner, the hang rules
-#: and the explanations read a released collective by these names
+#: what TensorFlow raises in a collective that was released (aborted, a peer gone, cancelled),
+#: not failed
 RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
 
 # The fields a row's collective shares with the same collective in the next call of the run.

@@ -1,13 +1,6 @@
-"""Files of this user's, opened without trusting what is in their place (docs/security.md).
-
-Reading: the JupyterLab server extension reads run directories on the Jupyter server's own
-event loop; a FIFO named ``state.json`` would block ``open()`` forever, and a symlink would
-serve whatever it points at. A file is opened non-blocking and without following a link, and
-read only when it is a regular file: anything else reads as missing.
-
-Writing: the run directory's files and the tasks' process logs are written only into a
-regular file of this user's; a link, a FIFO or another user's file found at the name is
-replaced by a new file (the run directory is owner-only: only this user or root put it there).
+"""Files of this user's, opened without trusting what is in their place (docs/security.md): a
+FIFO would block ``open()`` forever (the JupyterLab extension reads on the server's own event
+loop), and a symlink would serve or receive whatever it points at.
 """
 
 from __future__ import annotations
@@ -55,10 +48,8 @@ def regular_stat(path: Path) -> os.stat_result | None:
 
 def open_owned(path: Path, mode: str = "a", permissions: int = 0o600,
                read: bool = False) -> int:
-    """A descriptor writing ``path``, a regular file of this user's in a directory of ours.
-    Anything else found there (a link, a FIFO, a socket, a device, another user's file) is
-    removed and a new file made in its place, so nothing is written through a link and no open
-    blocks on a FIFO (a write-only open of one waits for a reader: docs/security.md).
+    """A descriptor writing ``path``, a regular file of this user's in a directory of ours;
+    anything else found there (a link, a FIFO, another user's file) is replaced by a new file.
     ``read``: also readable, so what was written is read back from this file itself."""
     flags = ((os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | NOFOLLOW | NONBLOCK
              | (os.O_APPEND if mode == "a" else os.O_TRUNC))

@@ -1,9 +1,6 @@
-"""Drawing TCP ports that are free now and unlikely to be taken before TensorFlow binds them.
-
-Ports are drawn at random below the kernel's ephemeral range (where outgoing connections and
-``bind(0)`` callers would collide with them) and checked by binding. Stdlib only (and
-:mod:`tfdist_nb.host_os`): the controller uses it for local tasks and the remote bootstrap
-(``tfdist_nb.worker.remote``) on each SSH host.
+"""Drawing TCP ports that are free now and unlikely to be taken before TensorFlow binds them:
+at random below the kernel's ephemeral range (where ``bind(0)`` callers would collide), checked
+by binding. Stdlib only: the remote bootstrap (``tfdist_nb.worker.remote``) uses it on SSH hosts.
 """
 
 from __future__ import annotations

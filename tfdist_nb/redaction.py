@@ -1,19 +1,6 @@
 """What looks like a secret, and hiding it: the one detector for everything tfdist_nb writes that
-a user may share (``%tfdist_report``) or keep (``%tfdist_export``'s warning).
-
-Three ways a secret is recognised (docs/reference.md, Reproduce):
-
-- **by its name**: a secret word anywhere in a name (``AWS_SECRET_ACCESS_KEY``, ``GITHUB_PAT``,
-  ``SENTRY_DSN``, ``NPM_AUTH``, ``token_hint``, ``KAGGLE_KEY``), for a value assigned to it in a
-  cell, given with ``--env`` or printed as ``NAME=value``;
-- **by its shape**: credentials in a URL (``postgres://user:pass@host``), an ``Authorization``
-  header's ``Bearer``/``Basic`` value, well-known token formats (AWS access key ids, GitHub,
-  GitLab, Slack, Hugging Face, Google, npm and ``sk-`` API keys, JWTs, private-key blocks,
-  Azure ``AccountKey=``/``SharedAccessSignature=``);
-- **by its value**: a value found either way is hidden wherever else it turns up (an error
-  message, a printed line).
-
-Pure: no IPython, no kernels.
+a user may share (``%tfdist_report``) or keep (``%tfdist_export``'s warning). A secret is
+recognised by its name, its shape or its value (docs/reference.md, Secrets). Pure.
 """
 
 from __future__ import annotations

@@ -50,7 +50,6 @@ class TaskStatus(StrEnum):
     INTERRUPTED = "interrupted"  # the user's interrupt (or the cluster stopped)
 
 
-
 @dataclass
 class TaskResult:
     task: str
@@ -209,11 +208,9 @@ class RunResult:
         return f"<RunResult cell {self.cell}: {self.summary()}>"
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.status)}</td>"
-            f"<td>{r.duration_s:.2f}</td><td>{html.escape(str(r.error or ''))}</td></tr>"
-            for r in self.tasks.values()
-        )
+        rows = "".join(f"<tr><td>{html.escape(r.task)}</td><td>{html.escape(r.status)}</td>"
+                       f"<td>{r.duration_s:.2f}</td><td>{html.escape(str(r.error or ''))}</td>"
+                       "</tr>" for r in self.tasks.values())
         return (f"<table><caption>cell {self.cell}: {html.escape(self.summary())}</caption>"
                 "<tr><th>task</th><th>status</th><th>duration s</th><th>error</th></tr>"
                 f"{rows}</table>")

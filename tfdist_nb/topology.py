@@ -1,9 +1,6 @@
 """The pure grammar of cluster SPECs ("1 chief 2 workers") and task lists ("0,1", "worker:0,ps:0"),
-the order tasks are listed in, and the rules of a TF_CONFIG.
-
-Both the magics and the Python API parse through here, so a mistake gets the same clear message
-wherever it is made; the launcher's self-check of the TF_CONFIGs it builds and
-``%tfdist_check tfconfig`` apply the same rules (``validate_tf_config``). No I/O, no IPython.
+the order tasks are listed in, and the rules of a TF_CONFIG: the magics, the Python API and
+``%tfdist_check tfconfig`` share them, so a mistake gets the same message wherever it is made.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ from tfdist_nb.errors import SpecError
 ROLES: tuple[str, ...] = ("chief", "worker", "ps", "evaluator")
 _PLURALS = {"chief": "chiefs", "worker": "workers", "ps": "ps", "evaluator": "evaluators"}
 _ROLE_WORDS = {**{r: r for r in ROLES}, **{p: r for r, p in _PLURALS.items()}}
-MAX_TASKS_PER_ROLE = 1024  # issue 40: measured at 1,024 (docs/performance.md)
+MAX_TASKS_PER_ROLE = 1024  # measured at 1,024 (docs/performance.md)
 SPEC_EXAMPLE = "%%tfcluster 2 workers   (or: 1 worker, 1 chief 2 workers 1 ps)"
 
 
@@ -45,10 +42,8 @@ class TaskId:
             return cls("worker", int(text))
         m = re.fullmatch(r"([a-z]+)[:/](\d+)", text)
         if not m or m.group(1) not in ROLES:
-            raise SpecError(
-                f"cannot read task {text!r}: use role:index (worker:1, chief:0, ps:0) "
-                "or a bare worker index (1)"
-            )
+            raise SpecError(f"cannot read task {text!r}: use role:index (worker:1, chief:0, "
+                            "ps:0) or a bare worker index (1)")
         return cls(m.group(1), int(m.group(2)))
 
 
@@ -111,9 +106,8 @@ def parse_spec(text: str | Iterable[str]) -> ClusterSpec:
     if not tokens:
         raise SpecError(f"no cluster SPEC given; example: {SPEC_EXAMPLE}")
     if len(tokens) % 2:
-        raise SpecError(
-            f"SPEC is pairs of '<count> <role>', got {' '.join(tokens)!r}; example: {SPEC_EXAMPLE}"
-        )
+        raise SpecError(f"SPEC is pairs of '<count> <role>', got {' '.join(tokens)!r}; "
+                        f"example: {SPEC_EXAMPLE}")
     counts: dict[str, int] = {}
     for count_text, word in zip(tokens[::2], tokens[1::2], strict=False):
         count = _parse_count(count_text, word)
@@ -123,19 +117,14 @@ def parse_spec(text: str | Iterable[str]) -> ClusterSpec:
         counts[role] = count
     if counts.get("worker") == 0 and not counts.get("chief"):
         raise SpecError(f"0 workers is not a cluster; example: {SPEC_EXAMPLE}")
-    return ClusterSpec(
-        workers=counts.get("worker", 0),
-        chief=counts.get("chief", 0),
-        ps=counts.get("ps", 0),
-        evaluator=counts.get("evaluator", 0),
-    )
+    return ClusterSpec(workers=counts.get("worker", 0), chief=counts.get("chief", 0),
+                       ps=counts.get("ps", 0), evaluator=counts.get("evaluator", 0))
 
 
 def _parse_count(text: str, word: str) -> int:
     if not re.fullmatch(r"\d+", text):
-        raise SpecError(
-            f"expected a number before {word!r}, got {text!r}; write digits: {SPEC_EXAMPLE}"
-        )
+        raise SpecError(f"expected a number before {word!r}, got {text!r}; write digits: "
+                        f"{SPEC_EXAMPLE}")
     return int(text)
 
 
@@ -144,10 +133,8 @@ def _parse_role(word: str) -> str:
     if role is None:
         close = difflib.get_close_matches(word.lower(), list(_ROLE_WORDS), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise SpecError(
-            f"unknown role {word!r}; roles are chief, worker(s), ps, evaluator.{hint} "
-            f"Example: {SPEC_EXAMPLE}"
-        )
+        raise SpecError(f"unknown role {word!r}; roles are chief, worker(s), ps, evaluator."
+                        f"{hint} Example: {SPEC_EXAMPLE}")
     return role
 
 
@@ -157,10 +144,8 @@ Targets = str | int | TaskId | Iterable[str | int | TaskId] | None
 
 
 def parse_targets(text: Targets, spec: ClusterSpec) -> list[TaskId]:
-    """Resolve ``--on``/``on=`` against a spec: ``None``/``"all"`` is every task.
-
-    A task that the spec does not have is an error naming the tasks it does have.
-    """
+    """Resolve ``--on``/``on=`` against a spec (``None``/``"all"``: every task); a task the
+    spec does not have is an error naming those it does have."""
     if text is None or (isinstance(text, str) and text.strip() in ("", "all")):
         return spec.tasks
     items: list[str | int | TaskId]
@@ -182,10 +167,8 @@ def parse_targets(text: Targets, spec: ClusterSpec) -> list[TaskId]:
         else:
             task = TaskId.parse(str(item))
         if task not in known:
-            raise SpecError(
-                f"no task {task} in a cluster of {spec}; its tasks are "
-                f"{', '.join(map(str, known))}"
-            )
+            raise SpecError(f"no task {task} in a cluster of {spec}; its tasks are "
+                            f"{', '.join(map(str, known))}")
         if task not in chosen:
             chosen.append(task)
     return chosen

@@ -24,6 +24,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import zmq
+import zmq.asyncio
 from jupyter_client.session import Session
 
 from tfdist_nb.launchers.base import Launcher, StopPath, StopReport, TaskHandle, TaskLaunch
@@ -31,6 +33,20 @@ from tfdist_nb.topology import TaskId
 
 _CALL = re.compile(r"\.call\((\".*\")\)$")
 _pids = itertools.count(900000)
+_wires = itertools.count()
+
+
+def _wire() -> tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]:
+    """A channel as an inproc zmq pair (the kernel's end, the client's), so the controller
+    reads it as it reads a real kernel's (tfdist_nb/transport/receive.py). No high-water mark:
+    the fake kernel sends from the loop that reads, and must never block on a full pipe."""
+    ends = [zmq.asyncio.Context.instance().socket(zmq.PAIR) for _ in range(2)]
+    address = f"inproc://fake-kernel-{next(_wires)}"
+    for end in ends:
+        end.sndhwm = end.rcvhwm = end.linger = 0
+    ends[0].bind(address)
+    ends[1].connect(address)
+    return ends[0], ends[1]
 
 
 class FakeKernel:
@@ -40,8 +56,8 @@ class FakeKernel:
         self.launch = launch
         self.env = dict(launch.env)
         self.session = Session(key=b"fake")
-        self.shell_q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.iopub_q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.shell, self.shell_client = _wire()
+        self.iopub, self.iopub_client = _wire()
         self.control_q: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.exit_code: int | None = None
         self.interrupted = asyncio.Event()
@@ -71,19 +87,22 @@ class FakeKernel:
         return {**self._describe(), "adopted": {"warm_s": 0.0, "low_priority_threads": 0}}
 
     # -- the protocol
-    def reply(self, queue: asyncio.Queue[dict[str, Any]], parent: dict[str, Any], kind: str,
+    def reply(self, socket: zmq.asyncio.Socket, parent: dict[str, Any], kind: str,
               content: dict[str, Any]) -> None:
-        queue.put_nowait(self.session.msg(kind, content, parent=parent["header"]))
+        if not socket.closed:
+            self.session.send(socket, kind, content, parent=parent["header"])
 
     def status(self, parent: dict[str, Any], state: str) -> None:
-        self.reply(self.iopub_q, parent, "status", {"execution_state": state})
+        self.reply(self.iopub, parent, "status", {"execution_state": state})
 
     async def on_shell(self, msg: dict[str, Any]) -> None:
         if self.exit_code is not None:
             return
         if msg["msg_type"] == "kernel_info_request":  # it runs subshells, as ipykernel 7 does
-            self.reply(self.shell_q, msg, "kernel_info_reply",
+            self.status(msg, "busy")
+            self.reply(self.shell, msg, "kernel_info_reply",
                        {"supported_features": ["kernel subshells"]})
+            self.status(msg, "idle")
             return
         content = msg["content"]
         self.status(msg, "busy")
@@ -106,7 +125,7 @@ class FakeKernel:
                 "result": self.agent[request["op"]](**request["args"])}}}
         except Exception as exc:
             out = {"status": "error", "ename": type(exc).__name__, "evalue": str(exc)}
-        self.reply(self.shell_q, msg, "execute_reply",
+        self.reply(self.shell, msg, "execute_reply",
                    {"status": "ok", "user_expressions": {"out": out}})
 
     async def _cell(self, msg: dict[str, Any], code: str) -> None:
@@ -116,7 +135,7 @@ class FakeKernel:
                 continue  # "worker:1> die -9": a line for one task only
             word, _, rest = (only if sep else line).strip().partition(" ")
             if word == "print":
-                self.reply(self.iopub_q, msg, "stream", {"name": "stdout", "text": rest + "\n"})
+                self.reply(self.iopub, msg, "stream", {"name": "stdout", "text": rest + "\n"})
             elif word == "raise":
                 name, _, text = rest.partition(": ")
                 self._error(msg, name, text)
@@ -132,24 +151,31 @@ class FakeKernel:
             elif word == "die":
                 self.exit_code = int(rest)
                 return
-        self.reply(self.shell_q, msg, "execute_reply", {"status": "ok"})
+        self.reply(self.shell, msg, "execute_reply", {"status": "ok"})
 
     def _error(self, msg: dict[str, Any], name: str, text: str) -> None:
         content = {"ename": name, "evalue": text, "traceback": [f"{name}: {text}"]}
-        self.reply(self.iopub_q, msg, "error", content)
-        self.reply(self.shell_q, msg, "execute_reply", {"status": "error", **content})
+        self.reply(self.iopub, msg, "error", content)
+        self.reply(self.shell, msg, "execute_reply", {"status": "error", **content})
 
     async def on_control(self, msg: dict[str, Any]) -> None:
         if msg["msg_type"] == "create_subshell_request" and self.exit_code is None:
-            self.reply(self.control_q, msg, "create_subshell_reply", {"subshell_id": "sub-1"})
+            self.control_q.put_nowait(self.session.msg(
+                "create_subshell_reply", {"subshell_id": "sub-1"}, parent=msg["header"]))
+
+    def close(self) -> None:
+        for socket in (self.shell, self.shell_client, self.iopub, self.iopub_client):
+            socket.close()
 
 
 class _Channel:
-    def __init__(self, handler: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(self, handler: Callable[[dict[str, Any]], Any] | None,
+                 socket: zmq.asyncio.Socket | None = None) -> None:
         self.handler = handler
+        self.socket = socket
 
     def send(self, msg: dict[str, Any]) -> None:
-        asyncio.get_running_loop().create_task(self.handler(msg))
+        asyncio.get_running_loop().create_task(self.handler(msg))  # type: ignore[misc]
 
 
 class FakeClient:
@@ -158,22 +184,28 @@ class FakeClient:
     def __init__(self, kernel: FakeKernel) -> None:
         self.kernel = kernel
         self.session = kernel.session
-        self.shell_channel = _Channel(kernel.on_shell)
+        self.shell_channel = _Channel(kernel.on_shell, kernel.shell_client)
+        self.iopub_channel = _Channel(None, kernel.iopub_client)
         self.control_channel = _Channel(kernel.on_control)
+
+    parent = None  # no KernelManager: alive while the fake task has not ended
 
     def start_channels(self, hb: bool = True) -> None:
         pass
 
-    async def wait_for_ready(self, timeout: float) -> None:
-        if self.kernel.behaviour.get("never_ready"):
-            await asyncio.sleep(timeout)
-            raise RuntimeError("kernel did not become ready")
+    async def is_alive(self) -> bool:
+        return self.kernel.exit_code is None
+
+    def stop_channels(self) -> None:
+        self.kernel.close()
 
     async def get_shell_msg(self) -> dict[str, Any]:
-        return await self.kernel.shell_q.get()
+        frames = await self.kernel.shell_client.recv_multipart()
+        return self.session.deserialize(self.session.feed_identities(frames)[1])
 
     async def get_iopub_msg(self) -> dict[str, Any]:
-        return await self.kernel.iopub_q.get()
+        frames = await self.kernel.iopub_client.recv_multipart()
+        return self.session.deserialize(self.session.feed_identities(frames)[1])
 
     async def get_control_msg(self, timeout: float) -> dict[str, Any]:
         return await asyncio.wait_for(self.kernel.control_q.get(), timeout)
@@ -191,6 +223,7 @@ class FakeHandle(TaskHandle):
         self.kernel.interrupted.set()
 
     async def stop(self, grace_s: float) -> StopReport:
+        self.close_channels()
         path = StopPath.ALREADY_DEAD if self.kernel.exit_code is not None else StopPath.REQUEST
         if self.kernel.exit_code is None:
             self.kernel.exit_code = 0

@@ -39,7 +39,7 @@ import zmq.asyncio
 from jupyter_client.session import Session
 
 from tfdist_nb.worker.ledger import Ledger, Op
-from tfdist_nb.worker.telemetry import MSG_TYPE, telemetry_interval
+from tfdist_nb.worker.telemetry import INTERVAL_ENV, MSG_TYPE, telemetry_interval
 
 CHANNELS = ("shell", "control", "stdin", "iopub", "hb")
 LEDGER_TICK_S = 0.25  # as the real telemetry thread: an open collective goes out within 0.5 s
@@ -77,7 +77,7 @@ class SimTask:
             s.linger = 0
             s.bind(f"{conn['transport']}://{conn['ip']}-{conn[channel + '_port']}")
             self.sock[channel] = s
-        self.interval = telemetry_interval(env.get("TFDIST_TELEMETRY_INTERVAL"))
+        self.interval = telemetry_interval(env.get(INTERVAL_ENV))
         self.ledger = Ledger()
         self.steps: list[list[Any]] = []
         self.step_count = self.seq = self.count = 0

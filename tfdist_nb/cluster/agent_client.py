@@ -1,10 +1,6 @@
-"""A typed client for the worker agent (:mod:`tfdist_nb.worker.rpc`): JSON both ways.
-
-Each call is a silent execute request whose only user expression is
-``tfdist_nb.worker.rpc.call(<request as a JSON string>)``; the answer comes back as the
-expression's ``application/json`` data. ``inspect=True`` sends it to the task's inspection
-subshell, which answers while the main thread is blocked inside a TensorFlow op, and bounds the
-wait by ``INSPECT_TIMEOUT_S``.
+"""A typed client for the worker agent (:mod:`tfdist_nb.worker.rpc`): each call is a silent
+execute request whose user expression returns JSON. ``inspect=True`` sends it to the task's
+inspection subshell, which answers while the main thread is blocked inside a TensorFlow op.
 """
 
 from __future__ import annotations
@@ -48,12 +44,11 @@ class AgentClient:
         self.subshell = subshell
 
     async def call(self, op: Op, *, inspect: bool = False, timeout: float | None = None,
-                   **args: Any) -> Any:
+                   **args: object) -> Any:
         """The result of ``op(**args)`` in the task; AgentError when it raised there,
         asyncio.TimeoutError past ``timeout`` (``INSPECT_TIMEOUT_S`` for ``inspect``)."""
         request = json.dumps({"op": Op(op).value, "args": args})
-        # json.dumps of the request text is a valid Python string literal: the worker sees
-        # exactly the JSON it is given, and nothing here is built with repr().
+        # json.dumps of the JSON text is a valid Python string literal: nothing built with repr()
         expr = f"__import__({_MODULE!r}, fromlist=['_']).call({json.dumps(request)})"
         ex = self.channel.execute("", None, silent=True, user_expressions={"out": expr},
                                   subshell_id=self.subshell if inspect else None)
@@ -74,15 +69,13 @@ class AgentClient:
 
     async def describe(self, preload: list[str]) -> TaskInfo:
         """Who and where the task is, after importing ``preload`` (the start-up handshake)."""
-        info: TaskInfo = await self.call(Op.DESCRIBE, preload=list(preload))
-        return info
+        return await self.call(Op.DESCRIBE, preload=list(preload))
 
     async def set_environment(self, env: dict[str, str]) -> None:
         await self.call(Op.SET_ENVIRONMENT, env=env)
 
     async def stacks(self) -> Stacks:
-        found: Stacks = await self.call(Op.STACKS, inspect=True)
-        return found
+        return await self.call(Op.STACKS, inspect=True)
 
     async def abort_collectives(self, reason: str) -> str:
         return str(await self.call(Op.ABORT_COLLECTIVES, inspect=True, reason=reason))
@@ -104,22 +97,17 @@ class AgentClient:
 
     async def warm(self, preload: list[str], nice: int, timeout: float) -> Warmed:
         """A spare imports ``preload`` at nice ``nice`` (docs/design.md, Spare kernels)."""
-        warmed: Warmed = await self.call(Op.WARM, timeout=timeout, preload=list(preload),
-                                         nice=nice)
-        return warmed
+        return await self.call(Op.WARM, timeout=timeout, preload=list(preload), nice=nice)
 
     async def adopt(self, task: str, set_env: dict[str, str], unset_env: list[str],
                     log_path: str, preload: list[str], timeout: float) -> Adopted:
         """A spare becomes ``task``: answers like ``describe``, plus ``adopted``."""
-        adopted: Adopted = await self.call(Op.ADOPT, timeout=timeout, task=task,
-                                           set_env=set_env, unset_env=unset_env,
-                                           log_path=log_path, preload=list(preload))
-        return adopted
+        return await self.call(Op.ADOPT, timeout=timeout, task=task, set_env=set_env,
+                               unset_env=unset_env, log_path=log_path, preload=list(preload))
 
     async def set_numerics(self, on: bool, dump_root: str | None,
                            timeout: float) -> NumericsState:
-        return await self.call(Op.SET_NUMERICS, timeout=timeout, on=on,
-                               dump_root=dump_root)
+        return await self.call(Op.SET_NUMERICS, timeout=timeout, on=on, dump_root=dump_root)
 
     async def profiler_server(self, timeout: float) -> int:
         return int(await self.call(Op.PROFILER_SERVER, inspect=True, timeout=timeout))
@@ -136,14 +124,12 @@ class AgentClient:
     async def profile_summary(self, logdir: str, timeout: float) -> ProfileSummary:
         return await self.call(Op.PROFILE_SUMMARY, inspect=True, timeout=timeout, logdir=logdir)
 
-    # the checks (docs/reference.md, Checks); a probe's own failure comes back as
-    # {"error": why} where the worker says so (the sharding and variables reads)
+    # the checks (docs/reference.md, Checks); a failed read answers {"error": why}
 
     async def tf_config_view(self, *, tf_config: str | None, timeout: float) -> TfConfigView:
         """TF_CONFIG as the task sees it now, or ``tf_config`` (JSON text) checked there."""
-        view: TfConfigView = await self.call(Op.TF_CONFIG_VIEW, inspect=True, timeout=timeout,
-                                             tf_config=tf_config)
-        return view
+        return await self.call(Op.TF_CONFIG_VIEW, inspect=True, timeout=timeout,
+                               tf_config=tf_config)
 
     async def open_stand_in(self, *, timeout: float) -> str:
         """Listen on the task's TF port until ``close_stand_ins`` if TensorFlow does not serve
@@ -157,9 +143,8 @@ class AgentClient:
     async def connect_peers(self, *, addresses: dict[str, str],
                             timeout: float) -> dict[str, PeerReach]:
         """A TCP connect from the task to each ``name -> host:port``."""
-        reach: dict[str, PeerReach] = await self.call(Op.CONNECT_PEERS, inspect=True,
-                                                      timeout=timeout, addresses=addresses)
-        return reach
+        return await self.call(Op.CONNECT_PEERS, inspect=True, timeout=timeout,
+                               addresses=addresses)
 
     async def allreduce_bandwidth(self, *, sizes_mb: list[float], timeout: float,
                                   implementation: str | None = None) -> Bandwidth:
@@ -174,8 +159,7 @@ class AgentClient:
         return await self.call(Op.GPU_READINGS, inspect=True, timeout=timeout)
 
     async def env_report(self, *, timeout: float) -> EnvReport:
-        report: EnvReport = await self.call(Op.ENV_REPORT, inspect=True, timeout=timeout)
-        return report
+        return await self.call(Op.ENV_REPORT, inspect=True, timeout=timeout)
 
     async def sharding_describe(self, *, expr: str, timeout: float) -> Described:
         """What ``expr`` is in the task (kind, auto-shard policy, pipeline), nothing read."""

@@ -1,12 +1,6 @@
-"""The cells a cluster runs, seen from the caller's thread: each is checked against the tasks'
-states, numbered, written to the run directory, run on the loop thread (:mod:`.runner`) while its
-events reach the caller (:mod:`.relay`), and remembered: the cells that ended ok on every task and
-the last FAILURES_KEPT that did not, with their code, are what ``%tfdist_isolate`` re-runs and
-``%tfdist_report`` describes (docs/reference.md, Isolate).
-
-A cell run with ``on_input`` lets its tasks ask for input: each question is answered in this
-thread, one at a time, and a post-mortem debugger (``debug``) is driven the same way, without
-being a cell of the user's (docs/reference.md, Input from the tasks).
+"""The cells a cluster runs, seen from the caller's thread. They are remembered because
+``%tfdist_isolate`` re-runs and ``%tfdist_report`` describes them (docs/reference.md, Isolate);
+the tasks' questions are answered in this thread (docs/reference.md, Input from the tasks).
 """
 
 from __future__ import annotations
@@ -52,9 +46,8 @@ logger = logging.getLogger(__name__)
 
 
 def ask_here(task: str, prompt: str, password: bool) -> str:
-    """Ask this process's own user, the prompt naming the task (``[worker:1] your name? ``): in
-    a notebook its input box (ipykernel forwards ``input`` and ``getpass`` to the frontend),
-    in a terminal the terminal. ``password``: not echoed (``getpass``)."""
+    """Ask this process's own user, the prompt naming the task (``[worker:1] your name? ``);
+    in a notebook ipykernel forwards ``input`` and ``getpass`` to the frontend."""
     text = f"[{task}] {prompt}"
     return getpass.getpass(text) if password else input(text)
 
@@ -81,8 +74,7 @@ class Cells:
         self.active: dict[RunControl, concurrent.futures.Future[Any]] = {}
         #: the last run that failed and its cell's code (%tfdist_report)
         self.last_failure: tuple[RunResult, str] | None = None
-        #: cells that ended ok on every task, and the last FAILURES_KEPT that did not (with
-        #: their code): what %tfdist_isolate re-runs
+        #: what %tfdist_isolate re-runs: cells ok on every task, the last failing ones
         self.passed: set[int] = set()
         self.failed: dict[int, tuple[RunResult, str]] = {}
 
@@ -97,8 +89,7 @@ class Cells:
         tasks' questions (None: their ``input()`` raises). ClusterNotRunningError if a task
         cannot take the cell (one still stalled in an earlier cell)."""
         _check_can_run(targets)
-        # the notebook's In[n] when the magic gives it (its cells are named one way in the
-        # notebook, the tasks' tracebacks and the ledger), else the next; always increasing
+        # the notebook's In[n] when given, so tracebacks and the ledger name it the same way
         self.last = max(self.last + 1, number or 0)
         cell = self.last
         hub.new_cell([rt.name for rt in targets])
@@ -134,10 +125,9 @@ class Cells:
     def debug(self, rt: TaskRuntime, on_event: Callable[[Event], None] | None,
               on_input: InputHandler, *, hub: EventHub, loop: LoopThread,
               alive: Callable[[], bool], code: str = POST_MORTEM) -> TaskResult:
-        """Run a debugger's ``code`` on ``rt`` alone with its prompts answered by
-        ``on_input``: silent (not a cell of the user's: no number, not in the run directory's
-        cells, never re-run by isolate or exported), with no stall detector or hang rules (a
-        debugger waits for a person). Returns when the debugger quits."""
+        """Run a debugger's ``code`` on ``rt`` alone, its prompts answered by ``on_input``.
+        Silent (not a user's cell: never numbered, recorded, re-run or exported) and with no
+        stall or hang rules, since a debugger waits for a person."""
         _check_can_run([rt])
         events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         listener = events.put

@@ -1,6 +1,5 @@
-"""Runs the checks of docs/reference.md (Checks) on a cluster's tasks: asks each task's probe
-(:mod:`tfdist_nb.worker.probes`) in parallel, every call bounded, and hands the answers to the
-pure analysis in :mod:`tfdist_nb.diagnostics`."""
+"""Runs the checks of docs/reference.md (Checks): each task's probe asked in parallel, every call
+bounded, the answers handed to the pure analysis in :mod:`tfdist_nb.diagnostics`."""
 
 from __future__ import annotations
 
@@ -195,12 +194,9 @@ class CheckRunner:
                        max_elements: int = consistency.MAX_ELEMENTS,
                        max_seconds: float = consistency.MAX_SECONDS,
                        unbatch: bool | None = None) -> CheckReport:
-        """EXPR (a tf.data.Dataset or a distributed dataset) read on every task: what is EXPR
-        there first (on the inspection subshells, nothing read), then every task reads it at
-        once on its main shell, the first task also reading the undistributed dataset
-        (docs/reference.md, Checks)."""
-        # describing evaluates EXPR and serialises its graph: a large in-memory dataset takes a
-        # while, so it gets the read's limit too (at least PROBE_TIMEOUT_S)
+        """EXPR (a dataset) described on the inspection subshells, then read on every task's
+        main shell at once (docs/reference.md, Checks)."""
+        # describing serialises EXPR's graph: a large in-memory dataset gets the read's limit
         described = await self._ask(
             lambda agent, limit: agent.sharding_describe(expr=expr, timeout=limit),
             max(PROBE_TIMEOUT_S, float(max_seconds)))
@@ -241,10 +237,9 @@ class CheckRunner:
 
     async def _ask_each(self, ask: Callable[[TaskRuntime, float], Awaitable[RR]],
                         timeout: float, release: bool = False) -> dict[str, RR | Failure]:
-        """Like ``_ask``, with a call per task (its arguments may differ).
-        ``release``: the op runs collectives, so once one task failed or did not answer, the
-        collectives of those still running are aborted at once (they would wait for it
-        forever), and their answers say ``"released": True`` for the analysis."""
+        """Like ``_ask``, with a call per task. ``release``: the op runs collectives, so once
+        one task failed, those still running would wait for it forever: their collectives are
+        aborted and their answers say ``"released": True``."""
         pending = {asyncio.ensure_future(_answer(ask(rt, timeout), timeout)): rt
                    for rt in self.targets}
         answers: dict[str, RR | Failure] = {}

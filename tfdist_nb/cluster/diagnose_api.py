@@ -231,7 +231,7 @@ class Diagnose:
             return export_reproducer(
                 directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
                 env=self.extra_env, python=self.python,
-                restarts=restart_times(self.rundir.iter_events()),
+                restarts=restart_times(self.rundir.iter_events(), map(str, self.spec.tasks)),
                 default_targets=None if targets == "all" else targets.split(","), force=force,
                 task_env={str(t): self.gpu_plan.env(t) for t in self.spec.tasks})
         except ExportError as exc:

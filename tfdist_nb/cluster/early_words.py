@@ -1,10 +1,7 @@
-"""What a task that a run left early is told about where it stood: its main thread's place
-from its stacks (``Inspector.stacks``), and which tasks wait in a collective for which.
-
-Stacks are read from every task left running, except a hang's waiters beyond
-``WAITER_STACKS``: the rules named the culprit from the ledgers, each waiter's ledger says which
-collective it waits in, and a stack RPC to each of 1,023 waiters cost seconds
-(docs/performance.md, issue 40).
+"""What a task that a run left early is told about where it stood (from its stacks), and which
+tasks wait in a collective for which. A hang's waiters beyond ``WAITER_STACKS`` are not asked:
+their ledgers already say where they wait, and a stack RPC to each of 1,023 waiters cost seconds
+(docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The one way a kernel this package started ends (docs/design.md, Stopping): a task at a stop
-or a restart, the old process of a restart from spares, a spare.
-
-Its channel is closed first, so nothing waits for a reply on a socket about to go, and a channel
-that fails to close never keeps the process alive; then the launcher's stop: a shutdown request,
-``grace_s``, SIGKILL to the process group (no grace: SIGKILL at once).
+"""The one way a kernel this package started ends: a task, a restart's old process, a spare.
+The channel is closed first, so nothing waits for a reply on a socket about to go, and a channel
+that fails to close never keeps the process alive; then the launcher's stop.
 """
 
 from __future__ import annotations

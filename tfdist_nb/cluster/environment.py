@@ -1,8 +1,6 @@
-"""The environment every task's kernel is started with.
-
-TF_CONFIG and the user's ``env=`` are set here, at launch, so they are in place before anything in
-the task imports TensorFlow. Variables that would make a worker behave differently from a user's
-run are dropped: ``PYTEST_CURRENT_TEST`` turns ipykernel's fd capture off (docs/design.md, Facts).
+"""The environment every task's kernel is started with: set at launch, so TF_CONFIG and ``env=``
+are in place before the task imports TensorFlow. Variables that would make a worker behave
+unlike a user's run are dropped (``PYTEST_CURRENT_TEST`` turns ipykernel's fd capture off).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from pathlib import Path
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.topology import TaskId
-from tfdist_nb.worker.telemetry import telemetry_interval
+from tfdist_nb.worker.telemetry import INTERVAL_ENV, telemetry_interval
 
 _DROP_EXACT = {"PYTEST_CURRENT_TEST", "JPY_PARENT_PID", "JPY_SESSION_NAME", "TF_CONFIG"}
 _DROP_PREFIX = ("TFDIST_TASK",)
@@ -47,15 +45,12 @@ def parse_env_items(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-INTERVAL = "TFDIST_TELEMETRY_INTERVAL"
-
-
 def check_env(env: Mapping[str, str] | None) -> None:
     """SpecError for an ``env=`` the tasks could not start with, before anything starts: a
     ``TFDIST_TELEMETRY_INTERVAL`` (here or in ``env=``) they would refuse, or a TASK_OWNED
     variable."""
-    for where, value in (("the environment", os.environ.get(INTERVAL)),
-                         ("env=", (env or {}).get(INTERVAL))):
+    for where, value in (("the environment", os.environ.get(INTERVAL_ENV)),
+                         ("env=", (env or {}).get(INTERVAL_ENV))):
         try:
             telemetry_interval(value)
         except ValueError as exc:
@@ -71,12 +66,11 @@ SAMPLES_PER_S = 512
 
 
 def telemetry_env(tasks: int, extra: Mapping[str, str]) -> dict[str, str]:
-    """The tasks' seconds between heartbeats: the default 1 s up to ``SAMPLES_PER_S`` tasks,
-    ``tasks / SAMPLES_PER_S`` beyond (2 s at 1,024), unless ``TFDIST_TELEMETRY_INTERVAL`` is
-    set here or in ``env=`` (the one step to choose another)."""
-    if tasks <= SAMPLES_PER_S or INTERVAL in os.environ or INTERVAL in extra:
+    """The tasks' heartbeat interval beyond ``SAMPLES_PER_S`` tasks (2 s at 1,024), unless
+    ``TFDIST_TELEMETRY_INTERVAL`` is set here or in ``env=``."""
+    if tasks <= SAMPLES_PER_S or INTERVAL_ENV in os.environ or INTERVAL_ENV in extra:
         return {}
-    return {INTERVAL: f"{tasks / SAMPLES_PER_S:.3g}"}
+    return {INTERVAL_ENV: f"{tasks / SAMPLES_PER_S:.3g}"}
 
 
 def worker_env(task: TaskId, tf_config: str, extra: Mapping[str, str] | None,

@@ -1,9 +1,6 @@
-"""Tasks whose process ends while no cell runs on them: found within ``WATCH_S``, marked dead
-and said as an alert naming the task and how it ended.
-
-During a cell the runner notices an exit itself (:mod:`.runner`); between cells nothing else
-would, and the dashboard would show a dead task as idle until the next cell failed on it
-(docs/reference.md, States).
+"""Tasks whose process ends while no cell runs on them, marked dead and said as an alert.
+During a cell the runner notices an exit itself; between cells nothing else would, and the
+dashboard would show a dead task as idle until the next cell failed on it.
 """
 
 from __future__ import annotations
@@ -25,11 +22,9 @@ WATCH_S = 1.0
 
 
 class ExitWatch:
-    """Says an idle task's exit: it waits on the exit futures of the idle tasks' processes
-    (each process has one watcher, :meth:`TaskHandle.exit_future`), looking again every
-    ``WATCH_S`` for tasks that became idle. ``network``: the launcher's
-    :meth:`~tfdist_nb.launchers.base.Launcher.network_trouble`, looked at as often, so the
-    tasks' outbound network going (slirp4netns ending) is said once, during a cell too."""
+    """Says an idle task's exit, waiting on its exit future and looking again every ``WATCH_S``
+    for tasks that became idle. ``network``: the launcher's ``network_trouble``, looked at as
+    often, so the tasks' outbound network going (slirp4netns ending) is said once."""
 
     def __init__(self, tasks: dict[TaskId, TaskRuntime],
                  note: Callable[[str, str, str], None],

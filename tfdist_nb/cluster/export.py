@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb import redaction
-from tfdist_nb.events import RESTART
+from tfdist_nb.events import Restart
 from tfdist_nb.store.rundir import foreign, replace_private
 from tfdist_nb.topology import ClusterSpec
 
@@ -262,13 +262,10 @@ exit $failed
 '''
 
 
-def restart_times(events: Iterable[dict[str, Any]]) -> list[float]:
-    """When tasks were restarted, from the run's notes of topic ``events.RESTART`` (one time
-    per restart: its tasks' notes come within seconds)."""
-    times: list[float] = []
-    for rec in events:
-        restart = rec.get("kind") == "note" and rec.get("topic") == RESTART
-        if restart and (not times or rec["time"] - times[-1] > 5):
-            times.append(rec["time"])
-    return times
+def restart_times(events: Iterable[dict[str, Any]], every: Iterable[str]) -> list[float]:
+    """When each of the tasks ``every`` was restarted together, from the run's ``Restart``
+    records (by their fields, never by words)."""
+    tasks = set(every)
+    return [rec["time"] for rec in events if rec.get("kind") == Restart.kind
+            and tasks <= set(rec.get("tasks") or ())]
 

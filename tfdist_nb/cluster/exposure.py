@@ -1,14 +1,8 @@
-"""Who can reach a local cluster's TensorFlow ports, read from the kernel's socket tables.
-
-TensorFlow's gRPC server (started with the strategy) binds ``0.0.0.0`` and ``::`` whatever
-TF_CONFIG says, and takes any request unauthenticated (docs/security.md, "What TensorFlow itself
-opens"). A local cluster's tasks share the controller's network namespace, so the controller sees
-their listening sockets (:func:`tfdist_nb.host_os.tcp_listeners`: ``/proc/net/tcp`` and ``tcp6``,
-or psutil on macOS); a port bound to every interface is said once per cluster and set of ports,
-naming the tasks and ports. Remote tasks' tables are on their hosts: there the line follows what
-the tasks did (a strategy whose start-up completed, a parameter-server cluster's servers),
-naming each task's host and port (``describe_remote``).
-``exposure_line`` picks the way for a cluster's launcher (``Cluster.exposure_note``).
+"""Who can reach a cluster's TensorFlow ports. TensorFlow's gRPC server binds every interface
+whatever TF_CONFIG says and takes any request unauthenticated (docs/security.md, "What
+TensorFlow itself opens"). A local cluster's tasks share the controller's network namespace, so
+their sockets are read here; remote tasks' tables are on their hosts, so there the line follows
+what the tasks did (a strategy started, a parameter-server cluster's servers).
 """
 
 from __future__ import annotations

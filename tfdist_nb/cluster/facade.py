@@ -1,10 +1,6 @@
 """The ``Cluster`` facade (docs/reference.md, Python API): validate arguments, hand the work to
-the cluster's loop thread, wait with a deadline.
-
-Every other job has a module of its own (docs/design.md, "Rooms of the package"): tasks start
-and stop in :mod:`.lifecycle`, cells run in :mod:`.cells` and :mod:`.runner`, spare kernels are
-in the session's pools (:mod:`.spares`); the tools that look into the tasks (stacks, checks,
-the reproducer, the report, ...) are the :mod:`.diagnose_api` mixin's.
+the cluster's loop thread, wait with a deadline. The work itself lives in the modules of
+docs/design.md, "Rooms of the package".
 """
 
 from __future__ import annotations
@@ -13,9 +9,9 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -50,15 +46,12 @@ from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
 from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
-from tfdist_nb.topology import ClusterSpec, TaskId, parse_targets
+from tfdist_nb.topology import ClusterSpec, Targets, TaskId, parse_targets
+
+if TYPE_CHECKING:
+    from tfdist_nb.display.dashboard import Dashboard
 
 logger = logging.getLogger(__name__)
-
-
-def current() -> Cluster | None:
-    """The notebook's active cluster (the one the magics drive), or None
-    (:func:`tfdist_nb.cluster.registry.current`, for the modules below the facade)."""
-    return cast("Cluster | None", SESSION.clusters.current())
 
 
 def _launcher_type(launcher: str | Launcher) -> type[Launcher]:
@@ -80,7 +73,7 @@ class Cluster(Diagnose):
                  run_dir: str | os.PathLike[str] | None = None,
                  preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
                  launcher_options: Mapping[str, Any] | None = None,
-                 warm: bool | int | None = None, gpus: Any = "auto",
+                 warm: bool | int | None = None, gpus: str | Sequence[str | int] = "auto",
                  gpus_per_task: int | None = None) -> None:
         if said := platform_refusal():
             raise SpecError(said)
@@ -98,29 +91,27 @@ class Cluster(Diagnose):
                   else make_launcher(launcher, self.hosts, python, self.launcher_options))
         # A remote interpreter is looked up on its host (the probe says if it is missing there).
         interpreter = (python or sys.executable) if chosen.remote else resolve_python(python)
-        # each task's GPUs (docs/reference.md, GPUs): NVML is read here, before any start
+        # NVML is read here, so a request that cannot be met fails before any start
         self.gpu_request, plan = place(gpus, gpus_per_task, spec, chosen, env or {})
         self.setup = Setup(spec=spec, launcher=chosen, python=interpreter,
                            preload=tuple(preload), extra_env=dict(env or {}),
                            start_timeout=float(start_timeout), gpus=plan)
         self.tasks: dict[TaskId, TaskRuntime] = {}
         self.running = False
-        # spare kernels (docs/reference.md, warm=): how many; the pool is the session's
         self._spares = PoolUser(self.setup, spare_count(warm, chosen, self.setup), self.tasks,
                                 lambda text, level: self._note("spares", text, level))
         self.stall_timeout = float(stall_timeout)
         self._run_root = run_dir
         self._exposure_said = exposure.SaidOnce()
         self.id = new_cluster_id()
-        # setup, rundir, live and hub: read-only, for extensions and tests (docs/reference.md,
-        # the Cluster's attributes); set here and at the start only
+        # read-only for extensions and tests (docs/reference.md, the Cluster's attributes)
         self.rundir: RunDirectory | None = None
         self.live = LiveStore()
         self.hub: EventHub | None = None
         self._state: StateFile | None = None  # state.json for the lab panes (store/state.py)
         self._lifecycle: Lifecycle | None = None
         self._loop: LoopThread | None = None
-        self._dashboard: Any = None
+        self._dashboard: Dashboard | None = None
         self.last_stop: list[StopReport] = []
         self._profiler = Profiler(self.tasks, self._require_loop)
         self._cells = Cells(self._profiler)  # the cells run, and how they ended
@@ -154,10 +145,9 @@ class Cluster(Diagnose):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, *, announce: bool = True) -> Cluster:
-        """Start every task in parallel; ``start_timeout`` bounds the whole start.
-        ``announce``: log the network the tasks got (logger ``tfdist_nb``; WARNING when their
-        TF ports are open on the host's network or they have no outbound network, else INFO),
-        what a script sees; ``%%tfcluster`` prints it in its own start lines instead."""
+        """Start every task in parallel; ``start_timeout`` bounds the whole start. ``announce``:
+        log the network the tasks got (WARNING when their TF ports are open on the host's
+        network or they have no outbound network); ``%%tfcluster`` prints its own lines."""
         if self.running:
             return self
         self.rundir = RunDirectory(self._run_root, self.id)
@@ -195,11 +185,8 @@ class Cluster(Diagnose):
 
     def stop(self, *, keep_spares: bool = False) -> list[StopReport]:
         """End every task and spare at once (shutdown request, short grace, then SIGKILL).
-
-        ``keep_spares``: a cluster about to replace this one (``%%tfcluster`` resize) takes
-        over its spare kernels: they are kept in the session, and the tasks are killed without
-        grace (docs/design.md, Spare kernels).
-        """
+        ``keep_spares``: the spares are kept for the cluster about to replace this one (a
+        ``%%tfcluster`` resize), and the tasks are killed without grace."""
         if self._loop is None:
             return self.last_stop
         self._cells.stop_all(self._loop)
@@ -240,12 +227,12 @@ class Cluster(Diagnose):
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def restart(self, on: Any = None) -> None:
+    def restart(self, on: Targets = None) -> None:
         """Bring the targeted tasks back as fresh kernels with the same TF_CONFIG.
 
         With spare kernels (``warm=``) the tasks are spares adopted in well under a second; a
         restart of every task then also moves to fresh TF ports. A task no spare fits starts
-        cold, and ``warm_note`` says why in one line."""
+        cold, and ``str(warm_outcome)`` says why in one line."""
         targets = self._runtimes(on, allow_dead=True)
         if not self.launcher.restartable:
             raise TfdistError(f"the {self.launcher.name} launcher cannot restart single tasks: "
@@ -265,13 +252,6 @@ class Cluster(Diagnose):
         """How the last start or restart used spare kernels (``adopted``, ``still_warming``,
         ``cold``, ``why_cold``, ``fresh_ports``); None without spares."""
         return self._lifecycle.warm if self._lifecycle is not None else None
-
-    @property
-    def warm_note(self) -> str | None:
-        """``warm_outcome`` in one line: ``"2 task(s) from spare kernels on fresh TF ports"``,
-        or ``"cold start for ...: <why>"``; None without spares."""
-        outcome = self.warm_outcome
-        return None if outcome is None else str(outcome)
 
     def spares(self) -> dict[str, Any]:
         """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,
@@ -298,7 +278,7 @@ class Cluster(Diagnose):
                 SESSION.give_back(pool, self._spares, keep)
 
     # ------------------------------------------------------------------ running cells
-    def interrupt(self, on: Any = None, grace_s: float = 2.0) -> list[str]:
+    def interrupt(self, on: Targets = None, grace_s: float = 2.0) -> list[str]:
         """Interrupt the targeted tasks: SIGINT first; a task with a thread still inside a
         TensorFlow op ``grace_s`` later (SIGINT cannot reach it there, docs/design.md) gets its
         collectives aborted. Returns the tasks whose collectives were aborted."""
@@ -306,23 +286,19 @@ class Cluster(Diagnose):
         return self._require_loop().run(self._inspector().interrupt(targets, grace_s),
                                         grace_s + 20)
 
-    def run(self, code: str, on: Any = None, timeout: float | None = None, *,
+    def run(self, code: str, on: Targets = None, timeout: float | None = None, *,
             on_event: Callable[[Event], None] | None = None,
             stall_timeout: float | None = None,
             on_input: InputHandler | None = None, number: int | None = None) -> RunResult:
         """Run ``code`` on the targeted tasks at once and return when all have ended.
 
-        ``number``: the cell's number in the notebook (``%%tfcluster`` gives its ``In[n]``), so
-        the run, the tasks' tracebacks (``Cell In[n]``) and the ledger (``cell n line L``) name
-        it as the notebook does; a number not above the last run's takes the next.
-
-        ``on_event`` is called in the caller's thread with every event while the cell runs (the
-        magic uses it to show output live). Pressing interrupt interrupts the tasks. A task with
-        no progress for ``stall_timeout`` (default: the cluster's) ends the run as stalled.
-        ``on_input(task, prompt, password) -> str`` answers the tasks' ``input()``,
-        ``getpass`` and pdb prompts in the caller's thread, one at a time in the order they
-        asked (``ask_here`` asks this process's user); without it they raise ipykernel's
-        StdinNotImplementedError (docs/reference.md, Input from the tasks).
+        ``number``: the cell's ``In[n]``, so tracebacks and the ledger name it as the notebook
+        does (one not above the last run's takes the next). ``on_event`` gets every event in
+        the caller's thread while the cell runs; pressing interrupt interrupts the tasks. A task
+        with no progress for ``stall_timeout`` (default: the cluster's) ends the run as stalled.
+        ``on_input(task, prompt, password) -> str`` answers the tasks' ``input()``, ``getpass``
+        and pdb prompts in the caller's thread (``ask_here`` asks this process's user); without
+        it they raise StdinNotImplementedError (docs/reference.md, Input from the tasks).
         """
         targets = self._runtimes(self._default_targets() if on is None else on)
         if timeout is not None and timeout <= 0:
@@ -343,12 +319,10 @@ class Cluster(Diagnose):
         frame.attrs["spares"] = self.spares()
         return frame
 
-    def logs(self, on: Any = None, grep: str | None = None, tail: int | None = None,
+    def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
              level: str | None = None) -> pd.DataFrame:
-        """The merged log of all tasks from the run directory: time, task, stream, level, text.
-
-        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``).
-        """
+        """The merged log of all tasks from the run directory: time, task, stream, level, text;
+        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``)."""
         if self.rundir is None:
             raise ClusterNotRunningError("the cluster has not been started")
         names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
@@ -376,7 +350,7 @@ class Cluster(Diagnose):
         """The current cell's stragglers by task name, with their lateness."""
         return self.hub.stragglers if self.hub is not None else {}
 
-    def dashboard(self, start: bool = True) -> Any:
+    def dashboard(self, start: bool = True) -> Dashboard:
         """The live dashboard, an ipywidgets box: display it, or leave it as a cell's last
         expression. A new one retires the previous one's refresh timer."""
         from tfdist_nb.display.dashboard import Dashboard
@@ -421,7 +395,7 @@ class Cluster(Diagnose):
         return f"<p><b>{self!r}</b></p>" + self.status().to_html(index=False, na_rep="")
 
     # ------------------------------------------------------------------ internals
-    def _runtimes(self, on: Any, allow_dead: bool = False) -> list[TaskRuntime]:
+    def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
         if not self.running:
             raise ClusterNotRunningError("the cluster is not running; start() it first")
         targets = [self.tasks[t] for t in parse_targets(on, self.spec)]

@@ -1,7 +1,6 @@
-"""Where a cluster's GPUs go (docs/reference.md, GPUs): its launcher says who places them, NVML
-on this host says which there are, and :mod:`tfdist_nb.gpu_plan` decides. Made once, with the
-``Cluster``, so a request that cannot be met is a SpecError before anything starts; each task's
-share is in its environment from then on (``Lifecycle``), in the run directory's ``env.json``.
+"""Where a cluster's GPUs go (docs/reference.md, GPU placement): its launcher says who places
+them, NVML here says which there are, :mod:`tfdist_nb.gpu_plan` decides. Made with the
+``Cluster``, so a request that cannot be met is a SpecError before anything starts.
 """
 
 from __future__ import annotations

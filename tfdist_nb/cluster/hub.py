@@ -1,10 +1,6 @@
-"""The cluster's event hub: every event of every task passes here, on the loop thread.
-
-Disk first (the run directory keeps everything; a disk that refuses the write holds the batch in
-memory and never keeps it from the rest, docs/reference.md), then the live store, then the
-listeners (a running cell's relay). The detectors that read the stream live here too: straggler
-lateness from step records, strategy start-up waits from TensorFlow's log, and the tasks' own
-notes; what they find becomes a note (kept with the events) and, at WARNING or above, an alert.
+"""The cluster's event hub: every event of every task passes here, on the loop thread, to
+disk first, then the live store, then the listeners. Detectors that read the stream (stragglers,
+strategy start-up waits, the tasks' own notes) live here too; a WARNING finding is an alert.
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.store.tails import LiveStore
 
 STRAGGLER_ROWS = 60
-#: the straggler check reads every task's steps; it runs again only after this many times its
-#: own last duration, so it takes at most 1/20 of the loop (at 1,024 tasks a check per step
-#: record was 1,024 checks a second: docs/performance.md, issue 40)
+#: the straggler check reads every task's steps; it waits this many times its own last
+#: duration before the next, so it takes at most 1/20 of the loop (docs/performance.md)
 STRAGGLER_SPACING = 20.0
 ALERTS_KEPT = 50
 RUN_DIRECTORY = "run directory"  # the name the disk's troubles are said under
@@ -35,11 +30,8 @@ Listener = Callable[[list[Event]], None]
 
 
 class EventHub:
-    """Fans events out to disk, the live store, listeners and detectors.
-
-    ``task_states`` says each task's role and state by name (the detectors name tasks that are
-    not running a cell, and judge stragglers among workers and the chief only).
-    """
+    """Fans events out to disk, the live store, listeners and detectors. ``task_states``
+    gives each task's role and state: stragglers are judged among workers and the chief only."""
 
     def __init__(self, rundir: RunDirectory, live: LiveStore,
                  task_states: Callable[[], dict[str, tuple[str, str]]]) -> None:
@@ -61,8 +53,7 @@ class EventHub:
         self._straggler_later: asyncio.TimerHandle | None = None
 
     def new_cell(self, targets: list[str] | None = None) -> None:
-        """Stragglers are judged afresh in each cell, on its own steps, with a new alert;
-        ``targets``: the tasks running it."""
+        """Stragglers are judged afresh in each cell, on its own steps."""
         self.stragglers, self._cell_started = {}, time.time()
         self._waits_said = {}
         self._running = set(targets or ())
@@ -114,7 +105,7 @@ class EventHub:
     def note(self, task: str, text: str, level: str = "INFO", topic: str | None = None,
              kind: str | None = None, about: tuple[str, ...] = ()) -> None:
         """A finding or a controller message about ``task``, kept with its events; ``topic``
-        what a program finds it by (``events.RESTART``); a warning is also an ``Alert`` of
+        what a program finds it by (``events.HANG``); a warning is also an ``Alert`` of
         ``kind`` (default: the topic) concerning ``task`` and the tasks in ``about``."""
         if level in ("WARNING", "ERROR", "CRITICAL"):
             self.alerts.append(Alert(task, text, level, kind or topic, about))
@@ -165,9 +156,8 @@ class EventHub:
         states = self._task_states()
         said = self._waits_said[wait.task] = self._waits_said.get(wait.task, 0) + 1
         if said == 1 and set(wait.stragglers) <= self._running:
-            # every task it waits for was sent this cell and joins in a moment (a healthy
-            # start; by the time TF's line is here it may even have ended the cell); TensorFlow
-            # repeats the wait while it lasts, and that is said
+            # a healthy start: every task it waits for was sent this cell and joins in a
+            # moment; TensorFlow repeats the line while the wait lasts, and that is said
             return
         named = [f"{n} ({states[n][1] if n in states else 'not in this cluster'})"
                  for n in wait.stragglers]

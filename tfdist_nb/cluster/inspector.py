@@ -1,8 +1,6 @@
-"""What the runner may learn about a busy task, and the stacks/abort calls it makes.
-
-Progress comes from the live store; stacks and collective aborts go through each task's
-inspection subshell (they answer while the main thread is blocked inside a TensorFlow op), every
-call bounded in time. Satisfies :class:`tfdist_nb.cluster.runner.Inspector`.
+"""What the runner may learn about a busy task (:class:`tfdist_nb.cluster.runner.Inspector`).
+Stacks and aborts go through each task's inspection subshell, which answers while the main
+thread is blocked inside a TensorFlow op.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ from tfdist_nb.worker.replies import Stacks
 
 HEARTBEAT_GAP_S = 5.0
 #: stacks and abort RPCs in flight at once: each is bounded by INSPECT_TIMEOUT_S from when it is
-#: sent, which 1,023 sent together on a busy loop could pass (docs/performance.md, issue 40)
+#: sent, which 1,023 sent together on a busy loop could pass (docs/performance.md)
 RPCS_IN_FLIGHT = 64
 
 
@@ -61,11 +59,9 @@ class Inspector:
 
     def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
                       ended: Mapping[str, str], since: float) -> None:
-        """Say once per cell when a busy task's heartbeats stop: its Python threads are frozen,
-        which TensorFlow does while it holds the GIL (creating a strategy that waits for its
-        peers, for one); name the tasks that ended this cell (``ended``: name -> status) and
-        those not running it. ``since``: when the cell was sent (a task stopped before its
-        first heartbeat of the cell is quiet since then)."""
+        """Say once per cell when a busy task's heartbeats stop (TensorFlow holding the GIL
+        freezes its Python threads), naming the peers that ended or are not running the cell.
+        ``since``: when the cell was sent."""
         v = self.hub.live.view(rt.name)
         last = max(v.last_sample or since, since)
         if time.time() - last < HEARTBEAT_GAP_S:
@@ -93,9 +89,8 @@ class Inspector:
         self.hub.note(rt.name, text, "WARNING", kind="stall")
 
     def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None:
-        """Say once per cell that ``rt`` waits in a collective while ``prompting`` tasks sit
-        at an input prompt: a wait for a person, not a hang (docs/reference.md, Input from the
-        tasks). Kept with the events (INFO), not an alert."""
+        """Say once per cell (INFO, not an alert) that ``rt`` waits in a collective for tasks at
+        an input prompt: a wait for a person, not a hang."""
         row = self.ledger(rt.name).current()
         if row is None or rt.name in self._waiting_said:
             return
@@ -138,8 +133,7 @@ class Inspector:
         return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
 
     async def abort_collectives(self, targets: list[TaskRuntime], reason: str) -> list[str]:
-        """Abort the collectives of every target (the agent's inspection subshell answers while
-        a collective blocks the main thread), said in one alert naming them; their names."""
+        """Abort the collectives of every target, said in one alert; returns their names."""
         async def one(rt: TaskRuntime) -> str | None:
             if rt.agent is None or rt.state is TaskState.DEAD:
                 return None

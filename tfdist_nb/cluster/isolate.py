@@ -45,7 +45,7 @@ from tfdist_nb.diagnostics.isolate_variants import (
 )
 from tfdist_nb.errors import ClusterStartError, SpecError, TfdistError
 from tfdist_nb.results import RunResult, TaskStatus
-from tfdist_nb.topology import ClusterSpec
+from tfdist_nb.topology import ClusterSpec, Targets
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.hub import EventHub
@@ -104,7 +104,7 @@ class Cluster(Protocol):
     def passed_cells(self) -> set[int]: ...
     def start(self, *, announce: bool = True) -> object: ...
     def stop(self, *, keep_spares: bool = False) -> object: ...
-    def run(self, code: str, on: Any = None, timeout: float | None = None) -> RunResult: ...
+    def run(self, code: str, on: Targets = None, timeout: float | None = None) -> RunResult: ...
 
 
 class Isolation:
@@ -169,7 +169,8 @@ class Isolation:
         every task was last restarted (fresh kernels forgot the cells before)."""
         assert self.cluster.rundir is not None
         at = next((c["time"] for c in self.history if c["cell"] == self.cell), time.time())
-        restarts = [t for t in restart_times(self.cluster.rundir.iter_events()) if t < at]
+        every = map(str, self.cluster.spec.tasks)
+        restarts = [t for t in restart_times(self.cluster.rundir.iter_events(), every) if t < at]
         since = restarts[-1] if restarts else 0.0
         return [c for c in self.history if since < c["time"] < at and c["cell"] < self.cell
                 and c["cell"] in self.cluster.passed_cells]

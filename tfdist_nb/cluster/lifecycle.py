@@ -1,21 +1,12 @@
-"""Starting, restarting and stopping a cluster's tasks, every step bounded.
+"""Starting, restarting and stopping a cluster's tasks, every step bounded (docs/design.md,
+Start-up): a task that fails on the way is noticed within a poll, started once more on fresh
+endpoints, else reported with its process log's tail; ``start_timeout`` bounds the whole start.
 
-Start-up of one task: the launcher starts its process, the kernel channels come up, the worker
-agent answers the handshake (after importing ``preload``), iopub is seen to work, and an
-inspection subshell is made. A task that fails on the way (its process exits, its log shows a
-socket it could not bind, a step fails) is noticed within a poll interval, started once more on
-fresh endpoints, and otherwise reported with the tail of its process log. ``start_timeout``
-bounds the whole start of the cluster, retries included (docs/design.md, Start-up).
-
-With a pool of spare kernels (:mod:`.spares`, the session's pool of the cluster's kernel key,
-held in ``spares`` while the cluster runs), a start or restart first takes spares: each is
-adopted as its task (environment, TF_CONFIG, identity, process log) in one agent call, and the
-tasks no spare fits start cold as above, said in one line (``warm``, a ``WarmOutcome``). A spare
-still warming when taken is waited for about as long as the rest of a cold start would take
-(``spare.await_warm``), then dropped for a cold start. A restart kills the old processes at
-once (no grace: nothing of theirs is kept, and TensorFlow only logs SIGTERM); one from spares
-that restarts every task moves it to fresh, verified TF ports so nothing waits for the old ones
-to be freed. Each step of a start is watched by :mod:`.start_steps`.
+A start or restart first takes the pool's spares (:mod:`.spares`; adopted by
+:func:`.spare.adopt`), the rest start cold (forked where the launcher can), said in one line
+(``warm``). A restart kills the old processes at once: nothing of theirs is kept, and
+TensorFlow only logs SIGTERM. One of every task from spares moves to fresh, verified TF ports so
+nothing waits for the old ones to be freed.
 """
 
 from __future__ import annotations
@@ -33,22 +24,14 @@ from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.environment import telemetry_env, worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
-from tfdist_nb.cluster.spare import (
-    NoSpare,
-    Spare,
-    WarmOutcome,
-    WhyCold,
-    await_warm,
-    copy_start_log,
-    env_delta,
-)
+from tfdist_nb.cluster.spare import Spare, WarmOutcome, adopt
 from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.start_steps import Setup, StartFailed, late, log_size, unless_it_dies
 from tfdist_nb.cluster.state import TaskEvent
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.errors import ClusterStartError
-from tfdist_nb.events import RESTART
+from tfdist_nb.events import CameBack, Restart
 from tfdist_nb.launchers.base import StopReport, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.topology import ClusterSpec, TaskId
@@ -126,7 +109,9 @@ class Lifecycle:
     async def restart(self, targets: list[TaskRuntime]) -> None:
         """Fresh processes for ``targets``. A restart that fails leaves no process of theirs
         behind (``launch`` stops what it started) and says so: each task without a process is
-        dead, and a cell sent to it is refused with what to do."""
+        dead, and a cell sent to it is refused with what to do. One that succeeds is kept with
+        the events as a ``Restart`` (how each task came back, its ports, how long it took)."""
+        began, at = time.monotonic(), time.time()
         if remade := self.rundir.ensure():
             self.hub.note(RUN_DIRECTORY, remade, "WARNING")
         # what the launcher can check first (a deleted working directory, the private
@@ -137,7 +122,7 @@ class Lifecycle:
             rt.transition(TaskEvent.RESTART)
             self.hub.live.view(rt.name).new_process()
         try:
-            await self._restart(targets)
+            came, moved = await self._restart(targets)
         except Exception as exc:
             await self.stop(targets)  # a task adopted before the failure goes too
             said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -147,21 +132,24 @@ class Lifecycle:
                               "%tfdist_restart to try again, %tfdist_stop to end the cluster",
                               "ERROR")
             raise
+        self.hub.sink([Restart(at, came, {rt.name: rt.address for rt in targets} if moved else {},
+                               round(time.monotonic() - began, 2))])
 
-    async def _restart(self, targets: list[TaskRuntime]) -> None:
+    async def _restart(self, targets: list[TaskRuntime]) -> tuple[dict[str, str], bool]:
+        """How each task came back, and whether they moved to fresh TF ports."""
         deadline = time.monotonic() + self.setup.start_timeout
         spares = await self.take_spares(targets)
         old = [(rt.handle, rt.channel) for rt in targets]
         for rt in targets:
             rt.handle, rt.channel, rt.agent = None, None, None
+        moved = every = {rt.task for rt in targets} == set(self.tasks)
         if not spares:
             # SIGKILL at once: nothing of a process being replaced is kept, and a kernel left
             # in an aborted collective (the usual reason to restart) took the whole grace
             await self._kill(old)
-            taken = {} if {rt.task for rt in targets} != set(self.tasks) else \
-                await asyncio.to_thread(self.setup.launcher.taken,
-                                        {rt.task: rt.address for rt in targets})
-            if taken:  # held by another program, or still closing: fresh ports
+            taken = {} if not every else await asyncio.to_thread(
+                self.setup.launcher.taken, {rt.task: rt.address for rt in targets})
+            if moved := bool(taken):  # held by another program, or still closing: fresh ports
                 for task, address in taken.items():
                     other = self.setup.launcher.held_by_another(address)
                     why = ("another program holds it, perhaps another notebook's cluster"
@@ -171,71 +159,52 @@ class Lifecycle:
                                   "every task moves to fresh TF ports",
                                   "WARNING" if other else "INFO")
                 await self.readdress(targets)
-            else:
-                for rt in targets:
-                    self.hub.note(rt.name, "restarting with the same TF_CONFIG", topic=RESTART)
-            await self.launch(targets, deadline, spares)
+            came = await self.launch(targets, deadline, spares)
         else:
-            if {rt.task for rt in targets} == set(self.tasks):
+            if every:
                 # every task: fresh ports, so the old processes are killed while the spares are
                 # adopted, and nothing waits for their ports to be freed. Their exit is awaited:
                 # returning while they die made the next strategy's start-up retry about one
                 # time in three (+1 s, docs/performance.md)
-                await self.readdress(targets, from_spares=True)
+                await self.readdress(targets)
                 if self.warm is not None:
                     self.warm = replace(self.warm, fresh_ports=True)
                 killed = self._killing = asyncio.ensure_future(self._kill(old))
                 try:
-                    await self.launch(targets, deadline, spares)
+                    came = await self.launch(targets, deadline, spares)
                 finally:
                     self._killing = None
                     await killed
             else:  # the others know these addresses: the old processes go first
-                for rt in targets:
-                    self.hub.note(rt.name, "restarting from a spare with the same TF_CONFIG",
-                                  topic=RESTART)
                 await self._kill(old)
-                await self.launch(targets, deadline, spares)
+                came = await self.launch(targets, deadline, spares)
             await self._port_check(targets)
         if self.setup.spec.ps:
             await self.serve_parameter_servers(targets)
+        return came, moved
 
     async def take_spares(self, runtimes: list[TaskRuntime],
                           quiet_when_empty: bool = False) -> dict[TaskId, Spare]:
-        """Spares fit for ``runtimes`` (their import-time environment, interpreter, preload and
-        working directory); a task none fits starts cold. ``warm`` says how it went (nothing
-        for a pool that never had spares when ``quiet_when_empty``)."""
+        """Spares fit for ``runtimes``; ``warm`` says how it went (nothing for a pool that never
+        had spares when ``quiet_when_empty``)."""
         self.warm = None
         if self.spares is None or (quiet_when_empty and not len(self.spares)):
             return {}
-        taken: dict[TaskId, Spare] = {}
-        cold: dict[str, WhyCold] = {}
-        for rt in runtimes:
-            spare, why = await self.spares.take(rt.env, self.setup.python, self.setup.preload)
-            if spare is not None:
-                taken[rt.task] = spare
-            else:
-                cold[rt.name] = why or NoSpare()
-        self.warm = WarmOutcome(tasks=len(runtimes), adopted=len(taken),
-                                still_warming=sum(s.warm_s is None for s in taken.values()),
-                                cold=tuple(cold), why_cold=next(iter(cold.values()), None),
-                                forked=self.setup.launcher.forks(self.setup.preload))
-        if cold:
+        taken, self.warm = await self.spares.take_all(
+            runtimes, self.setup.python, self.setup.preload,
+            self.setup.launcher.forks(self.setup.preload))
+        if self.warm.cold:
             self.hub.note("spares", str(self.warm))
         return taken
 
-    async def readdress(self, runtimes: list[TaskRuntime], from_spares: bool = False) -> None:
+    async def readdress(self, runtimes: list[TaskRuntime]) -> None:
         """Fresh TF addresses for ``runtimes`` (every task of the cluster): new TF_CONFIGs and
-        environments, written to the run directory; ``from_spares``: spares become them (else
-        they start cold, their ports taken by another program)."""
+        environments, written to the run directory."""
         addresses = await asyncio.to_thread(self.setup.launcher.tf_addresses,
                                             list(self.tasks), {})
         for rt in runtimes:
             fresh = self.runtime(rt.task, addresses)
             rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
-            how = "from a spare " if from_spares else ""
-            self.hub.note(rt.name, f"restarting {how}on a fresh TF port ({rt.address})",
-                          topic=RESTART)
 
     async def _port_check(self, runtimes: list[TaskRuntime]) -> None:
         """A TF port found taken at adoption (another program took it meanwhile) is said; the
@@ -275,9 +244,10 @@ class Lifecycle:
         return env
 
     async def launch(self, runtimes: list[TaskRuntime], deadline: float,
-                     spares: dict[TaskId, Spare] | None = None) -> None:
+                     spares: dict[TaskId, Spare] | None = None) -> dict[str, str]:
         """Start ``runtimes`` in parallel (from ``spares`` where given, else the spares the
-        pool has); on any failure stop them all and raise one error."""
+        pool has); on any failure stop them all and raise one error. Returns how each came
+        (name -> ``CameBack``)."""
         if spares is None:
             spares = await self.take_spares(runtimes, quiet_when_empty=True)
         outcomes = await asyncio.gather(*(self._launch_or_retry(rt, deadline, spares.get(rt.task))
@@ -285,7 +255,7 @@ class Lifecycle:
         failed = [(rt, exc) for rt, exc in zip(runtimes, outcomes, strict=True)
                   if isinstance(exc, BaseException)]
         if not failed:
-            return
+            return {rt.name: str(how) for rt, how in zip(runtimes, outcomes, strict=True)}
         await self.stop(runtimes)
         rt, exc = failed[0]
         others = f" ({len(failed) - 1} other task(s) failed too)" if len(failed) > 1 else ""
@@ -323,11 +293,11 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ one task
     async def _launch_or_retry(self, rt: TaskRuntime, deadline: float,
-                               spare: Spare | None = None) -> None:
+                               spare: Spare | None = None) -> CameBack:
         if spare is not None:
             try:
                 await self._adopt(rt, spare, deadline)
-                return
+                return CameBack.SPARE
             except StartFailed as exc:
                 if not exc.retry:
                     raise
@@ -343,6 +313,7 @@ class Lifecycle:
                           "endpoints", "WARNING")
             await self.stop([rt])
             await self._launch_one(rt, deadline)
+        return CameBack.FORKED if rt.handle is not None and rt.handle.forked else CameBack.COLD
 
     async def _launch_one(self, rt: TaskRuntime, deadline: float) -> None:
         launcher = self.setup.launcher
@@ -382,31 +353,13 @@ class Lifecycle:
         self._ready(rt, "")
 
     async def _adopt(self, rt: TaskRuntime, spare: Spare, deadline: float) -> None:
-        """``spare`` becomes ``rt``'s task in one agent call, before any user code: the task's
-        environment (TF_CONFIG included), ``tw.task``, the log tag, the task's process log,
-        telemetry; it answers with the same self-description as a cold start's handshake."""
-        if spare.warm_s is None:
-            typical = ((self.spares.typical_warm_s() if self.spares is not None else None)
-                       or self.start_s or 10.0)
-            await await_warm(spare, typical, deadline)
-        assert spare.handle is not None and spare.channel is not None
-        rt.log_path = self.rundir.task_dir(rt.task.slug) / "kernel.log"
-        copy_start_log(spare, rt.log_path)
-        rt.log_offset = log_size(rt)
-        spare.handle.task = rt.task
-        rt.handle, rt.channel = spare.handle, spare.channel
-        spare.hand_over(self.hub.sink, rt.name)
-        set_env, unset_env = env_delta(spare.env, rt.env)
-        agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
-        info = await self._until(
-            rt, agent.adopt(rt.name, set_env, unset_env, str(rt.log_path),
-                            list(self.setup.preload),
-                            timeout=max(deadline - time.monotonic(), 0.1)), deadline)
-        rt.info = {k: v for k, v in info.items() if k != "adopted"}  # describe's fields
-        rt.agent = agent
-        low = info["adopted"]["low_priority_threads"]
-        self._ready(rt, f" from {spare.name} (warmed {spare.warm_s}s before)",
-                    f"; {low} idle import thread(s) keep the spare's low priority" if low else "")
+        typical = ((self.spares.typical_warm_s() if self.spares is not None else None)
+                   or self.start_s or 10.0)
+        origin, after = await adopt(
+            rt, spare, self.rundir.task_dir(rt.task.slug) / "kernel.log", self.hub.sink,
+            list(self.setup.preload), typical, deadline,
+            lambda step: self._until(rt, step, deadline))
+        self._ready(rt, origin, after)
 
     def _ready(self, rt: TaskRuntime, origin: str, after: str = "") -> None:
         """The task is ready: said with how it came (``origin``: cold is ""), and any

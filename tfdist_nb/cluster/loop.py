@@ -1,7 +1,6 @@
-"""The one async→sync bridge: a private event loop on a daemon thread.
-
-The notebook's own loop is busy running the cell, so the cluster drives jupyter_client's async API
-on this thread and the caller waits on concurrent futures with deadlines.
+"""The one async→sync bridge: a private event loop on a daemon thread that lives as long as the
+process. The notebook's own loop is busy running the cell, so the cluster drives jupyter_client's
+async API on this thread and the caller waits on concurrent futures with deadlines.
 """
 
 from __future__ import annotations
@@ -41,18 +40,8 @@ class LoopThread:
             fut.cancel()
             raise TimeoutError(f"gave up after {timeout:.0f}s") from None
 
-    def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
-
-    def close(self, timeout: float = 5.0) -> None:
-        if self.loop.is_closed():
-            return
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("close() called from the loop thread")
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():
-            self.loop.close()
 
 
 async def gather(*coros: Awaitable[T]) -> list[T]:

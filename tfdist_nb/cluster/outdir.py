@@ -10,9 +10,8 @@ from tfdist_nb.errors import SpecError
 
 
 def directory_to_write(path: Path, option: str) -> None:
-    """Make ``path`` (owner-only) or say in one line why it cannot hold what will be written
-    there (a file in the way, a read-only mount, no permission): a SpecError naming
-    ``option``, before any task is asked to write."""
+    """Make ``path`` (owner-only), or a SpecError naming ``option`` and why it cannot be
+    written (a file in the way, a read-only mount, no permission)."""
     try:
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:

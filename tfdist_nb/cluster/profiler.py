@@ -1,9 +1,6 @@
 """``%tfdist_profile``: one TensorFlow profiler capture of every task at once into one logdir.
-
-Each task runs a profiler server (started on first use); one task runs the capture client on a
-thread of its own, so every kernel stays free. A capture is either taken now, of whatever the
-tasks are doing, or armed to start with the next cell (``delay_ms`` after it is sent), which is
-how a notebook profiles a training cell. :class:`Profiler` holds a cluster's armed capture.
+One task runs the capture client on a thread of its own, so every kernel stays free. A capture
+armed to start with the next cell is how a notebook profiles a training cell.
 """
 
 from __future__ import annotations
@@ -72,9 +69,8 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> ProfileSummary:
 
 
 def describe(summary: ProfileSummary, capture: Capture) -> str:
-    """What the user reads: where the trace is, how to open it, and per task what it holds;
-    a task whose trace is missing (it ended or its profiler failed during the capture) is
-    named, so "1 of 2" is never silent."""
+    """Where the trace is, how to open it, and per task what it holds; a task whose trace is
+    missing is named, so "1 of 2" is never silent."""
     files = summary.get("files") or {}
     expected = len(capture.traced) or len(files)
     lines = [f"profile of {len(files)} task(s), {capture.duration_ms} ms, in {capture.logdir}"

@@ -1,10 +1,6 @@
-"""Which clusters this process has started, and which one the magics drive (``current()``).
-
-Every started cluster is tracked until it stops, so an interpreter exit (``atexit``) or unloading
-the extension stops them all: no worker outlives the notebook kernel (docs/design.md, Stopping).
-The state is the session's (:class:`~.session.Clusters`, docs/design.md "Who owns what"): a
-cluster registers itself there as it starts and stops; the rest of the package reads it through
-these functions, typed as the facade's ``Cluster`` (the session sits below the facade).
+"""The clusters of this process, typed as the facade's ``Cluster``: the one home of ``current()``
+(``tfdist_nb.current``). The state is the session's (docs/design.md, "Who owns what"), which sits
+below the facade and cannot name it.
 """
 
 from __future__ import annotations
@@ -20,10 +16,6 @@ if TYPE_CHECKING:  # one way: the facade registers itself through the session, n
 def current() -> Cluster | None:
     """The notebook's active cluster (the one the magics drive), or None."""
     return cast("Cluster | None", SESSION.clusters.current())
-
-
-def set_current(cluster: Cluster | None) -> None:
-    SESSION.clusters.set_current(cluster)
 
 
 def last_cluster() -> Cluster | None:

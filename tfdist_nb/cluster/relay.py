@@ -1,10 +1,6 @@
-"""Hands a running cell's events from the loop thread to the caller's thread.
-
-The notebook shows output only from the thread running the cell, so the loop thread queues each
-batch and the caller drains the queue until the run's future is done. The user's interrupt
-(KeyboardInterrupt in the caller) ends the run for every task instead of leaving them behind.
-A task's question (a :class:`~tfdist_nb.transport.channel.Prompt`) comes the same way, in order
-with the output, and is handed to ``ask`` there: one at a time, in the order the tasks asked.
+"""Hands a running cell's events, and the tasks' questions in order with them, from the loop
+thread to the caller's thread: the notebook shows output only from the thread running the cell.
+The user's interrupt there ends the run for every task instead of leaving them behind.
 """
 
 from __future__ import annotations

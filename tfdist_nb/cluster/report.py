@@ -1,13 +1,6 @@
-"""``%tfdist_report DIR`` (docs/reference.md, Reproduce): one Markdown file to paste into an
-issue (what ``accelerate env`` gives for one machine, for a whole cluster), beside the
-reproducer ``%tfdist_export`` writes.
-
-It holds the tasks and their software (from each task's start-up self-description, so a dead
-task is still described), every task's TF_CONFIG, the alerts, the last failing cell with each
-task's result and explanation, the last lines of each task, and the collective ledger when there
-is one. What looks like a secret (``api_key = '...'``, ``WANDB_API_KEY=...``) is redacted, in
-the cells, the lines and the environment alike. ``write`` gathers all this from a cluster's
-tasks, merged log and live store; ``markdown`` makes the text.
+"""``%tfdist_report DIR`` (docs/reference.md, Magics): one Markdown file to paste into an issue
+(what ``accelerate env`` gives for one machine, for a whole cluster). Tasks are described from
+their start-up self-description, so a dead task is still described.
 """
 
 from __future__ import annotations
@@ -60,10 +53,8 @@ def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRunti
           env: Mapping[str, str], alerts: Iterable[str], failure: tuple[RunResult, str] | None,
           logs: pd.DataFrame, live: LiveStore, cells: Iterable[Mapping[str, Any]],
           show_env: bool = False) -> Path:
-    """Write the report of a cluster's ``tasks`` to ``path`` (owner-only): ``failure`` the last
-    failing run and its code, ``logs`` the merged log, ``live`` the live store (the ledgers),
-    ``cells`` the cells run (where secrets are set), ``show_env`` whether the ``--env`` values
-    that are no secrets are shown. SpecError if it cannot be written."""
+    """Write the report of a cluster's ``tasks`` to ``path`` (owner-only); ``cells`` are read
+    for secrets to hide. SpecError if it cannot be written."""
     failed, code = failure if failure else (None, None)
     names = [rt.name for rt in tasks]
     last = {n: list(logs[logs["task"] == n]["text"].tail(LAST_LINES)) if len(logs) else []
@@ -87,10 +78,8 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
              failure: RunResult | None, failed_code: str | None,
              last_lines: Mapping[str, list[str]], ledger: list[dict[str, Any]],
              secrets: Iterable[str] = (), show_env: bool = False) -> str:
-    """The report's text. ``tasks``: one dict per task (task, host, pid, state, python,
-    tensorflow, keras); ``failure``: the last run that failed, with its cell's code;
-    ``secrets``: values to hide wherever they appear (``redaction.secret_values``). Every
-    field goes through the redaction: the whole text does, once it is made."""
+    """The report's text; the whole of it goes through the redaction once it is made, so every
+    field does (``secrets``: values to hide wherever they appear)."""
     shown = ("values that look like secrets as" if show_env else "`--env` values as "
              f"`{HIDDEN}` (`--show-env` shows those that are no secret), secrets as")
     out = [f"# tfdist_nb report: cluster {cluster_id} ({spec})", "",

@@ -1,13 +1,7 @@
-"""Running one cell on several tasks at once, with every way it can end bounded in time.
-
-A run ends when every targeted task replied, or earlier: when a task's process exits (crashed), at
-the cell's ``timeout``, or when the user interrupts. Then the remaining tasks are interrupted and
-given ``grace_s`` to answer before they are left behind (their late output still reaches the log).
-
-A task whose cell waits at an input prompt (``input()``, pdb) is ``prompt``; while any task of
-the run is, the run waits for a person, not for a hang: neither the stall detector nor the hang
-rules end it (the tasks that wait in a collective for it are said to), and both judge afresh
-once it is answered (docs/reference.md, Input from the tasks).
+"""Running one cell on several tasks at once, with every way it can end bounded in time: a run
+that ends early (a crash, a detector, ``timeout``, an interrupt) interrupts the remaining tasks
+and gives them ``grace_s`` to answer before they are left behind. While a task waits at an input
+prompt the run waits for a person: no detector ends it (docs/reference.md, Input from the tasks).
 """
 
 from __future__ import annotations
@@ -36,8 +30,8 @@ from tfdist_nb.worker.replies import Stacks
 
 POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
-#: how long the end of a cell waits for a task's idle status after its reply (its last output
-#: comes before it); a loaded host can delay it past 2 s (a line then reached only the run log)
+#: wait for a task's idle status after its reply (its last output comes before it); a loaded
+#: host can delay it past 2 s
 IDLE_AFTER_REPLY_S = 5.0
 STALL_SLACK_S = 2.0
 CRASH_LEDGER_WAIT_S = 1.0
@@ -81,7 +75,6 @@ class RunEnd(StrEnum):
     STOPPED = "stopped"  # the cluster is being stopped
 
 
-
 S = TaskStatus
 
 #: Ends that a detector decided: the tasks' collectives are aborted to release them.
@@ -107,9 +100,8 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int | None, timeou
                    stall_timeout: float | None = None,
                    on_prompt: Callable[[Prompt], None] | None = None,
                    silent: bool = False) -> dict[str, TaskResult]:
-    """Run ``code`` on ``tasks`` until each replied or the run ends early (module docstring).
-    ``on_prompt``: the tasks may ask for input, each question handed to it (on this loop);
-    ``silent``: not a cell of the user's (no history; ``cell`` is None), e.g. a debugger."""
+    """Run ``code`` on ``tasks`` until each replied or the run ends early. ``on_prompt`` gets
+    the tasks' questions (on this loop); ``silent``: not a user's cell (a debugger)."""
     by_name = {rt.name: rt for rt in tasks}
 
     def asked(prompt: Prompt) -> None:  # the state says so before anyone is asked
@@ -168,8 +160,7 @@ async def run_cell(tasks: list[TaskRuntime], code: str, cell: int | None, timeou
 
 def track_prompts(by_name: dict[str, TaskRuntime], execs: dict[str, Execution],
                   results: dict[str, TaskResult]) -> list[str]:
-    """Move the tasks still running between ``busy`` and ``prompt`` as their cells ask for
-    input and get it; the names of those at a prompt now."""
+    """Move running tasks between ``busy`` and ``prompt``; returns those at a prompt now."""
     prompting = []
     for name, rt in by_name.items():
         if name in results:
@@ -318,7 +309,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
     await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable),
                          return_exceptions=True)
     grace_s = 0.0 if reason is RunEnd.STOPPED else grace_s
-    await _wait_all([execs[rt.name].reply for rt in reachable], grace_s)
+    if reachable:
+        await asyncio.wait([execs[rt.name].reply for rt in reachable], timeout=grace_s)
     hang = control.hang
     overview = "" if hang else who_waits(stacks)
     if stood:
@@ -374,7 +366,6 @@ async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime
         await asyncio.sleep(POLL_S / 2)
 
 
-
 def _early_status(reason: RunEnd, stalled: bool) -> TaskStatus:
     if reason is RunEnd.TIMEOUT:
         return S.TIMEOUT
@@ -401,13 +392,6 @@ async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reas
             "(a thread blocked in a TensorFlow op holds no Python frame to interrupt); "
             "restart it with %tfdist_restart.")
     return res
-
-
-
-
-async def _wait_all(futures: list, timeout: float) -> None:
-    if futures:
-        await asyncio.wait(futures, timeout=timeout)
 
 
 def _result(rt: TaskRuntime, ex: Execution, status: TaskStatus,

@@ -1,14 +1,6 @@
-"""What outlives one cluster in this process (docs/design.md, "Who owns what"): the loop thread
-every cluster's kernel channels live on, the spare pools (one per kernel key), and which
-clusters run and which one the magics drive (:class:`Clusters`, read through :mod:`.registry`).
-
-A cluster borrows the loop, and takes the pool of its key from the session and gives it back;
-nothing passes from one ``Cluster`` to another by hand. The loop thread is started on first use
-and lives as long as the process (a daemon thread). A pool ends when the last cluster using it
-gives it back, unless it is kept (``stop(keep_spares=True)``: a resize, ``isolate()``'s
-variants); a kept pool is taken by the next cluster of its key, ended by the next start that
-does not take it, and at exit (the spares also die with this process, like tasks). At exit every
-cluster still running is stopped too: no worker outlives the notebook kernel.
+"""What outlives one cluster in this process (docs/design.md, "Who owns what"): the loop thread,
+the spare pools and which clusters run. Clusters borrow these so that nothing passes from one
+``Cluster`` to another by hand; at exit all is closed, so no worker outlives the notebook kernel.
 """
 
 from __future__ import annotations
@@ -28,9 +20,8 @@ CLOSE_TIMEOUT_S = 30.0
 
 
 class Cluster(Protocol):
-    """What the session needs of a cluster: whether it runs, and its stop path. The package's
-    one such class is :class:`tfdist_nb.cluster.facade.Cluster`; :mod:`.registry` hands it out
-    typed as that (this module sits below the facade, so it does not import it)."""
+    """What the session needs of a cluster (this module sits below the facade, so it does not
+    import it; :mod:`.registry` hands clusters out typed as the facade's)."""
 
     running: bool
 
@@ -39,11 +30,8 @@ class Cluster(Protocol):
 
 class Clusters:
     """The clusters started in this process and not yet stopped, the one the magics drive
-    (``current``), and the one they drove last, also once it stopped (``%tfdist_export``).
-
-    Only the current cluster is held: a started cluster nobody holds any more is forgotten
-    with it (weak references), as a stopped one is.
-    """
+    (``current``), and the one they drove last (``%tfdist_export`` after a stop). Only the
+    current one is held strongly: one nobody holds any more is forgotten."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -105,9 +93,8 @@ class Session:
             return self._loop
 
     def take_pool(self, user: PoolUser | None) -> SparePool | None:
-        """A cluster asks for the spare pool of its kernel key (``user``; None: it keeps no
-        spares): the one kept or in use, else a new one, served to it until it gives it back
-        and kept full from now on. Kept pools nobody uses that it does not take end now."""
+        """The spare pool of ``user``'s kernel key (kept, in use, or new), served to it until
+        given back (None: no spares). Kept pools nobody uses that it does not take end now."""
         key = user.key if user is not None else None
         with self._lock:
             pool = next((p for p in self._pools if p.key == key), None)
@@ -124,9 +111,8 @@ class Session:
         return pool
 
     def give_back(self, pool: SparePool, user: PoolUser, keep: bool = False) -> None:
-        """A cluster done with its pool (it stops, or keeps no spares any more): the pool serves
-        the cluster that used it before, is kept for the next one of its key (``keep``:
-        ``stop(keep_spares=True)``; no spare starts until it is taken), or ends."""
+        """A cluster done with its pool: the pool serves its previous user, is kept for the
+        next cluster of its key (``keep``), or ends."""
         loop = self.loop()
         if loop.run(pool.release(user, keep), CLOSE_TIMEOUT_S) or keep:
             return
@@ -141,10 +127,9 @@ class Session:
             self.loop().call_soon(pool.start_refill)
 
     def close(self) -> None:
-        """At exit and at ``%unload_ext``: the one close of what outlives a cluster, in
-        dependency order: every cluster still running (through its stop path, its tasks
-        told first, its pool given back), the pools, then the fork servers (their forked
-        kernels are gone by then), then the private network they all ran in."""
+        """At exit and at ``%unload_ext``, in dependency order: running clusters (through
+        their stop path), the pools, the fork servers (their kernels are gone by then), then
+        the private network they all ran in."""
         from tfdist_nb.launchers import forkserver, private_net
 
         self.clusters.stop_all()

@@ -1,6 +1,5 @@
-"""One spare kernel (docs/design.md, "Spare kernels"): its state, the line said about how a start
-used spares, whether it fits a task, and how it ends; how many spares ``warm=`` asks for. The pool
-that starts and hands them out is :mod:`.spares`.
+"""One spare kernel (docs/design.md, "Spare kernels"), how it becomes a task (:func:`adopt`), and
+how many ``warm=`` asks for; the pool that starts and hands them out is :mod:`.spares`.
 """
 
 from __future__ import annotations
@@ -12,13 +11,15 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.ending import end_kernel
-from tfdist_nb.cluster.start_steps import Setup, StartFailed
+from tfdist_nb.cluster.start_steps import Setup, StartFailed, log_size
+from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine
@@ -26,6 +27,7 @@ from tfdist_nb.launchers.base import Launcher, TaskHandle
 from tfdist_nb.launchers.kernel_key import KernelKey, Unfit
 from tfdist_nb.store.rundir import open_private
 from tfdist_nb.transport.channel import KernelChannel
+from tfdist_nb.worker.replies import Adopted
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +216,8 @@ def log_tail(path: Path, n: int = 3) -> str:
 
 
 def copy_start_log(spare: Spare, path: Path) -> None:
-    """What the spare's process wrote before it was a task (its start-up) goes into the task's
-    process log first, so the log reads like a cold task's; the adoption re-points the rest."""
+    """The spare's start-up output goes into the task's process log first, so the log reads
+    like a cold task's."""
     try:
         text = spare.log_path.read_bytes()
     except OSError:
@@ -225,16 +227,42 @@ def copy_start_log(spare: Spare, path: Path) -> None:
         f.write(text.decode("utf-8", "replace"))
 
 
-#: A spare still warming when taken is waited for its expected remaining warm-up times this,
-#: plus WARM_SLACK_S, before the task starts cold instead.
+#: a spare still warming when taken is waited for its expected remaining warm-up times this,
+#: plus WARM_SLACK_S
 WARM_PATIENCE = 1.5
 WARM_SLACK_S = 2.0
 
 
+async def adopt(rt: TaskRuntime, spare: Spare, log_path: Path, sink: Callable[[list[Event]], None],
+                preload: list[str], typical_warm_s: float, deadline: float,
+                until: Callable[[Awaitable[Adopted]], Awaitable[Adopted]]) -> tuple[str, str]:
+    """``spare`` becomes ``rt``'s task in one agent call, before any user code: the task's
+    environment (TF_CONFIG included), ``tw.task``, the log tag, its process log, telemetry; it
+    answers with a cold start's self-description. What the ready note says of it, each
+    ``step`` bounded by ``until``."""
+    if spare.warm_s is None:
+        await await_warm(spare, typical_warm_s, deadline)
+    assert spare.handle is not None and spare.channel is not None
+    rt.log_path = log_path
+    copy_start_log(spare, log_path)
+    rt.log_offset = log_size(rt)
+    spare.handle.task = rt.task
+    rt.handle, rt.channel = spare.handle, spare.channel
+    spare.hand_over(sink, rt.name)
+    set_env, unset_env = env_delta(spare.env, rt.env)
+    agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
+    info = await until(agent.adopt(rt.name, set_env, unset_env, str(log_path), preload,
+                                   timeout=max(deadline - time.monotonic(), 0.1)))
+    rt.info = {k: v for k, v in info.items() if k != "adopted"}  # describe's fields
+    rt.agent = agent
+    low = info["adopted"]["low_priority_threads"]
+    return (f" from {spare.name} (warmed {spare.warm_s}s before)",
+            f"; {low} idle import thread(s) keep the spare's low priority" if low else "")
+
+
 async def await_warm(spare: Spare, typical: float, deadline: float) -> None:
     """Wait for a spare taken while still warming, about as long as the rest of a cold start
-    would take (``typical``: the pool's usual warm-up, else the cluster's own start); a spare
-    that fails or is later than that is ended and the task starts cold (StartFailed)."""
+    would take (``typical``); one that fails or is later is ended (StartFailed: start cold)."""
     ran = time.monotonic() - spare.began
     patience = max(typical - ran, 0.0) * WARM_PATIENCE + WARM_SLACK_S
     wait = min(patience, max(deadline - time.monotonic(), 0.0))

@@ -1,23 +1,5 @@
-"""Spare worker kernels: restart and resize without paying a TensorFlow import (docs/design.md,
-"Spare kernels"; docs/reference.md, ``warm=``).
-
-A pool per kernel key, owned by the session (:mod:`.session`), keeps up to ``count`` worker
-kernels that have imported ``preload`` at low CPU priority and made no TensorFlow context
-(:mod:`tfdist_nb.worker.adopt`). A restart, the start of the cluster that replaces this one
-(``%%tfcluster`` resize) and ``isolate()``'s variants take spares instead of launching; each
-becomes its task before any user code runs, also one still warming when taken (the restart
-waits for it about as long as a cold start would take, then starts cold).
-
-When they start: whenever the pool is short while the host has CPU to spare (at least a core
-idle over the last look, for ``idle_s`` seconds): from the cluster's own start on (on a host
-with idle cores, beside its tasks; on a small one, as soon as they are up), also while a cell
-runs whose tasks sleep or wait in a collective, never while a restart is under way. Every
-missing spare starts at once, each only when available memory would still hold one more
-TensorFlow task after it (tasks still starting counted). Their import runs at low priority, so
-a cell that gets busy later is barely slowed. They are stopped with the last cluster that uses
-the pool (unless it keeps them for the next one: ``stop(keep_spares=True)``). A spare whose
-import-time environment, interpreter, preload or working directory differs from what a task
-asks for is never used.
+"""Spare worker kernels: restart and resize without paying a TensorFlow import. When they
+start, fit and stop: docs/design.md, "Spare kernels"; docs/reference.md, ``warm=``.
 
 Everything here runs on the session's loop thread, except :meth:`SparePool.summary`.
 """
@@ -30,7 +12,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -43,6 +25,7 @@ from tfdist_nb.cluster.spare import (
     NotStarting,
     Spare,
     SpareState,
+    WarmOutcome,
     WhyCold,
     log_tail,
     stop_spare,
@@ -66,9 +49,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Seconds the host must have had CPU to spare before a spare is started (env
-#: TFDIST_SPARE_IDLE_S); 0: at the first look that finds room.
-IDLE_S = 0.0
+IDLE_S = 0.0  # TFDIST_SPARE_IDLE_S
 POLL_S = 0.5
 #: The first look after the pool starts (right after the cluster is up): spares are wanted soon.
 FIRST_LOOK_S = 0.1
@@ -80,9 +61,8 @@ MAX_FAILURES = 3
 
 @dataclass(eq=False)
 class PoolUser:
-    """A cluster using the pool of its kernel key: ``count`` spares it keeps (0: none), its
-    tasks (no spare starts while one restarts; those starting have not taken their memory
-    yet), where its spares' files go (``base``/spares) and where the pool's notes go."""
+    """A cluster using the pool of its kernel key. Its ``tasks`` matter: no spare starts while
+    one restarts, and those starting have not taken their memory yet."""
 
     setup: Setup
     count: int
@@ -112,13 +92,11 @@ class PoolUser:
 
 
 class SparePool:
-    """The spares of one kernel key, owned by the session (:mod:`.session`): kept full for the
-    cluster that took the pool last and has not given it back (``user``), for as long as one
-    uses it; a pool given back with ``keep`` waits for the next cluster of its key."""
+    """The spares of one kernel key, owned by the session (:mod:`.session`), kept full for the
+    last cluster that took the pool and has not given it back."""
 
-    def __init__(self, user: PoolUser, idle_s: float | None = None) -> None:
-        self.idle_s = float(os.environ.get("TFDIST_SPARE_IDLE_S", IDLE_S)
-                            if idle_s is None else idle_s)
+    def __init__(self, user: PoolUser) -> None:
+        self.idle_s = float(os.environ.get("TFDIST_SPARE_IDLE_S", IDLE_S))
         self._spares: list[Spare] = []
         self._numbers = itertools.count(1)
         self._users: list[PoolUser] = []
@@ -158,9 +136,8 @@ class SparePool:
         self._refill = asyncio.ensure_future(self._keep_full())
 
     async def release(self, user: PoolUser, keep: bool = False) -> int:
-        """``user`` gives the pool back: the cluster that used it before is served again; with
-        none left, or ``keep`` (it is handed on to the next cluster), no spare starts until it
-        is taken (one being warmed finishes). How many still use it."""
+        """``user`` gives the pool back (the previous user is served again); with none left, or
+        ``keep``, no spare starts until it is taken. Returns how many still use it."""
         with contextlib.suppress(ValueError):
             self._users.remove(user)
         if not self._users or keep:
@@ -212,6 +189,24 @@ class SparePool:
         warming = sum(s.state == SpareState.WARMING for s in self._spares)
         return None, NoSpare(off=self._closed, warming=warming, held=self.skipped)
 
+    async def take_all(self, runtimes: Sequence[TaskRuntime], python: str,
+                       preload: tuple[str, ...], forked: bool,
+                       ) -> tuple[dict[TaskId, Spare], WarmOutcome]:
+        """A spare for each of ``runtimes`` that one fits; how it went (why the rest start cold,
+        ``forked``: from the fork server)."""
+        taken: dict[TaskId, Spare] = {}
+        cold: dict[str, WhyCold] = {}
+        for rt in runtimes:
+            spare, why = await self.take(rt.env, python, preload)
+            if spare is not None:
+                taken[rt.task] = spare
+            else:
+                cold[rt.name] = why or NoSpare()
+        return taken, WarmOutcome(
+            tasks=len(runtimes), adopted=len(taken),
+            still_warming=sum(s.warm_s is None for s in taken.values()), cold=tuple(cold),
+            why_cold=next(iter(cold.values()), None), forked=forked)
+
     # ------------------------------------------------------------------ views
     def summary(self) -> dict[str, Any]:
         """``{"count", "ready", "warming", "pids", "note"}`` (any thread)."""
@@ -245,8 +240,7 @@ class SparePool:
             room = idle >= host.room_cores
             now = time.monotonic()
             if len(self._spares) < self.count and not self._busy():
-                # why no spare starts now, said (the pool is not stuck): memory first, as it
-                # holds whatever the CPU does, then the CPU
+                # say why none starts (memory first: it holds whatever the CPU does)
                 warming = sum(s.state == SpareState.WARMING for s in self._spares)
                 if not self._memory_allows(pending=warming + self._starting()):
                     room = False
@@ -367,8 +361,7 @@ class SparePool:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # out of the pool and counted before anything awaits: the refill loop must not
-            # start the next spare before the retry delay (nor count this one as live)
+            # before any await: the refill loop must see it gone and the retry delay set
             with contextlib.suppress(ValueError):
                 self._spares.remove(spare)
             self._failures += 1

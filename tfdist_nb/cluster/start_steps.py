@@ -1,8 +1,5 @@
 """What every task is started with (``Setup``), and one task's start-up steps, each bounded and
-watched (docs/design.md, Start-up): a step fails
-within a poll interval when the task's process exits, when its process log says a channel could
-not bind, or when iopub stays silent, and at the start's deadline, as a :class:`StartFailed`
-saying whether one more try is worth it.
+watched so that a dead or broken kernel fails the step at once, not at the deadline.
 """
 
 from __future__ import annotations
@@ -80,6 +77,10 @@ async def unless_it_dies(rt: TaskRuntime, step: Awaitable[T], deadline: float,
                                   "be lost")
             if time.monotonic() > deadline:
                 raise StartFailed(late(start_timeout), retry=False)
+        # a step quicker than a poll: the channel that could not bind (a heartbeat's, on a
+        # thread of its own) is still read from the log before the task counts as started
+        if fatal := fatal_log_line(rt, rt.log_offset):
+            raise StartFailed(f"its kernel could not set up a channel: {fatal}")
         try:
             return work.result()
         except (AgentError, RuntimeError, OSError) as exc:

@@ -1,8 +1,6 @@
 """The task state machine (states: docs/reference.md, Status columns), pure: events in, the
-next state out.
-
-Both the controller and the tests drive it without processes. It is total: a cell sent to a task
-that cannot run it is refused with advice (``CannotRun``), never an internal error.
+next state out. It is total, so a cell sent to a task that cannot run it is refused with advice
+(``CannotRun``), never an internal error.
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ class TaskState(StrEnum):
     DEAD = "dead"
     RESTARTING = "restarting"
     STOPPED = "stopped"
-
 
 
 class TaskEvent(StrEnum):

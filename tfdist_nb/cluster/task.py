@@ -65,9 +65,8 @@ class TaskRuntime:
 
     @property
     def connection_file(self) -> str:
-        """The kernel connection file of the task's process on this host, where it has one
-        (local, attach, SLURM; not ssh): what a JupyterLab console on the task connects with
-        (docs/reference.md, Consoles on a task); "" otherwise."""
+        """The kernel connection file a JupyterLab console on the task connects with
+        (docs/reference.md, Consoles on a task); "" where there is none here (ssh)."""
         if self.handle is None:
             return ""
         path = getattr(self.handle, "connection_file", None) or getattr(

@@ -1,7 +1,5 @@
-"""What the teaching and debugging magics switch on every task's worker agent, each call bounded
-and its outcome said in one line: a teaching fault (``%tfdist_inject``, the kinds in
-:mod:`tfdist_nb.worker.inject`), the Python and TensorFlow log level (``%tfdist_loglevel``) and
-NaN/Inf checking with Debugger V2 dumps (``%tfdist_numerics``); docs/reference.md, Magics.
+"""What ``%tfdist_inject``, ``%tfdist_loglevel`` and ``%tfdist_numerics`` switch on every
+task's worker agent (docs/reference.md, Magics), each call bounded and said in one line.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ def check_fault(kind: str, on: Targets) -> None:
 
 def inject(loop: LoopThread, targets: list[TaskRuntime], kind: str, params: Mapping[str, Any],
            note: Callable[[str, str, str], None]) -> dict[str, str]:
-    """Arm (or ``"clear"``) ``kind`` on the live ``targets``, said in each task's log; returns
-    what each task said. A dead task has no faults to clear (a restart brings it back without
-    any)."""
+    """Arm (or ``"clear"``) ``kind`` on the live ``targets``; returns what each task said. A
+    dead task is skipped: a restart brings it back without faults."""
     live = [rt for rt in targets if rt.state is not TaskState.DEAD and rt.agent is not None]
     args = {k: v for k, v in params.items() if v is not None}
     said = loop.run(gather(*(rt.agent.inject(kind, args) for rt in live if rt.agent)),

@@ -27,11 +27,8 @@ def cluster_dict(addresses: Mapping[TaskId, str]) -> dict[str, list[str]]:
 
 
 def build_tf_config(task: TaskId, addresses: Mapping[TaskId, str]) -> str:
-    """The TF_CONFIG JSON string for one task of the cluster.
-
-    The evaluator is not part of the training cluster (TensorFlow's convention): it gets the
-    cluster of the others and its own task entry.
-    """
+    """The TF_CONFIG JSON string for one task; the evaluator is not part of the training
+    cluster (TensorFlow's convention), so it gets the others' cluster and its own task."""
     training = {t: a for t, a in addresses.items() if t.role != "evaluator"}
     cfg = {"cluster": cluster_dict(training), "task": {"type": task.role, "index": task.index}}
     problems = validate_tf_config(cfg)

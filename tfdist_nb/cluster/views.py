@@ -38,10 +38,8 @@ def waiting_for_prompt(tasks: Iterable[TaskRuntime], live: LiveStore) -> dict[st
 
 def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str],
                waits_for_prompt: bool = False) -> str:
-    """Short markers of what is wrong with a task, comma separated. ``no-instrumentation``: its
-    step/collective timing hooks could not be installed (at start-up, or when a later cell
-    imported Keras), so straggler and input-wait findings are blind there.
-    ``waits-for-prompt``: it is inside a collective that waits for a task at a prompt."""
+    """Short markers of what is wrong with a task, comma separated (docs/reference.md, Status
+    columns)."""
     flags = []
     if rt.name in stragglers:
         flags.append("straggler")
@@ -72,8 +70,6 @@ def status_frame(tasks: Iterable[TaskRuntime], live: LiveStore,
             "gpus": rt.gpus,  # what it was given (docs/reference.md, GPUs)
             "last_output_s_ago": None if last_output is None else round(now - last_output, 1),
             "flags": task_flags(rt, latest, stragglers, rt.name in waiting),
-            # what net_rx/tx measure: "host" (all interfaces of the host), "cluster-netns" (the
-            # private network the local cluster's tasks share) or "task-netns" (this task alone)
-            "net_scope": latest.get("net_scope"),
+            "net_scope": latest.get("net_scope"),  # "host", "cluster-netns" or "task-netns"
         })
     return pd.DataFrame(rows, columns=STATUS_COLUMNS).astype({c: "float64" for c in _NUMERIC})

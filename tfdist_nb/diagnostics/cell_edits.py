@@ -18,17 +18,16 @@ class LoopBound:
     """Where the failing cell's step count is written: the argument of ``range(...)`` in its
     longest top-level ``for`` loop, or ``epochs=`` / ``steps_per_epoch=`` of a call."""
 
-    @property
-    def counts_steps(self) -> bool:
-        """Whether the bound is a number of steps (``tw.steps_done()`` counts the same)."""
-        return self.what != "epochs"
-
-
     line: int  # 1-based
     col: int  # utf-8 byte offsets, as ast gives them
     end_col: int
     value: int
     what: str  # "range" | "epochs" | "steps_per_epoch"
+
+    @property
+    def counts_steps(self) -> bool:
+        """Whether the bound is a number of steps (``tw.steps_done()`` counts the same)."""
+        return self.what != "epochs"
 
 
 def parseable(code: str) -> str:

@@ -1,8 +1,5 @@
 """Known TensorFlow failures recognised from a task's error, explained with their fix
-(docs/design.md, Facts).
-
-The explanation is shown above the task's traceback, so the user reads the cause first.
-"""
+(docs/design.md, Facts); shown above the task's traceback, so the cause is read first."""
 
 from __future__ import annotations
 

@@ -269,16 +269,12 @@ def _growth(r: GpuReadings) -> str | None:
     return None
 
 
-def _key(r: GpuReadings, d: GivenGpu) -> str:
-    return d.get("uuid") or f"{r.get('host')}/{d['entry']}"
-
-
 def _shared(readings: Mapping[str, GpuReadings]) -> dict[str, list[str]]:
     """GPU (UUID, or host/entry without NVML) -> the tasks given it, where more than one."""
     holders: dict[str, list[str]] = defaultdict(list)
     for task, r in readings.items():
         for d in r.get("devices") or []:
-            holders[_key(r, d)].append(task)
+            holders[d.get("uuid") or f"{r.get('host')}/{d['entry']}"].append(task)
     return {gpu: ts for gpu, ts in holders.items() if len(ts) > 1}
 
 

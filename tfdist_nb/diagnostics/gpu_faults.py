@@ -1,10 +1,7 @@
-"""GPU failures and advice, from what the tasks showed (pure): a GPU out-of-memory, NCCL's errors
-and XIDs named with their cause, and the collective implementation MultiWorkerMirroredStrategy
-runs on GPUs (docs/reference.md, "GPU advice").
-
-Every cause is chosen from evidence: the error's and the task's output lines, every task's last
-GPU reading (which GPU, by UUID; what its processes held) and the task's environment.
-"""
+"""GPU failures and advice (pure; docs/reference.md, "GPU advice"): a GPU out-of-memory, NCCL's
+errors and XIDs, and the collective implementation MultiWorkerMirroredStrategy runs on GPUs,
+each cause chosen from evidence: the error, the task's output, every task's last GPU reading
+(which GPU by UUID, what its processes held) and the task's environment."""
 
 from __future__ import annotations
 
@@ -105,9 +102,10 @@ def classify(task: str, text: str, latest: dict[str, dict[str, Any]],
     if duplicate or (shared and "invalid usage" in text):
         ranks = (f"ranks {duplicate.group(1)} and {duplicate.group(2)} on CUDA device "
                  f"{duplicate.group(3)}" if duplicate else "two ranks on one GPU")
+        sharing = f"; {task} shares its GPU with {', '.join(shared)}" if shared else ""
         return GpuFault(GpuFaultKind.NCCL_DUPLICATE_GPU, task, (
             f"{task}: NCCL refused the collective ({ranks}): NCCL takes one rank of a "
-            f"communicator per GPU{_shared_said(task, shared)}. Fix: one GPU per task "
+            f"communicator per GPU{sharing}. Fix: one GPU per task "
             "(%%tfcluster --gpus auto), or CommunicationImplementation.RING on a shared GPU"),
             tuple(shared))
     if NCCL_OOM.search(text):
@@ -144,10 +142,6 @@ def _sharing(task: str, mine: list[dict[str, Any]],
     return sorted(other for other, sample in latest.items() if other != task and uuids
                   & {g.get("uuid") for g in (sample or {}).get("gpus") or ()
                      if isinstance(g, dict)})
-
-
-def _shared_said(task: str, shared: list[str]) -> str:
-    return f"; {task} shares its GPU with {', '.join(shared)}" if shared else ""
 
 
 def _named(mine: list[dict[str, Any]], env: dict[str, str] | None) -> str:

@@ -1,19 +1,10 @@
-"""The hang rules (pure): from the tasks' collective ledgers, name a hang the moment it is certain.
+"""The hang rules (pure): from the tasks' collective ledgers, name a hang the moment it is certain
+(docs/reference.md, "Collectives and hangs": failed, finished, absent, diverged).
 
-A collective completes only when every task of its group enters it, so some hangs are facts long
-before any timeout (docs/reference.md, "Collectives and hangs"):
-
-- a task of the group **failed** (raised, crashed) and another waits in a collective that the
-  failed task never entered, or entered and failed: it can never complete;
-- a task **finished** the cell and another waits in a collective it never entered: the tasks
-  issued different numbers of collectives (uneven per-task data, a call made on some tasks only);
-- a task of the group is **not running** the cell at all while another waits for it;
-- two tasks wait in the same collective (same group, same position) that is **not the same**
-  (another kind, dtype or shape): a branch or a shape that depends on the task.
-
-Rows are compared by group and position (``index``), which is how TensorFlow pairs collectives
-across tasks. Nothing here waits or guesses: a rule speaks only when the ledgers prove the hang,
-so a healthy run, however slow, stays silent; the stall detector covers the rest.
+A collective completes only when every task of its group enters it, so these hangs are facts
+long before any timeout. Rows are paired by group and position (``index``), as TensorFlow pairs
+collectives across tasks. A rule speaks only when the ledgers prove the hang, so a healthy run,
+however slow, stays silent; the stall detector covers the rest.
 """
 
 from __future__ import annotations
@@ -35,9 +26,9 @@ class LedgerView(Protocol):
 
     issued: int
 
-    def at(self, group: Any, index: int) -> dict[str, Any] | None: ...
-    def checked(self, key: Any) -> dict[str, Any] | None: ...
-    def count(self, group: Any) -> int: ...
+    def at(self, group: int | str | None, index: int) -> dict[str, Any] | None: ...
+    def checked(self, key: str | None) -> dict[str, Any] | None: ...
+    def count(self, group: int | str | None) -> int: ...
     def recent(self, last: int | None = None) -> list[dict[str, Any]]: ...
     def current(self) -> dict[str, Any] | None: ...
     def open_rows(self) -> list[dict[str, Any]]: ...
@@ -180,16 +171,13 @@ def released_error(error: str | None, interrupt: bool = False) -> bool:
 def released_from(hang: Hang, task: str, error: str | None, rows: list[dict[str, Any]],
                   culprit: LedgerView | None, culprit_crashed: bool, members: set[str],
                   aborted: bool, now: float) -> tuple[str, Collective | None] | None:
-    """What ``task`` was released from because of ``hang``'s culprit, in words and as the
-    collective when its row tells, or None
-    (docs/reference.md, "Collectives and hangs"): the rules named it a waiter; or it ended
-    with what a released collective raises (``error``, ``ename: text``; TensorFlow's
-    ``UnavailableError``, ``CancelledError``, ...) in a collective of ``rows`` (its ledger,
-    this cell's) that the culprit never entered or failed in: that error reached it through
-    TensorFlow before or after the controller's abort, whoever was first. ``aborted``: the
-    controller aborted its collectives because of the culprit; an error of that kind is then
-    the abort's even without a row (one not yet sent). A KeyboardInterrupt (the interrupt that
-    follows the abort) counts only with such a row; any other error is the task's own."""
+    """What ``task`` was released from because of ``hang``'s culprit (in words, and the
+    collective when its row tells), or None (docs/reference.md, "The hang rules"): a waiter the
+    rules named, or a task that raised what a released collective raises (``error``) in a
+    collective of ``rows`` (this cell's) that the culprit never entered or failed in, whether
+    TensorFlow or the controller's abort came first. ``aborted``: the controller aborted its
+    collectives for the culprit, so such an error is the abort's even without a row (one not
+    yet sent); a KeyboardInterrupt (which follows the abort) counts only with a row."""
     if task == hang.culprit:
         return None
     if task in hang.waiting:
@@ -209,12 +197,10 @@ def released_from(hang: Hang, task: str, error: str | None, rows: list[dict[str,
 def release_waiters(hang: Hang, results: Mapping[str, TaskResult],
                     rows: Callable[[str], list[dict[str, Any]]], culprit: LedgerView | None,
                     members: set[str], aborted: set[str], now: float) -> bool:
-    """Make every task of ``results`` that ``released_from`` finds released because of the
-    hang's culprit ``aborted``, one of its waiters, with the culprit's explanation, whatever
-    TensorFlow raised in it (its ``error`` keeps that). ``rows``: a task's ledger rows of this
-    cell; ``aborted``: the tasks whose collectives the controller aborted. True while a task
-    that ended with what a released collective raises is not found released: its rows may
-    still be on their way."""
+    """Mark ``aborted`` every task of ``results`` that ``released_from`` finds released by the
+    hang's culprit, as a waiter with the culprit's explanation (its ``error`` keeps what
+    TensorFlow raised). True while a task that raised what a released collective raises is not
+    found released: its ledger rows may still be on their way."""
     crashed = hang.culprit in results and results[hang.culprit].status is TaskStatus.CRASHED
     unsure, before = False, ", ".join(hang.waiters)
     for name, r in results.items():
@@ -320,7 +306,7 @@ def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
 
 
 def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
-                       group: Any) -> list[tuple[str, dict[str, int]]]:
+                       group: int | str | None) -> list[tuple[str, dict[str, int]]]:
     """The lines whose collectives (of ``group``, in the rows still kept) ran a different
     number of times on different tasks, with the count per task; a traced function's
     collectives count at the line that called it (the same traced line serves every call)."""

@@ -1,10 +1,5 @@
-"""What every check returns (docs/reference.md, Checks): a verdict, one sentence and the evidence.
-
-``CheckReport.ok`` is the verdict, ``summary`` one human sentence naming the task(s) and the
-cause, ``table`` the evidence as a DataFrame; each kind adds its own fields (``errors`` for
-tfconfig, ``failures`` and ``latency_ms`` for network, ``overlap``/``missing``/``per_task`` for
-sharding, ``diverged`` for variables). It renders as HTML in a notebook and as text elsewhere.
-"""
+"""What every check returns (docs/reference.md, Checks): a verdict, one sentence naming the
+task(s) and the cause, the evidence as a DataFrame, and each kind's own fields."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""``%tfdist_check sharding EXPR``: which examples each task reads, which of them more than one
-task reads, which no task reads, and the auto-shard policy in effect and why (pure: the tasks
-fingerprinted their elements, :mod:`tfdist_nb.worker.consistency`).
-
-``missing`` is measured against the undistributed dataset: for a distributed dataset made by
-``strategy.experimental_distribute_dataset(ds)`` that is ``ds`` itself, for
-``distribute_datasets_from_function(fn)`` it is ``fn`` called with an input context of one
-pipeline, and a ``reference`` expression replaces either (a plain ``tf.data.Dataset`` has no
-source to find, so its missing elements are known only with a ``reference``). One task reads it,
-bounded by the element bound times the number of workers.
-"""
+"""``%tfdist_check sharding EXPR``: compares what the tasks read (their element fingerprints,
+:mod:`tfdist_nb.worker.consistency`): overlap, elements missing from the undistributed dataset,
+imbalance (docs/reference.md, Checks). Why they overlap: :mod:`.sharding_policy`."""
 
 from __future__ import annotations
 
@@ -19,30 +11,19 @@ from typing import Any
 import pandas as pd
 
 from tfdist_nb.diagnostics.report import CheckReport
-from tfdist_nb.strenum import StrEnum
+from tfdist_nb.diagnostics.sharding_policy import OverlapCause as OverlapCause
+from tfdist_nb.diagnostics.sharding_policy import (
+    overlap_cause,
+    own_shards,
+    policy_cell,
+    policy_explained,
+)
 from tfdist_nb.topology import name_tasks, task_order
-from tfdist_nb.worker.replies import Described, Failure, Read, Released, ShardCall, Skipped
+from tfdist_nb.worker.replies import Described, Failure, Read, Released, Skipped
 
 #: examples of the undistributed dataset, from the per-task reads, quoted in a summary
 QUOTED = 5
 IMBALANCE_NOTE = 1.5  # max/min above this is said in the details
-
-
-class OverlapCause(StrEnum):
-    """Why several tasks read the same elements, as the pipelines' structure shows it
-    (``report.overlap_cause``; None without overlap). The summary's cause is said from it."""
-
-    SHARDED_DIFFERENTLY = "sharded_differently"  # the tasks' pipelines shard in other ways
-    SHUFFLE_BEFORE_SHARD = "shuffle_before_shard"  # an unseeded shuffle before shard()
-    SAME_SHARD_INDEX = "same_shard_index"  # every task calls shard() with one index
-    FUNCTION_SHARDS_OVERLAP = "function_shards_overlap"  # a dataset function's shard() calls
-    FUNCTION_IGNORES_CONTEXT = "function_ignores_context"  # it never shards by InputContext
-    SHARD_CALLS_DO_NOT_SPLIT = "shard_calls_do_not_split"
-    PLAIN_UNSHARDED = "plain_unsharded"  # a plain dataset without shard()
-    POLICY_OFF = "policy_off"  # AutoShardPolicy OFF and no shard()
-    DATA_UNSEEDED_SHUFFLE = "data_unseeded_shuffle"  # DATA over an unseeded shuffle
-    DATA_ORDER_DIFFERS = "data_order_differs"  # DATA over an order that differs per task
-    INPUTS_NOT_DISJOINT = "inputs_not_disjoint"  # FILE: the tasks' files overlap
 
 
 def describe_problem(described: Mapping[str, Described | Failure]) -> CheckReport | None:
@@ -50,90 +31,20 @@ def describe_problem(described: Mapping[str, Described | Failure]) -> CheckRepor
     disagree about what it is: nothing is iterated then, so no task waits in a collective for
     another that will never join."""
     failed = {t: d["error"] for t, d in described.items() if "error" in d}
+    kinds = {t: d.get("kind") for t, d in described.items() if "error" not in d}
     if failed:
         errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=task_order)]
-        by_text: dict[str, list[str]] = {}
-        for t, text in failed.items():
-            by_text.setdefault(text, []).append(t)
-        summary = "; ".join(f"{name_tasks(ts)}: {text}" for text, ts in by_text.items())
-        return CheckReport("sharding", False, summary, details=errors,
-                           fields={"errors": errors, "overlap": None, "missing": None,
-                                   "per_task": {}})
-    kinds = {t: d.get("kind") for t, d in described.items() if "error" not in d}
-    if len(set(kinds.values())) > 1:
+        summary = "; ".join(f"{name_tasks(ts)}: {text}" for text, ts in _grouped(failed).items())
+    elif len(set(kinds.values())) > 1:
         text = "the tasks disagree about the expression: " + ", ".join(
             f"{t} has a {'distributed dataset' if k == 'distributed' else 'tf.data.Dataset'}"
             for t, k in sorted(kinds.items(), key=lambda x: task_order(x[0])))
-        return CheckReport("sharding", False, text + " (a per-task code path)", details=[text],
-                           fields={"errors": [text], "overlap": None, "missing": None,
-                                   "per_task": {}})
-    return None
-
-
-def policy_explained(desc: Described) -> tuple[str | None, str, str]:
-    """``(policy set, sharding in effect, why)`` from one task's description of EXPR."""
-    policy = desc.get("policy")
-    pipe = desc.get("pipeline")
-    workers = desc.get("workers")
-    w = f"{workers} workers" if workers else "the workers"
-    own = ", ".join(f"shard({s.get('num_shards')}, {s.get('index')})" for s in _shards(desc))
-    files, file_based = (pipe.get("files"), pipe.get("file_based")) if pipe else (None, None)
-    if desc.get("kind") == "dataset":
-        if own:
-            return policy, "shard()", (f"a plain tf.data.Dataset: no auto-sharding applies (only "
-                                       f"a strategy's experimental_distribute_dataset shards); "
-                                       f"its pipeline calls {own}")
-        return policy, "none", ("a plain tf.data.Dataset without dataset.shard(): no "
-                                "auto-sharding applies (only a strategy's "
-                                "experimental_distribute_dataset shards), so each task reads "
-                                "all of it")
-    if desc.get("made_by") == "distribute_datasets_from_function":
-        return None, "function", ("distribute_datasets_from_function: no auto-sharding; your "
-                                  "function gets an InputContext and must shard itself "
-                                  "(dataset.shard(ctx.num_input_pipelines, "
-                                  "ctx.input_pipeline_id))")
-    file_text = ("reads no files (range, from_tensor_slices, a generator ...)"
-                 if file_based is False else
-                 f"reads {files} file(s)" if files is not None else
-                 "reads files (how many could not be told from its graph)"
-                 if file_based else "could not be inspected")
-    if policy == "OFF":
-        return policy, "shard()" if own else "none", (
-            "auto_shard_policy OFF: no auto-sharding, " + (
-                f"the pipeline's own {own} splits the data" if own else
-                "and no dataset.shard() in the pipeline: every task reads the whole dataset"))
-    if policy == "DATA":
-        return policy, "DATA", (f"auto_shard_policy DATA: every task reads the whole input and "
-                                f"keeps every n-th element for itself (n = {w}); it needs a "
-                                f"deterministic order, and costs each task a full read")
-    if policy == "FILE":
-        enough = (f"; {files} file(s) for {w}: too few, TensorFlow raises an error when "
-                  f"iterating" if files is not None and workers and files < workers else "")
-        return policy, "FILE", (f"auto_shard_policy FILE: each task reads its own subset of the "
-                                f"input files; FILE needs at least as many files as workers "
-                                f"(AUTO would fall back to DATA); the source {file_text}"
-                                f"{enough}")
-    if policy == "AUTO":
-        if file_based and files is not None and workers and files >= workers:
-            return policy, "FILE", (f"auto_shard_policy AUTO -> FILE: the source {file_text}, "
-                                    f"at least one per worker ({w}), so each task reads its "
-                                    f"own files")
-        if file_based and files is not None and workers:
-            return policy, "DATA", (f"auto_shard_policy AUTO -> DATA: the source {file_text}, "
-                                    f"fewer than the {w}; FILE sharding needs at least as many "
-                                    f"files as workers, so AUTO falls back to DATA (each task "
-                                    f"reads everything and keeps its share)")
-        if file_based:
-            return policy, "FILE or DATA", (f"auto_shard_policy AUTO: the source {file_text}; "
-                                            f"FILE when there are at least as many files as "
-                                            f"workers, else AUTO falls back to DATA")
-        return policy, "DATA", (f"auto_shard_policy AUTO -> DATA: the source {file_text}, so "
-                                f"FILE sharding is impossible and AUTO falls back to DATA "
-                                f"(each task reads every element and keeps its share)")
-    if policy == "HINT":
-        return policy, "HINT", ("auto_shard_policy HINT: shard(SHARD_HINT, ...) placeholders "
-                                "in the pipeline become shard(num_workers, worker_index)")
-    return policy, "unknown", f"auto_shard_policy {policy} (the source {file_text})"
+        errors, summary = [text], text + " (a per-task code path)"
+    else:
+        return None
+    return CheckReport("sharding", False, summary, details=errors,
+                       fields={"errors": errors, "overlap": None, "missing": None,
+                               "per_task": {}})
 
 
 def analyse(described: Mapping[str, Described | Failure], reads: Mapping[str, Read | Failure],
@@ -174,7 +85,7 @@ def analyse(described: Mapping[str, Described | Failure], reads: Mapping[str, Re
     details += _reading_notes(reading, cut)
     fields.update(overlap=overlap, missing=missing, per_task=reading.per_task,
                   imbalance=reading.imbalance(), extra=extra, cut=cut)
-    fields["overlap_cause"] = _cause(found, effective)[0] if len(overlap) else None
+    fields["overlap_cause"] = overlap_cause(found, effective)[0] if len(overlap) else None
     problems = _problems(reading, overlap, missing, found, effective)
     if failure is not None:
         problems.insert(0, failure)
@@ -201,11 +112,8 @@ def _failures(failed: dict[str, str],
     released_note = (["collectives were aborted on the tasks still reading, so that none "
                       "waits forever: %tfdist_restart gives working collectives again"]
                      if any(r.get("released") for r in reads.values()) else [])
-    same: dict[str, list[str]] = {}
-    for t, e in causes.items():
-        same.setdefault(e, []).append(t)
     summary = "; ".join(f"{name_tasks(ts)} could not read the dataset: {e}"
-                        for e, ts in same.items())
+                        for e, ts in _grouped(causes).items())
     released = sorted(set(failed) - set(causes), key=task_order)
     if all(ABORTED in e for e in causes.values()):
         summary += ("; the collectives were aborted (by an earlier failed read or an "
@@ -260,10 +168,8 @@ class _Reading:
             "repeated": self.dupes[t], "steps": reads[t].get("steps"),
             "cut_short_by": reads[t].get("cut") or "",
             "seconds": reads[t].get("seconds"),
-            "auto_shard_policy": _policy_cell(described.get(t, {})),
-            "own_shard": ", ".join(
-                f"shard({s.get('num_shards')}, {s.get('index')})"
-                for s in _shards(described.get(t, {}))),
+            "auto_shard_policy": policy_cell(described.get(t, {})),
+            "own_shard": own_shards(described.get(t, {})),
         } for t in self.good]).set_index("task")
 
 
@@ -310,7 +216,8 @@ def _reading_notes(reading: _Reading, cut: dict[str, str]) -> list[str]:
             f"{t} {n}" for t, n in reading.dupes.items() if n) + " (repeat(), or duplicates "
             "in the data)")
     if (imbalance := reading.imbalance()) > IMBALANCE_NOTE:
-        notes.append(f"imbalance: {_ratio(imbalance)} (max/min examples per task) - the "
+        ratio = "inf (a task read nothing)" if imbalance == float("inf") else f"{imbalance:.2f}x"
+        notes.append(f"imbalance: {ratio} (max/min examples per task) - the "
                      "tasks with more data set the pace of every synchronous step")
     return notes
 
@@ -330,7 +237,7 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
                              key=task_order)
             what = (f"{shared} element(s) read by more than one task ({name_tasks(busiest)}), "
                     f"e.g. {', '.join(map(str, overlap['element'].head(QUOTED)))}")
-        problems.append(f"{what}; cause: {_cause(described, effective)[1]}")
+        problems.append(f"{what}; cause: {overlap_cause(described, effective)[1]}")
     if missing is not None and len(missing):
         problems.append(f"{len(missing)} element(s) of the undistributed dataset read by no "
                         f"task, e.g. {', '.join(map(str, missing['element'].head(QUOTED)))}")
@@ -341,77 +248,17 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
     return problems
 
 
-def _cause(described: Mapping[str, Described], effective: str
-           ) -> tuple[OverlapCause, str]:
-    """The likely reason several tasks read the same elements, read from the pipelines' own
-    structure (their shard() calls and the shuffles before them)."""
-    order = sorted(described, key=task_order)
-    first = described[order[0]]
-    ways = {t: policy_explained(described[t])[1] for t in order}
-    if len(set(ways.values())) > 1:
-        said = ", ".join(f"{t} {way}" for t, way in ways.items())
-        return OverlapCause.SHARDED_DIFFERENTLY, (
-            f"the tasks shard in different ways ({said}): each task must build the same "
-            "pipeline with the same options (a cell or a branch that ran on some tasks "
-            "only?)")
-    shards = {t: tuple((s.get("num_shards"), s.get("index")) for s in _shards(d))
-              for t, d in described.items()}
-    shuffled = sorted((t for t, d in described.items()
-                       if any(s.get("after_unseeded_shuffle") for s in _shards(d))),
-                      key=task_order)
-    if shuffled and effective in ("shard()", "function"):
-        calls = ", ".join(f"shard({n}, {i})" for n, i in shards[shuffled[0]])
-        return OverlapCause.SHUFFLE_BEFORE_SHARD, (
-            f"the pipeline shuffles without a seed before its {calls} call (on "
-            f"{name_tasks(shuffled)}): each task shuffles into its own order, so the shards it "
-            "cuts overlap with the others' and miss elements; shard before shuffling, or "
-            "give that shuffle the same seed on every task")
-    if effective == "shard()" and len(shards) > 1 and len(set(shards.values())) == 1:
-        call = ", ".join(f"shard({n}, {i})" for n, i in next(iter(shards.values())))
-        return OverlapCause.SAME_SHARD_INDEX, (
-            f"every task calls {call}: the index must be the task's own, e.g. "
-            f"dataset.shard(num_workers, tw.task[1])")
-    if effective == "function" and any(shards.values()):
-        calls = "; ".join(f"{t} " + ", ".join(f"shard({n}, {i})" for n, i in shards[t])
-                          for t in sorted(shards, key=task_order))
-        return OverlapCause.FUNCTION_SHARDS_OVERLAP, (
-            f"the dataset function shards ({calls}) but the shards overlap: check that "
-            "num_shards is ctx.num_input_pipelines and index ctx.input_pipeline_id")
-    if effective == "function":  # no shard() call at all
-        return OverlapCause.FUNCTION_IGNORES_CONTEXT, (
-            "the dataset function does not shard by its InputContext: "
-            "dataset.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)")
-    if effective == "shard()":
-        return (OverlapCause.SHARD_CALLS_DO_NOT_SPLIT,
-                "the pipeline's own shard() calls do not split it: check num_shards and index")
-    if effective == "none" and first.get("kind") == "dataset":
-        return OverlapCause.PLAIN_UNSHARDED, (
-            "a plain tf.data.Dataset without dataset.shard(): shard it with "
-            "dataset.shard(num_workers, task index), or distribute it with the strategy")
-    if effective == "none":
-        return OverlapCause.POLICY_OFF, (
-            "auto_shard_policy OFF and no dataset.shard(): set AutoShardPolicy.DATA (or "
-            "FILE), or shard it yourself")
-    unseeded = sorted((t for t, d in described.items()
-                       if (p := d.get("pipeline")) and p.get("unseeded_shuffle")), key=task_order)
-    if effective == "DATA" and unseeded:
-        return OverlapCause.DATA_UNSEEDED_SHUFFLE, (
-            f"DATA sharding keeps every n-th element by position, and the pipeline "
-            f"shuffles without a seed (on {name_tasks(unseeded)}), so each task keeps its "
-            "share of a different order; give the shuffle the same seed on every task, or "
-            "shuffle after the split")
-    if effective == "DATA":
-        return OverlapCause.DATA_ORDER_DIFFERS, (
-            "DATA sharding keeps every n-th element by position, so an order that differs "
-            "between tasks (a non-deterministic map or interleave before the split) "
-            "overlaps")
-    return (OverlapCause.INPUTS_NOT_DISJOINT,
-            f"sharding {effective}: the tasks' inputs are not disjoint (duplicate files?)")
-
-
 #: TensorFlow's own error text for a collective aborted under it (by this check's runner, an
 #: earlier failed read or an interrupt): the one way to tell from a task's error
 ABORTED = "Collective ops is aborted by"
+
+
+def _grouped(errors: Mapping[str, str]) -> dict[str, list[str]]:
+    """The tasks that gave each error text."""
+    by_text: dict[str, list[str]] = {}
+    for t, text in errors.items():
+        by_text.setdefault(text, []).append(t)
+    return by_text
 
 
 def _short(error: str) -> str:
@@ -421,22 +268,6 @@ def _short(error: str) -> str:
     text = re.sub(r"\{\{[^}]*\}\}\s*", "", text)
     first = text.strip().splitlines()[0].strip() if text.strip() else text
     return first if len(first) <= 240 else first[:237] + "..."
-
-
-def _shards(desc: Described) -> list[ShardCall]:
-    return desc["pipeline"].get("shards", []) if "pipeline" in desc else []
-
-
-def _policy_cell(desc: Described) -> str:
-    if desc.get("kind") != "distributed":
-        return "n/a (not distributed)"
-    if desc.get("made_by") == "distribute_datasets_from_function":
-        return "n/a (from a function)"
-    return str(desc.get("policy") or "")
-
-
-def _ratio(x: float) -> str:
-    return "inf (a task read nothing)" if x == float("inf") else f"{x:.2f}x"
 
 
 def _natural(col: pd.Series) -> pd.Series:

@@ -1,9 +1,6 @@
-"""MultiWorkerMirroredStrategy start-up waits, read from TensorFlow's own log lines (pure).
-
-Creating the strategy blocks until every task has joined (up to an hour by default) and TF logs
-``Waiting for 1/2 tasks to connect.`` then ``Example stragglers:`` and one line per missing task
-(``/job:worker/replica:0/task:1``). This turns those lines into "who waits for whom".
-"""
+"""MultiWorkerMirroredStrategy start-up waits as "who waits for whom" (pure; docs/design.md,
+Facts), from TensorFlow's own ``Waiting for 1/2 tasks to connect.``, ``Example stragglers:`` and
+one line per missing task (``/job:worker/replica:0/task:1``)."""
 
 from __future__ import annotations
 

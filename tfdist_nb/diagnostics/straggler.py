@@ -18,11 +18,9 @@ WINDOW = 20
 MIN_STEPS = 8
 LAST_FRACTION = 0.7
 LAG_RATIO = 0.3  # of the median step time: "consistently over 1.3x the others"
-# And at least this much a step, whatever the step time: on a busy host the OS scheduler alone
-# makes one task arrive 1-3 ms late for many steps in a row (a healthy 2-worker MWMS loop on 2
-# cores with one core taken: median lag up to 2.4 ms with a 7.5 ms step, docs/performance.md),
-# which passes the ratio; 10 ms a step is a second lost per 100 steps, the smallest lag worth a
-# user's look (the planted stragglers of the tests and notebooks are 30 ms and more).
+# And at least this much a step: on a busy host the OS scheduler alone makes a healthy task
+# arrive 1-3 ms late step after step, which passes the ratio (docs/performance.md, "The
+# straggler detector's absolute floor").
 MIN_LAG_MS = 10.0
 
 

@@ -1,11 +1,7 @@
 """``%tfdist_check tfconfig``: every problem of the TF_CONFIGs the tasks see, each naming the
-task and the field (pure: the facts come from each task's probe).
-
-Structure and roles are checked by :func:`tfdist_nb.topology.validate_tf_config`, the rules the
-launcher checks the TF_CONFIGs it builds with; this adds what only the running tasks can tell:
-ports in use on their host, host names that do not resolve there, and tasks that disagree about
-the cluster.
-"""
+task and the field (pure: the facts come from each task's probe). Beyond the launcher's own
+rules (:func:`tfdist_nb.topology.validate_tf_config`), what only the running tasks can tell:
+ports in use on their host, host names that do not resolve there, tasks that disagree."""
 
 from __future__ import annotations
 
@@ -74,14 +70,14 @@ def analyse(views: Mapping[str, TfConfigView | Failure],
             if state == PortState.IN_USE:
                 errors.append(f"{who}: {addr} is in use on {view.get('host')} by another "
                               "process: TensorFlow's server cannot bind it")
+        me = None
         if cfg is not None and isinstance(cfg.get("task"), dict):
             me = f"{cfg['task'].get('type')}:{cfg['task'].get('index')}"
             if expected and who in expected and expected[who] != me:
                 errors.append(f"{who}: task: TF_CONFIG says this task is {me}")
             clusters[who] = json.dumps(cfg.get("cluster"), sort_keys=True)
         rows.append({"task": who, "host": view.get("host"),
-                     "task_in_tf_config": (f"{cfg['task'].get('type')}:{cfg['task'].get('index')}"
-                                           if cfg and isinstance(cfg.get("task"), dict) else None),
+                     "task_in_tf_config": me,
                      "cluster": (_brief(cfg.get("cluster")) if cfg else None),
                      "own_port": ", ".join(f"{a} {s}" for a, s in
                                            (view.get("ports") or {}).items()) or None})
@@ -92,8 +88,7 @@ def analyse(views: Mapping[str, TfConfigView | Failure],
         sides = " vs ".join(f"{', '.join(ws)} see {_brief(json.loads(c))}"
                             for c, ws in groups.items())
         errors.append(f"tasks disagree about the cluster: {sides}")
-    n = len(views)
-    summary = (f"{n} TF_CONFIG(s) valid and consistent" if not errors else
+    summary = (f"{len(views)} TF_CONFIG(s) valid and consistent" if not errors else
                f"{len(errors)} problem(s): {errors[0]}" + (" ..." if len(errors) > 1 else ""))
     return CheckReport("tfconfig", not errors, summary, pd.DataFrame(rows), details=errors,
                        fields={"errors": errors})

@@ -1,16 +1,12 @@
 """``%tfdist_check variables EXPR``: whether every task holds the same values in the same
-variables, and for those that differ by how much and the likely cause (pure: the tasks sent
-checksums, :mod:`tfdist_nb.worker.variables_probe`).
+variables, by how much they differ and the likely cause (pure: the tasks sent checksums,
+:mod:`tfdist_nb.worker.variables_probe`; docs/reference.md, Checks).
 
-Each variable is compared exactly (a hash of its bytes) and with a tolerance
-(``|a - b| <= atol + rtol * max|a|``). A small variable travels whole, so its max abs difference
-is exact; a larger one travels as float64 sum, sum of squares, min, max and values at fixed
-positions, which bound the max abs difference from below (``|sum_a - sum_b| / n``,
-``|max_a - max_b|``, ``|min_a - min_b|``, ``| |a| - |b| | / sqrt(n)``, the sampled differences)
-and from above (``max(max_a - min_b, max_b - min_a)``). A variable whose bytes differ is
-``diverged`` unless its difference is shown to be within the tolerance; ``diverged`` maps its
-name to the exact max abs difference, or to the proven lower bound when only summaries were
-compared (the table says which and gives both bounds).
+A variable sent as summaries (float64 sum, sum of squares, min, max, sampled values) bounds the
+max abs difference from below (``|sum_a - sum_b| / n``, ``|max_a - max_b|``, ``|min_a - min_b|``,
+``| |a| - |b| | / sqrt(n)``, the sampled differences) and from above
+(``max(max_a - min_b, max_b - min_a)``); differing bytes are ``diverged`` unless shown to be
+within ``atol + rtol * max|a|``.
 """
 
 from __future__ import annotations
@@ -80,7 +76,6 @@ class _Verdict(TypedDict):
 class Verdict(_Verdict, total=False):
     """One variable across the tasks (``_compare``)."""
 
-    tolerance: float
     bound: tuple[float, float]
 
 
@@ -99,7 +94,7 @@ def _compare(rows: dict[str, VariableRow], atol: float, rtol: float) -> Verdict:
     if all("values" in r for r in rows.values()):
         diff = _max_abs_diff([_floats(rows[t]["values"]) for t in tasks])
         return {"verdict": "within tolerance" if diff <= tol else "diverged",
-                "max_abs_diff": diff, "exact": True, "tolerance": tol, "why": None}
+                "max_abs_diff": diff, "exact": True, "why": None}
     if any(r.get("nonfinite", 0) for r in rows.values()):
         return {"verdict": "differs", "max_abs_diff": None, "exact": False,
                 "why": (VariableCause.NONFINITE_BYTES,
@@ -108,7 +103,7 @@ def _compare(rows: dict[str, VariableRow], atol: float, rtol: float) -> Verdict:
     lo, hi = _bounds(rows, tasks)
     verdict = "diverged" if lo > tol else "within tolerance" if hi <= tol else "differs"
     return {"verdict": verdict, "max_abs_diff": lo, "exact": False, "bound": (lo, hi),
-            "tolerance": tol, "why": None}
+            "why": None}
 
 
 def _by_bytes(rows: dict[str, VariableRow], tasks: list[str]) -> Verdict | None:

@@ -123,27 +123,80 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
 
 
 class RevisionCharts:
-    """Charts that redraw only when the live store changed since they last drew."""
+    """Charts that redraw only when the live store changed since they last drew. A chart
+    joins ``row`` when it first has data (bqplot lays out a figure when it is shown: one drawn
+    hidden stays without size); until then ``empty`` says why it has none."""
 
     _seen = -1
 
-    def due(self, revision: int) -> bool:
+    def _boxes(self) -> None:
+        import ipywidgets as w
+
+        self.empty = w.HTML()
+        self.empty.add_class("tfdist-chart-empty")
+        self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
+        self.box = w.VBox([self.row, self.empty])
+
+    @staticmethod
+    def _figure(chart: axes.Chart, marks: list[Any], title: str, layout: Any) -> Any:
+        import bqplot as bq
+
+        xs, ys = marks[0].scales["x"], marks[0].scales["y"]
+        fig = bq.Figure(marks=marks, title=title,
+                        axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
+                                      "seconds since the first sample"),
+                              bq.Axis(scale=ys, orientation="vertical")],
+                        layout=layout, fig_margin={"top": 30, "bottom": 35, "left": 50,
+                                                   "right": 10})
+        fig.add_class("tfdist-chart")
+        fig.add_class(f"tfdist-chart-{chart.key}")
+        return fig
+
+    def update(self, views: list[TaskView], revision: int) -> bool:
+        """Draw every chart when the store changed since the last draw; True when it did."""
         if revision == self._seen:
             return False
         self._seen = revision
+        t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
+        now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
+        said: list[str] = []
+        shown: list[Any] = []
+        for i, chart in enumerate(CHARTS):
+            drawn = self._draw(i, chart, views, t0, now)
+            if drawn is None:
+                gpus = any(v.latest.get("gpus") for v in views)
+                why = NO_GPU if chart.key == "gpu" and not gpus else chart.empty
+                said.append(f"<b>{html.escape(chart.title)}</b>: {html.escape(why)}")
+            else:
+                shown.append(drawn)
+        if tuple(shown) != tuple(self.row.children):
+            self.row.children = shown
+        text = "<small>" + "<br>".join(said) + "</small>" if said else ""
+        if text != self.empty.value:
+            self.empty.value = text
         return True
 
+    def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
+              now: float) -> Any:
+        """Draw chart ``i`` (seconds since ``t0``, up to ``now``); the widget that shows it, or
+        None when it has no data."""
+        raise NotImplementedError
+
     @staticmethod
-    def first_sample(views: list[TaskView]) -> float:
-        """The time axis starts at the first sample of any task."""
-        return min((v.samples[0][0] for v in views if v.samples), default=time.time())
+    def _rescale(chart: axes.Chart, scales: tuple[Any, Any], x_first: float, x_last: float,
+                 values: list[float]) -> None:
+        xs, ys = scales
+        x_range, y_range = axes.x_range(chart, x_first, x_last), axes.y_range(chart, values)
+        if (xs.min, xs.max) != x_range:
+            xs.min, xs.max = x_range
+        if (ys.min, ys.max) != y_range:
+            ys.min, ys.max = y_range
 
 
 class BandCharts(RevisionCharts):
     """Per chart of :data:`tfdist_nb.chart_axes.CHARTS`, three lines across all tasks (min,
     median, max) on the axes the per-task charts use (from 0; the whole run while short), the
-    outliers named under it. A chart without data is left out of ``row`` and says why in
-    ``empty``, as the per-task charts do."""
+    outliers named under it."""
 
     #: per chart key: the unit said with an outlier, and the least gap from the median that is
     #: one (a few % of CPU on idle tasks is noise)
@@ -161,14 +214,8 @@ class BandCharts(RevisionCharts):
                             colors=["#90caf9", "#1565c0", "#ef6c00"],
                             labels=["min", "median", "max"], display_legend=True,
                             scales={"x": xs, "y": ys})
-            fig = bq.Figure(marks=[mark], title=f"{chart.title}: min / median / max of all tasks",
-                            axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
-                                          "seconds since the first sample"),
-                                  bq.Axis(scale=ys, orientation="vertical")],
-                            layout=w.Layout(width="100%", height="200px"),
-                            fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
-            fig.add_class("tfdist-chart")
-            fig.add_class(f"tfdist-chart-{chart.key}")
+            fig = self._figure(chart, [mark], f"{chart.title}: min / median / max of all tasks",
+                               w.Layout(width="100%", height="200px"))
             note = w.HTML()
             note.add_class("tfdist-outliers")
             self.figures.append(fig)
@@ -176,51 +223,26 @@ class BandCharts(RevisionCharts):
             self.notes.append(note)
             self.scales.append((xs, ys))
             self.panels.append(w.VBox([fig, note], layout=w.Layout(width="49%")))
-        self.empty = w.HTML()
-        self.empty.add_class("tfdist-chart-empty")
-        # a chart joins the row when it first has data (bqplot sizes a figure when shown)
-        self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
-        self.box = w.VBox([self.row, self.empty])
+        self._boxes()
 
-    def update(self, views: list[TaskView], revision: int) -> bool:
-        if not self.due(revision):
-            return False
-        t0 = self.first_sample(views)
-        now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
-        gpus = any(v.latest.get("gpus") for v in views)
-        said: list[str] = []
-        shown: list[Any] = []
-        for chart, mark, note, (xs, ys), panel in zip(CHARTS, self.marks, self.notes,
-                                                      self.scales, self.panels, strict=True):
-            per_x, latest = self._bands(chart, views, t0, now)
-            if not per_x:
-                why = NO_GPU if chart.key == "gpu" and not gpus else chart.empty
-                said.append(f"<b>{html.escape(chart.title)}</b>: {html.escape(why)}")
-                continue
-            shown.append(panel)
-            x = sorted(per_x)[-CHART_POINTS:]
-            bands = [[min(per_x[i]) for i in x], [statistics.median(per_x[i]) for i in x],
-                     [max(per_x[i]) for i in x]]
-            with mark.hold_sync():
-                mark.x, mark.y = x, bands
-            x_first, x_last = (0.0, now - t0) if chart.x == "time" else (x[0], x[-1])
-            x_range = axes.x_range(chart, x_first, x_last)
-            y_range = axes.y_range(chart, bands[2])
-            if (xs.min, xs.max) != x_range:
-                xs.min, xs.max = x_range
-            if (ys.min, ys.max) != y_range:
-                ys.min, ys.max = y_range
-            unit, gap = self.OUTLIERS[chart.key]
-            named = outliers(latest, unit, gap)
-            text = f"<small>outliers: {html.escape(named)}</small>" if named else ""
-            if text != note.value:
-                note.value = text
-        if tuple(shown) != tuple(self.row.children):
-            self.row.children = shown
-        text = "<small>" + "<br>".join(said) + "</small>" if said else ""
-        if text != self.empty.value:
-            self.empty.value = text
-        return True
+    def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
+              now: float) -> Any:
+        per_x, latest = self._bands(chart, views, t0, now)
+        if not per_x:
+            return None
+        x = sorted(per_x)[-CHART_POINTS:]
+        bands = [[min(per_x[k]) for k in x], [statistics.median(per_x[k]) for k in x],
+                 [max(per_x[k]) for k in x]]
+        with self.marks[i].hold_sync():
+            self.marks[i].x, self.marks[i].y = x, bands
+        x_first, x_last = (0.0, now - t0) if chart.x == "time" else (x[0], x[-1])
+        self._rescale(chart, self.scales[i], x_first, x_last, bands[2])
+        unit, gap = self.OUTLIERS[chart.key]
+        named = outliers(latest, unit, gap)
+        text = f"<small>outliers: {html.escape(named)}</small>" if named else ""
+        if text != self.notes[i].value:
+            self.notes[i].value = text
+        return self.panels[i]
 
     @staticmethod
     def _bands(chart: axes.Chart, views: list[TaskView], t0: float,

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tfdist_nb import chart_axes as axes
-from tfdist_nb.chart_axes import CHARTS, NO_GPU
+from tfdist_nb.chart_axes import CHARTS
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.display.compact import (
+    CHART_POINTS,
     COMPACT_AT,
     BandCharts,
     RevisionCharts,
@@ -34,7 +35,6 @@ from tfdist_nb.store.tails import LiveStore, TaskView
 logger = logging.getLogger(__name__)
 REFRESH_S = 0.5
 PANEL_LINES = 30
-CHART_POINTS = 300
 STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#2e7d32", "busy": "#1565c0",
                  "prompt": "#00838f", "stalled": "#ef6c00", "dead": "#c62828",
                  "restarting": "#6a1b9a", "stopped": "#616161"}
@@ -176,12 +176,8 @@ class Charts(RevisionCharts):
     """bqplot charts, one line per task: step time and input wait over steps (a straggler's
     slow input stands out there even when synchronous training evens out the step times), and
     CPU / RSS / GPU over time, on the axes :mod:`tfdist_nb.chart_axes` chooses (from 0; the
-    whole run while short). A chart without data is left out of ``row`` and says why in
-    ``empty``.
-
-    One Lines mark per task (tasks have different numbers of points; bqplot wants a rectangle
-    per mark), sharing the figure's scales.
-    """
+    whole run while short). One Lines mark per task (tasks have different numbers of points;
+    bqplot wants a rectangle per mark), sharing the figure's scales."""
 
     def __init__(self, tasks: list[str]) -> None:
         import bqplot as bq
@@ -195,59 +191,26 @@ class Charts(RevisionCharts):
             xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
             marks = [bq.Lines(x=[0.0], y=[0.0], colors=[colour_of(t)], labels=[t],
                               display_legend=True, scales={"x": xs, "y": ys}) for t in tasks]
-            fig = bq.Figure(marks=marks, title=chart.title,
-                            axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
-                                          "seconds since the first sample"),
-                                  bq.Axis(scale=ys, orientation="vertical")],
-                            layout=w.Layout(width="49%", height="240px"),
-                            fig_margin={"top": 30, "bottom": 35, "left": 50, "right": 10})
-            fig.add_class("tfdist-chart")
-            fig.add_class(f"tfdist-chart-{chart.key}")
-            self.figures.append(fig)
+            self.figures.append(self._figure(chart, marks, chart.title,
+                                             w.Layout(width="49%", height="240px")))
             self.marks.append(marks)
             self.scales.append((xs, ys))
-        self.empty = w.HTML()
-        self.empty.add_class("tfdist-chart-empty")
-        # a chart joins the row when it first has data: drawn then, at its size (bqplot lays
-        # out a figure when it is shown; one drawn hidden stays without size)
-        self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
-        self.box = w.VBox([self.row, self.empty])
+        self._boxes()
 
-    def update(self, views: list[TaskView], revision: int) -> bool:
-        if not self.due(revision):
-            return False
-        t0 = self.first_sample(views)
-        now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
-        gpus = any(v.latest.get("gpus") for v in views)
-        said: list[str] = []
-        shown_now: list[Any] = []
-        for chart, fig, marks, (xs, ys) in zip(CHARTS, self.figures, self.marks, self.scales,
-                                               strict=True):
-            shown = [self._points(chart, v, t0, now) for v in views]
-            values = [y for _, line in shown for y in line]
-            if not values:
-                why = NO_GPU if chart.key == "gpu" and not gpus else chart.empty
-                said.append(f"<b>{html.escape(chart.title)}</b>: {html.escape(why)}")
-                continue
-            shown_now.append(fig)
-            for (x, y), mark in zip(shown, marks, strict=True):
-                if x and (len(x) != len(mark.x) or x[-1] != mark.x[-1]):
-                    with mark.hold_sync():
-                        mark.x, mark.y = x, y
-            xs_all = [x for line, _ in shown for x in line]
-            x_first, x_last = ((0.0, now - t0) if chart.x == "time"
-                               else (min(xs_all), max(xs_all)))
-            x_range, y_range = axes.x_range(chart, x_first, x_last), axes.y_range(chart, values)
-            if (xs.min, xs.max) != x_range:
-                xs.min, xs.max = x_range
-            if (ys.min, ys.max) != y_range:
-                ys.min, ys.max = y_range
-        if tuple(shown_now) != tuple(self.row.children):
-            self.row.children = shown_now
-        text = "<small>" + "<br>".join(said) + "</small>" if said else ""
-        if text != self.empty.value:
-            self.empty.value = text
-        return True
+    def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
+              now: float) -> Any:
+        shown = [self._points(chart, v, t0, now) for v in views]
+        values = [y for _, line in shown for y in line]
+        if not values:
+            return None
+        for (x, y), mark in zip(shown, self.marks[i], strict=True):
+            if x and (len(x) != len(mark.x) or x[-1] != mark.x[-1]):
+                with mark.hold_sync():
+                    mark.x, mark.y = x, y
+        xs_all = [x for line, _ in shown for x in line]
+        x_first, x_last = (0.0, now - t0) if chart.x == "time" else (min(xs_all), max(xs_all))
+        self._rescale(chart, self.scales[i], x_first, x_last, values)
+        return self.figures[i]
 
     @staticmethod
     def _points(chart: axes.Chart, view: TaskView, t0: float,
@@ -282,12 +245,8 @@ def spares_text(snap: ClusterSnapshot) -> str:
 
 
 class Dashboard(_box_class()):  # type: ignore[misc]
-    """The whole view of one cluster: an ipywidgets ``VBox`` that refreshes itself.
-
-    Displaying it (or leaving it as a cell's last expression) shows it; ``refresh()`` pushes what
-    changed, ``start()`` / ``stop()`` run and end its refresh timer. Stopping leaves the widgets
-    showing their last state.
-    """
+    """The whole view of one cluster: an ipywidgets ``VBox`` that refreshes itself
+    (docs/reference.md, ``dashboard()``)."""
 
     def __init__(self, source: Callable[[], ClusterSnapshot], live: LiveStore,
                  refresh_s: float = REFRESH_S) -> None:
@@ -350,10 +309,8 @@ class Dashboard(_box_class()):  # type: ignore[misc]
             self.refresh()
 
     def refresh(self) -> bool:
-        """Push what changed since the last refresh; True if anything was sent.
-
-        A drawing error is logged, never raised: it must not fail the user's cell.
-        """
+        """Push what changed since the last refresh; True if anything was sent. A drawing error
+        is logged, never raised: it must not fail the user's cell."""
         try:
             return self._refresh()
         except Exception:

@@ -1,23 +1,20 @@
-"""The Jupyter server extension behind the JupyterLab panes (docs/reference.md, JupyterLab panes).
-
-It serves the run directories the server can see, read-only and under the server's own auth:
-cluster discovery, REST summaries and a websocket of new events per cluster, fed by tailing the
-run's JSON Lines files. It imports no controller code (an import-linter contract in
-pyproject.toml), so the panes keep working while a kernel is busy or dead. The one way it leads
-to a kernel: a console on a live task, registered with the server's own kernel manager
-(:mod:`tfdist_nb.lab.consoles`).
-
-Enabled by ``etc/jupyter/jupyter_server_config.d/tfdist_nb.json`` (installed with the package);
-the prebuilt JupyterLab extension is ``share/jupyter/labextensions/tfdist-nb``.
+"""The Jupyter server extension behind the JupyterLab panes (docs/reference.md, JupyterLab panes):
+the run directories, read-only, under the server's own auth. It imports no controller code (an
+import-linter contract), so the panes work while a kernel is busy or dead; its one way to a kernel
+is a console on a live task (:mod:`tfdist_nb.lab.consoles`). Enabled by
+``etc/jupyter/jupyter_server_config.d/tfdist_nb.json``, installed with the package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from traitlets import Bool, Float, List, Unicode
 from traitlets.config import Configurable
+
+if TYPE_CHECKING:
+    from jupyter_server.serverapp import ServerApp
 
 LABEXTENSION_NAME = "tfdist-nb"
 LABEXTENSION_DIR = Path(__file__).resolve().parents[1] / "labextension"
@@ -41,7 +38,7 @@ def _jupyter_labextension_paths() -> list[dict[str, str]]:
     return [{"src": str(LABEXTENSION_DIR), "dest": LABEXTENSION_NAME}]
 
 
-def _load_jupyter_server_extension(serverapp: Any) -> None:
+def _load_jupyter_server_extension(serverapp: ServerApp) -> None:
     from jupyter_server.utils import url_path_join
 
     from tfdist_nb.lab.consoles import ConsoleHandler, TaskKernels
@@ -69,6 +66,3 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
         (url_path_join(base, cid, "console"), ConsoleHandler),
     ])
     serverapp.log.info("tfdist_nb.lab: serving run directories at %s", base)
-
-
-load_jupyter_server_extension = _load_jupyter_server_extension  # the pre-2.0 name

@@ -1,20 +1,10 @@
 """A JupyterLab console on a task's kernel (docs/reference.md, Consoles on a task).
 
-``POST /tfdist/api/clusters/<id>/console`` with ``{"task": "worker:1"}`` answers
-``{"kernel_id", "cluster", "task"}``: the id under which this server's kernel manager now knows
-that task's kernel, for JupyterLab to open a console (and its debugger) on.
-
-The kernel is registered as one the server does not own (jupyter_client's
-``owns_kernel=False``, what ``ServerApp.allow_external_kernels`` does for a directory of
-connection files), so it is reached like any kernel: through the server's own authenticated
-kernel websocket. Shutting it down from JupyterLab, or culling it, only forgets it (the task runs
-on); interrupting or restarting it there is refused (the notebook's ``%tfdist_interrupt`` and
-``%tfdist_restart`` do that). It is forgotten too once the cluster is no longer live or the
-task's kernel changed (a restart: a new connection file or key).
-
-Only a connection file named by the live cluster's ``state.json``, a regular file of this
-server's user that nobody else can read, is used (docs/security.md, The Jupyter server
-extension).
+The kernel is registered as one the server does not own (jupyter_client's ``owns_kernel=False``,
+as ``ServerApp.allow_external_kernels`` does), so it is reached through the server's own
+authenticated kernel websocket and shutting it down only forgets it. Only a connection file named
+by a live cluster's ``state.json``, a regular file of this user that nobody else can read, is used
+(docs/security.md, The Jupyter server extension).
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -35,6 +25,9 @@ from tornado.ioloop import PeriodicCallback
 from tfdist_nb.lab.handlers import ClusterIndex
 from tfdist_nb.lab.model import NO_KERNEL
 from tfdist_nb.owned_files import read_regular, regular_stat
+
+if TYPE_CHECKING:
+    from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
 TASK = re.compile(r"^(chief|worker|ps|evaluator):\d{1,6}$")
 #: The private names a console leans on to register a kernel the server does not own (as
@@ -94,7 +87,7 @@ def connection_of(index: ClusterIndex, cluster_id: str, task: str) -> tuple[str,
 class TaskKernels:
     """The task kernels registered with the server's kernel manager, by (cluster, task)."""
 
-    def __init__(self, manager: Any, index: ClusterIndex) -> None:
+    def __init__(self, manager: MappingKernelManager, index: ClusterIndex) -> None:
         self.manager = manager
         self.index = index
         self.known: dict[tuple[str, str], tuple[str, str, str]] = {}  # -> kernel id, path, key

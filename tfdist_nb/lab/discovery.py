@@ -1,10 +1,6 @@
-"""Which run directories the server can see (docs/reference.md, JupyterLab panes).
-
-Bases: ``tfdist_runs`` under the server's root directory and under each of its top-level
-folders (a notebook's kernel runs in the notebook's folder, so its runs land next to it),
-``$TFDIST_RUNS_DIR`` of the server's environment, and ``TfdistLab.runs_dirs`` from the server's
-config. A cluster is a directory named like a cluster id, owned by the server's user, not a
-symlink, holding ``state.json`` or ``events.jsonl``.
+"""Which run directories the server can see (the rules: docs/reference.md, JupyterLab panes).
+Top-level folders are looked into because a notebook's kernel runs in the notebook's folder, so
+its runs land next to it.
 """
 
 from __future__ import annotations

@@ -6,14 +6,9 @@
                                              with what was appended to its files since
 ``POST /tfdist/api/clusters/<id>/console``   a live task's kernel for a console (consoles.py)
 
-One :class:`ClusterIndex` per server owns the watches; a periodic callback polls the watched
-clusters' files (only their new bytes) and pushes the news to their subscribers.
-
-No file is touched on the server's event loop: the index does its reading on one thread of its
-own, and a request waits for it at most ``IO_TIMEOUT_S`` (then 504), so a run directory on a
-hung network filesystem slows the panes, never ``/api/status`` or the rest of Jupyter
-(docs/security.md). Files are opened without following links and only when regular
-(``owned_files.py``).
+No file is touched on the server's event loop: one reading thread does it all, and a request
+waits for it at most ``IO_TIMEOUT_S`` (then 504), so a hung network filesystem slows the panes,
+never the rest of Jupyter (docs/security.md).
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ class ClusterIndex:
         self._scanned = 0.0
         self._paths: dict[str, Path] = {}
         self._beat: dict[str, float] = {}
-        # every read of the run directories happens here, one at a time (the watches are not
-        # shared between threads)
+        # every read of the run directories, one at a time (the watches are not thread-safe)
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tfdist-io")
         self._ticking = False
 
@@ -95,12 +89,7 @@ class ClusterIndex:
         return watch
 
     def summaries(self) -> list[dict[str, Any]]:
-        out = []
-        for cid in self.scan():
-            watch = self.get(cid)
-            if watch is not None:
-                out.append(watch.summary())
-        return out
+        return [w.summary() for cid in self.scan() if (w := self.get(cid)) is not None]
 
     def detail(self, cluster_id: str) -> tuple[dict[str, Any], Callable[[], None]] | None:
         """(reading thread) One cluster's detail, and the delivery of its news to the

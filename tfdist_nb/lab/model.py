@@ -1,16 +1,11 @@
-"""One cluster as the server sees it: its state file plus bounded tails of its JSON Lines files.
-
-:class:`ClusterWatch` reads ``state.json`` when it changed (by mtime and size) and the appended
-part of ``events.jsonl`` / ``telemetry.jsonl`` on each :meth:`~ClusterWatch.poll`, and keeps what
-the panes draw: recent log lines, resource samples, step records and per-step lateness per task.
-Memory is bounded whatever the run's size.
+"""One cluster as the server sees it: its state file plus bounded tails of its JSON Lines files,
+read only when changed or appended to, so memory and reads stay bounded whatever the run's size.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import statistics
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -18,7 +13,7 @@ from typing import Any
 from tfdist_nb import chart_axes
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
-from tfdist_nb.events import gpu_summary
+from tfdist_nb.events import Restart, gpu_summary
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.owned_files import regular_stat
 from tfdist_nb.store.collectives import LedgerView
@@ -48,6 +43,9 @@ def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
         stream, text = str(rec.get("stream", "stdout")), rec.get("text", "")
     elif kind == "note":
         stream, text = "note", rec.get("text", "")
+    elif kind == Restart.kind:  # one line for the whole restart (each task's: logs())
+        stream, text = "note", str(Restart(**rec))
+        kind, rec = "note", {**rec, "task": "cluster"}
     elif kind == "rich":
         data = rec.get("data") or {}
         stream, text = "rich", data.get("text/plain", "") if isinstance(data, dict) else ""
@@ -73,10 +71,6 @@ class TaskSeries:
         row = self.ledger.current()
         return {"collective": describe_row(row) if row else None,
                 "collective_since": row["entered"] if row else None}
-
-    def step_time_ms(self, window: int = 20) -> float | None:
-        recent = [s[2] for s in list(self.steps)[-window:] if s[2] is not None]
-        return statistics.median(recent) if recent else None
 
     def to_json(self) -> dict[str, Any]:
         return {"samples": list(self.samples), "steps": list(self.steps),

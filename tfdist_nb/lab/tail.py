@@ -1,8 +1,5 @@
-"""Incremental reading of a JSON Lines file that another process appends to.
-
-A :class:`JsonlTail` remembers the byte offset it has read up to and the incomplete last line,
-so each poll reads only what was appended since (docs/reference.md, JupyterLab panes). The first
-read starts ``initial_bytes`` before the end, so a huge log is never read whole.
+"""Incremental reading of a JSON Lines file another process appends to: each poll reads only
+what was appended, the first only the last ``initial_bytes``, so a huge log is never read whole.
 """
 
 from __future__ import annotations

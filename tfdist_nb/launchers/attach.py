@@ -1,16 +1,9 @@
 """Tasks that a scheduler started (``python -m tfdist_nb.worker --task ...``), attached to.
 
-The controller does not own these processes: it finds them through the files they write into a
-connection directory, waits (bounded) until every task of the spec is there, and sends each its
-TF_CONFIG through the worker agent before any cell runs. Liveness comes from the process table
-when a task runs on this host and from the kernel heartbeat otherwise. ``stop()`` asks each
-kernel to shut down (its scheduler job then ends); an attached task cannot be restarted from
-here, because only its scheduler can start it again.
-
-What the directory says is trusted only as far as docs/security.md allows: the directory and its
-files must be this user's and writable by nobody else, and a pid is signalled only while it is
-still the worker that wrote the sidecar (same boot, same start time, its ``--task`` on its
-command line); a pid that now belongs to another process is never killed.
+The controller owns none of these processes: it finds them by the files they write into a
+connection directory and cannot restart them. Those files are trusted only as far as
+docs/security.md allows (this user's, writable by nobody else), and a pid is signalled only
+while it is still the worker that wrote them: pids are reused.
 """
 
 from __future__ import annotations
@@ -58,9 +51,8 @@ _CREATE_TIME_SLACK_S = 0.05  # psutil derives it from clock ticks; both sides co
 
 
 def check_connection_dir(path: Path) -> None:
-    """ValueError unless ``path`` (once it exists) is a directory of this user that nobody
-    else can write: anyone who can write there could plant a connection file that sends this
-    controller's cells, TF_CONFIG and environment to a kernel of theirs."""
+    """ValueError unless ``path`` (once it exists) is this user's directory that nobody else
+    can write: else a planted connection file would get this controller's cells."""
     try:
         st = path.stat()
     except FileNotFoundError:
@@ -94,7 +86,7 @@ def _private_file(path: Path) -> str | None:
 
 def worker_process(pid: object, create_time: object, task: str) -> tuple[bool, str]:
     """Whether ``pid`` is still the worker of ``task`` that recorded ``create_time``, and if
-    not, why: pids are reused, so a sidecar's pid alone never justifies a signal."""
+    not, why (pids are reused)."""
     if not isinstance(pid, int) or pid <= 0 or not isinstance(create_time, (int, float)):
         return False, "its sidecar has no pid and start time"
     try:
@@ -183,18 +175,14 @@ class AttachedTaskHandle(TaskHandle):
 
     async def _wait_gone(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.here and not self._ours():
-                return
-            if not self.here and not self.sidecar.exists():
-                return
+        while time.monotonic() < deadline and (self._ours() if self.here
+                                               else self.sidecar.exists()):
             await asyncio.sleep(0.05)
 
 
 def connection_dir_of_line(text: str) -> str:
-    """``--connection-dir DIR``, which must exist already: the workers are started first, and a
-    typo here would stop the running cluster for a new one that waits the whole
-    ``wait_timeout`` for workers that never come."""
+    """``--connection-dir DIR``, which must exist: a typo would stop the running cluster for
+    one that waits ``wait_timeout`` for workers that never come."""
     if not Path(text).expanduser().is_dir():
         raise SpecError(f"--connection-dir {text} is not a directory: start the workers first "
                         f"(python -m tfdist_nb.worker --task worker:0 --connection-dir {text}), "
@@ -222,7 +210,7 @@ class AttachLauncher(Launcher):
     )
 
     def __init__(self, connection_dir: str | os.PathLike[str] | None = None,
-                 wait_timeout: float = 120.0, **_: Any) -> None:
+                 wait_timeout: float = 120.0, **_: object) -> None:
         if connection_dir is None:
             raise ValueError("the attach launcher needs launcher_options={'connection_dir': "
                              "DIR}, the directory the workers were started with "
@@ -240,8 +228,8 @@ class AttachLauncher(Launcher):
         return {}
 
     def _read(self, task: TaskId) -> dict[str, Any] | None:
-        """The sidecar of ``task`` if it is trustworthy and its worker alive, else None (the
-        reason goes to ``ignored``, for the message if the wait runs out)."""
+        """The sidecar of ``task`` if trustworthy and its worker alive; else None, and why in
+        ``ignored``."""
         path = self.dir / f"{task.slug}{SIDECAR_SUFFIX}"
         if not path.exists() and not path.is_symlink():
             return None
@@ -287,10 +275,8 @@ class AttachLauncher(Launcher):
 
     def wait_for(self, tasks: Sequence[TaskId], deadline: float,
                  between: Callable[[list[TaskId]], None] | None = None) -> list[TaskId]:
-        """Read the directory until every task of ``tasks`` has announced itself (``found``);
-        return the tasks still missing at ``deadline`` (empty: all are there). ``between`` is
-        called with the missing tasks between looks and may raise to end the wait (the SLURM
-        launcher: the job that runs them ended)."""
+        """Read the directory until every task announced itself (``found``); the tasks still
+        missing at ``deadline``. ``between(missing)`` runs between looks and may raise."""
         missing = list(tasks)
         while True:
             try:

@@ -1,8 +1,7 @@
 """The one launcher contract: where a task's kernel runs and how it is started and ended.
 
-Local, SSH and attach launchers implement it; the cluster core only talks to this interface and
-finds them by name through :mod:`.registry` (this module knows none of them). The coroutines run
-on the cluster's event loop thread.
+The core knows launchers only through it, by name (:mod:`.registry`); members and defaults:
+docs/reference.md, Launchers. The coroutines run on the cluster's event loop thread.
 """
 
 from __future__ import annotations
@@ -50,7 +49,6 @@ class StopPath(StrEnum):
     ALREADY_DEAD = "already-dead"  # it was gone before the stop
 
 
-
 @dataclass
 class StopReport:
     """How a task ended: ``path`` is the shutdown step that worked."""
@@ -71,10 +69,11 @@ class TaskHandle(abc.ABC):
     client: Any = field(repr=False)
     _exit: asyncio.Future[int] | None = field(default=None, init=False, repr=False,
                                               compare=False)
+    #: its kernel was forked from a fork server (docs/design.md, "Fork server"), not spawned
+    forked: bool = field(default=False, init=False, compare=False)
     #: what the launcher has to say about how this start went (a WARNING note each, said once)
     notes: list[str] = field(default_factory=list, init=False, repr=False, compare=False)
-    #: its ``poll`` reads the kernel's heartbeat channel, which then runs (a thread pinging
-    #: once a second); a handle that watches the process itself needs none (issue 40:
+    #: its ``poll`` reads the kernel's heartbeat channel, which then runs (a thread per task:
     #: docs/performance.md, "The controller at 1,024 tasks")
     heartbeat: ClassVar[bool] = False
 
@@ -83,9 +82,8 @@ class TaskHandle(abc.ABC):
         """The exit code (negative: killed by that signal) once the process is gone, else None."""
 
     def exit_future(self) -> asyncio.Future[int]:
-        """The process's exit code once it is gone: the one watcher of this process, started at
-        the first ask and shared by whoever waits on it (the start, a cell, the idle watch, the
-        spare pool). Call it on the loop thread; a stop ends the watch."""
+        """The exit code once the process is gone, from one watcher shared by all who wait on
+        it. Call it on the loop thread; a stop ends the watch."""
         if self._exit is None:
             self._exit = asyncio.get_running_loop().create_future()
             _watcher().add(self)
@@ -97,9 +95,8 @@ class TaskHandle(abc.ABC):
         return future.result() if future.done() else None
 
     async def check_exit(self) -> int | None:
-        """The exit code as of now: asks the launcher at once, for a decision that cannot wait
-        for the watcher's next look (a cell ending on one task's crash: are the others alive?);
-        the shared future learns the answer too."""
+        """The exit code as of now, asked at once for a decision that cannot wait for the
+        watcher's next look; the shared future learns it too."""
         future = self.exit_future()
         return future.result() if future.done() else await self._look(future)
 
@@ -125,9 +122,8 @@ class TaskHandle(abc.ABC):
         """End the task: shutdown request, at most ``grace_s`` to exit, then SIGKILL."""
 
     def close_channels(self) -> float:
-        """The first step of every stop: the controller's channels to the task close (a stop
-        report's duration counts from here), and the exit watch ends (the stop itself waits
-        for the process). Returns the time it happened."""
+        """Every stop's first step: close the channels and end the exit watch; the time (a
+        stop report's duration counts from it)."""
         for watcher in list(_WATCHERS.values()):  # any thread may stop a task
             watcher.discard(self)
         with swallowed(logger):
@@ -142,9 +138,8 @@ class TaskHandle(abc.ABC):
 
 
 class _ExitWatcher:
-    """The one loop that asks every watched task's ``poll`` each ``EXIT_POLL_S``, one after
-    another: a timer per task cost more than the polls at 1,024 tasks (issue 40,
-    docs/performance.md). One per event loop."""
+    """One loop per event loop asking every watched ``poll`` each ``EXIT_POLL_S``: a timer per
+    task cost more than the polls at 1,024 tasks (docs/performance.md)."""
 
     def __init__(self) -> None:
         self.handles: dict[int, TaskHandle] = {}
@@ -178,26 +173,17 @@ def _watcher() -> _ExitWatcher:
 
 @dataclass(frozen=True)
 class LauncherOption:
-    """One ``%%tfcluster`` flag a launcher takes (docs/design.md, "Where a new thing goes").
-
-    The magic reads a line's launcher flags from the chosen launcher's ``line_options`` alone,
-    so a launcher added by an entry point gets its flags without the magic knowing it.
-    """
+    """One ``%%tfcluster`` flag a launcher takes, so a plugin's flags need no change to the
+    magic (fields: docs/reference.md, Launchers)."""
 
     flag: str  # "--hosts"
-    #: what it sets: ``hosts`` is ``Cluster(hosts=)``, any other name a key of launcher_options
-    option: str
+    option: str  # ``hosts`` is ``Cluster(hosts=)``, any other a key of launcher_options
     help: str = ""
     metavar: str = "VALUE"
-    #: the launcher cannot start without it: a line that names the launcher must give it
     required: bool = False
-    #: said when a required flag is missing ("": ``--launcher NAME needs FLAG METAVAR``)
-    missing: str = ""
-    #: the line's text as the option's value; a bad one raises SpecError (said as it is) or
-    #: ValueError (said after the flag)
-    parse: Callable[[str], Any] = str
-    #: its value may begin with "-" (sbatch's own options): the line is read as FLAG=VALUE
-    dashed: bool = False
+    missing: str = ""  # said when a required flag is missing
+    parse: Callable[[str], Any] = str  # raises SpecError (said as is) or ValueError
+    dashed: bool = False  # its value may begin with "-": read as FLAG=VALUE
 
     @property
     def dest(self) -> str:
@@ -207,9 +193,8 @@ class LauncherOption:
 
 @dataclass(frozen=True)
 class NetTrouble:
-    """Why the tasks' outbound network (downloads, DNS) is gone because of where the launcher
-    placed them, and the cure. ``sudden``: it went while they ran (said once as an alert);
-    else it was so from the start (said in the start line, and beside a network error)."""
+    """Why the launcher's own choice took the tasks' outbound network, and the cure.
+    ``sudden``: it went while they ran (said once as an alert)."""
 
     cause: str
     cure: str
@@ -220,32 +205,22 @@ class Launcher(abc.ABC):
     """Chooses addresses for the tasks and starts their kernels."""
 
     name: str = "abstract"
-    #: Tasks run on other hosts: the worker interpreter is looked up there, not here.
-    remote: bool = False
-    #: The environment (TF_CONFIG included) is set when the process starts; False: the core
-    #: sends it to the worker agent before any cell (attached workers).
+    remote: bool = False  # the worker interpreter is looked up on the tasks' hosts
+    #: False: the core sends the environment to the worker agent before any cell
     env_at_launch: bool = True
-    #: The core may stop and start a task again (attached tasks belong to their scheduler).
-    restartable: bool = True
-    #: What to do instead, said when a restart is refused (``restartable`` False).
+    restartable: bool = True  # attached tasks belong to their scheduler
     restart_instead: str = "restart them where they were started, then attach again"
-    #: The ``%%tfcluster`` flags it takes (docs/reference.md, Launchers): any of them on a
-    #: line without ``--launcher`` names this launcher; another launcher's flag is refused.
     line_options: tuple[LauncherOption, ...] = ()
-    #: Who gives its tasks their GPUs (docs/reference.md, GPUs): this host's NVML (HERE), the
-    #: user's count per host (PER_HOST), or the scheduler, asked through ``ask_gpus``.
-    gpu_placement: Placement = Placement.HERE
+    gpu_placement: Placement = Placement.HERE  # docs/reference.md, GPUs
 
     # ------------------------------------------------------------------ capabilities
     @property
     def spares(self) -> bool:
-        """Whether spare kernels warmed here can become its tasks (docs/design.md, "Spare
-        kernels"): a kernel started on this host, its environment set at launch."""
+        """Whether spare kernels warmed here can become its tasks (docs/design.md)."""
         return False
 
     def forks(self, preload: tuple[str, ...]) -> bool:
-        """Whether its tasks are forked from a process that imported ``preload`` already
-        (docs/design.md, "Fork server"), so a task started without a spare is quick too."""
+        """Whether its tasks are forked from a process that imported ``preload`` already."""
         return False
 
     @property
@@ -255,16 +230,15 @@ class Launcher(abc.ABC):
 
     @property
     def why_not_confined(self) -> str | None:
-        """Why the tasks' TF ports are open beyond them, where the launcher could have
-        confined them (said at run time with the exposed ports); None: it could not."""
+        """Why the tasks' TF ports are open beyond them where the launcher could have confined
+        them; None: it could not."""
         return None
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
                         options: dict[str, Any]) -> dict[str, Any]:
-        """This launcher's constructor options from a cluster's arguments (``hosts=``,
-        ``python=``, ``launcher_options=``); raises SpecError, with an example, for what it
-        does not take. The default takes no hosts."""
+        """Its constructor options from ``Cluster``'s arguments; SpecError, with an example,
+        for what it does not take (the default: hosts)."""
         if hosts:
             from tfdist_nb.errors import SpecError
 
@@ -273,9 +247,8 @@ class Launcher(abc.ABC):
         return options
 
     def line_values(self) -> dict[str, object]:
-        """What it runs with for each of its ``line_options``, as the line's flags give it
-        (``option: value``): a line that changes one replaces the cluster. The default, {}:
-        the line is compared with the cluster's own arguments (``hosts=``, launcher_options)."""
+        """What it runs with for each of its ``line_options``: a line that changes one
+        replaces the cluster."""
         return {}
 
     def network(self) -> str:
@@ -286,18 +259,18 @@ class Launcher(abc.ABC):
                 "the tasks' user; keep the hosts on a private network (docs/security.md)")
 
     def network_trouble(self) -> NetTrouble | None:
-        """Why its tasks have no outbound network, when the launcher's own choice took it
-        (cheap: polled every second between cells); None: not its doing."""
+        """Why its tasks have no outbound network, by its own doing; None. Polled every
+        second between cells: keep it cheap."""
         return None
 
     def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
-        """Which of ``addresses`` (TF ports of tasks not running now) another program holds,
-        where the launcher can tell; a restart of every task then moves to fresh ports."""
+        """Which of ``addresses`` (of tasks not running now) another program holds, where the
+        launcher can tell."""
         return {}
 
     def held_by_another(self, address: str) -> bool:
-        """Whether a port ``taken`` found is listened on by another program (an alarm), not
-        only held by the last process's closing connections; True where it cannot tell."""
+        """Whether a port ``taken`` found is listened on by another program, not only held by
+        the last process's closing connections; True where it cannot tell."""
         return True
 
     def base_environment(self) -> Mapping[str, str] | None:
@@ -305,22 +278,18 @@ class Launcher(abc.ABC):
         return None
 
     def env_rows(self) -> dict[str, tuple[str, dict[str, str]]]:
-        """What ``%tfdist_env`` adds from the launcher: ``{property: (the notebook's value,
-        {task name: the value where the task runs})}``; none by default."""
+        """What ``%tfdist_env`` adds: ``{property: (notebook's value, {task: its value})}``."""
         return {}
 
     @abc.abstractmethod
     def tf_addresses(self, tasks: Sequence[TaskId],
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
-        """``host:port`` for every task's TensorFlow server, reachable by all the other tasks.
-
-        ``avoid`` holds addresses that turned out to be taken; they are not chosen again.
-        It may block (the SSH launcher asks each host); the core calls it off its loop.
-        """
+        """``host:port`` for every task's TensorFlow server, none of ``avoid`` (found taken).
+        It may block; the core calls it off its loop."""
 
     def task_hosts(self, tasks: Sequence[TaskId]) -> dict[TaskId, str]:
-        """The host each task will run on, where the launcher decides it before the start
-        (GPUs are placed per host); the default: one host."""
+        """The host each task will run on, where decided before the start (GPUs are placed
+        per host)."""
         return {t: "" for t in tasks}
 
     def ask_gpus(self, per_task: int) -> bool:
@@ -328,9 +297,8 @@ class Launcher(abc.ABC):
         return False
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
-        """Make or mend what its tasks share before any of them starts (the local launcher's
-        private network: a slirp4netns that ended is replaced); blocking, called off the loop
-        before a start or restart, spares or not."""
+        """Make or mend what its tasks share before a start or restart, spares or not;
+        blocking, called off the loop."""
 
     @abc.abstractmethod
     async def start(self, launch: TaskLaunch) -> TaskHandle:

@@ -1,7 +1,5 @@
-"""The controller's handle on one fork server process (:mod:`.zygote`): start it, ask it to fork
-a worker kernel, hear its reports (ready, forked, a kernel's exit), watch it like a task (stopped,
-dead, hung, its imported code changed on disk) and end it. Which servers exist and which kernel
-comes from which is :mod:`.forkserver`'s (docs/design.md, "Fork server").
+"""The controller's handle on one fork server process (:mod:`.zygote`), watched like a task;
+which servers exist is :mod:`.forkserver`'s (docs/design.md, "Fork server").
 """
 
 from __future__ import annotations
@@ -19,26 +17,26 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tfdist_nb import host_os
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.launchers.kernel_key import LATE, KernelKey
 from tfdist_nb.launchers.zygote import MAX_MESSAGE
 from tfdist_nb.owned_files import private_temp_dir
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: how long a server may take to import ``preload`` before kernels are spawned without it
 READY_TIMEOUT_S = 300.0
-#: a server still importing ``preload`` after this long is taken for hung (an import that waits
-#: forever) and ended when a start asks for it again: the next start makes a new one, which
-#: imports the code as it is now (TensorFlow takes 3-10 s)
+#: a server still importing ``preload`` after this long is taken for hung (TensorFlow takes
+#: 3-10 s) and replaced at the next start
 HUNG_AFTER_S = 60.0
-#: a server that has not answered a fork request after this long is taken for hung (it forks
-#: in milliseconds): the kernel is spawned instead
+#: a server that has not answered a fork request after this long is hung (it forks in ms)
 FORK_ANSWER_S = 10.0
 #: how often a start waiting on a server looks at whether it is stopped or dead
 WATCH_S = 0.2
@@ -49,14 +47,12 @@ class ForkServerError(RuntimeError):
 
 
 class ServerTrouble(ForkServerError):
-    """The server was found stopped, dead or not answering while a start waited on it: it is
-    retired, the kernel is spawned, and the message (naming it) is said with the task."""
+    """The server was found stopped, dead or not answering while a start waited on it."""
 
 
 @dataclass(frozen=True)
 class ServerKey(KernelKey):
-    """What a forked kernel shares with its server: the kernel key (one rule with the spare
-    kernels') and the network namespace it runs in."""
+    """What a forked kernel shares with its server: the kernel key and the network."""
 
     net: int | None = None  # the private network holder's pid, or None on the host's network
 
@@ -117,8 +113,7 @@ class ForkServer:
         return not self.ready.done() and time.monotonic() - self.began > HUNG_AFTER_S
 
     def trouble(self) -> str | None:
-        """What keeps it from serving, naming it ("the fork server (pid N) was stopped
-        (SIGSTOP)"), or None: watched like a task (docs/design.md, "Fork server")."""
+        """What keeps it from serving, naming it; None: nothing."""
         code = self.proc.poll()
         if code is not None:
             return f"the fork server (pid {self.pid}) {ended_how(code)}"
@@ -136,9 +131,8 @@ class ForkServer:
                 self.children.discard(pid)
 
     def stale(self) -> bool:
-        """Whether a file of the code it imported (outside the Python installation: the user's
-        own modules in ``preload``, an editable install) changed since: its forks would run
-        the old code."""
+        """Whether a file it imported from outside the Python installation changed since:
+        its forks would run the old code."""
         if not self.ready.done() or self.ready.exception() is not None:
             return False
         for path, mtime in self.ready.result().get("files", {}).items():
@@ -154,9 +148,8 @@ class ForkServer:
                     stdio: Sequence[int], timeout: float = READY_TIMEOUT_S) -> int:
         """Fork a worker kernel (``python -m tfdist_nb.worker.kernel ARGS``); its pid.
 
-        Cancelled while the server forks, the child is killed as soon as it is reported. A
-        server found stopped or dead meanwhile, or not answering within ``FORK_ANSWER_S``, is
-        given up at once (ForkServerError, naming it)."""
+        Cancelled meanwhile, the child is killed once reported; a server stopped, dead or not
+        answering within ``FORK_ANSWER_S`` raises ServerTrouble."""
         ready = asyncio.wrap_future(self.ready)
         # looked at even when this start gave up waiting (else asyncio warns of it at exit)
         ready.add_done_callback(lambda done: done.cancelled() or done.exception())
@@ -170,9 +163,9 @@ class ForkServer:
         finally:
             forking.cancel()  # given up: the child is killed if it still comes
 
-    async def _watched(self, waiting: Any, timeout: float) -> Any:
-        """``waiting``'s result, looking every ``WATCH_S`` at whether this server is stopped
-        or dead (a stopped server would keep it waiting until the start's own timeout)."""
+    async def _watched(self, waiting: Awaitable[T], timeout: float) -> T:
+        """``waiting``'s result, looking every ``WATCH_S`` whether this server is stopped or
+        dead (a stopped one would keep it waiting until the timeout)."""
         task = asyncio.ensure_future(waiting)
         deadline = time.monotonic() + timeout
         try:
@@ -232,8 +225,7 @@ class ForkServer:
                 future.set_exception(ForkServerError(why))
 
     def idle_for(self) -> float | None:
-        """Seconds since its last kernel ended or its last fork was asked, while it has neither
-        a kernel nor a request in flight and is ready; None when it is not idle."""
+        """Seconds since its last kernel or fork request; None while it is not idle."""
         self.prune()
         if self.children or self._pending or not self.ready.done():
             return None
@@ -288,16 +280,11 @@ class ForkServer:
 
 
 def ended_how(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"was killed by signal {-code}"
-    return f"ended with exit code {code}"
+    return ("was " if code < 0 else "") + describe_exit(code)
 
 
 def current_rlimits() -> dict[str, tuple[int, int]]:
-    """This process's resource limits now (``RLIMIT_NOFILE``...), by name: a spawned kernel
-    inherits them at its start, so a forked one is given them."""
+    """This process's resource limits by name, which a spawned kernel would inherit."""
     import resource
 
     limits = {}

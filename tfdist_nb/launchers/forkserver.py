@@ -1,31 +1,9 @@
 """Fork servers: local task kernels forked from a process that imported TensorFlow once.
 
-A TensorFlow import costs each process 3-6 s of CPU (docs/performance.md); a restart, a resize,
-each of ``isolate``'s variants and every spare paid it again. The local launcher instead keeps
-one server process (:mod:`.zygote`) per kernel key (interpreter, preload, working directory and
-import-time environment: :mod:`.kernel_key`, the rule spare kernels follow too) and private
-network, made at the first start that needs it and kept for the life of this process; every task
-kernel after that is a fork of it, ready in a fraction of a second (docs/design.md, "Fork
-server").
-
-jupyter_client drives a forked kernel like any other: :class:`ForkProvisioner` is a kernel
-provisioner (the library's own extension point for how a kernel process is made) whose
-``launch_kernel`` asks the server instead of spawning. Where the server cannot serve (it failed
-to import ``preload``, or the kernel command is not the worker kernel) it spawns as jupyter_client
-always does. The process it hands back answers ``poll``, ``wait`` and signals as a ``Popen`` does;
-its exit code comes from the server, which is its parent.
-
-A server lives until this process exits (its end of the socket closes, and the server with it)
-or until it has had no kernel for ``TFDIST_FORK_IDLE_S``; at most ``MAX_SERVERS`` are kept, the
-oldest with no live kernel closed first. One whose imported code outside the Python installation
-changed on disk (a module of the user's in ``preload``, an editable install) is retired: the
-next kernel comes from a new server, as a spawned one would import the new code, and the old
-server ends once its kernels have. So is one still importing after ``HUNG_AFTER_S`` (an import
-that hangs): the next start does not wait on it again. A server is watched like a task: one
-found stopped, dead or not answering a fork request is named in the first message it causes
-(a kernel's end, or a note at the start) and retired, and the kernel is spawned instead.
-Each request carries the controller's umask and resource limits of the moment, which the child
-takes (docs/design.md, "Fork server").
+One server (:mod:`.zygote`, driven through :mod:`.fork_handle`) per :class:`ServerKey`;
+:class:`ForkProvisioner` is the jupyter_client kernel provisioner that asks it for a kernel and
+spawns as usual where it cannot serve. Lifetimes, retirement and the watch: docs/design.md,
+"Fork server".
 """
 
 from __future__ import annotations
@@ -45,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psutil
+from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
@@ -59,20 +38,17 @@ logger = logging.getLogger(__name__)
 #: the name ``jupyter_client.kernel_provisioners`` knows :class:`ForkProvisioner` by (pyproject)
 PROVISIONER = "tfdist-fork-provisioner"
 MAX_SERVERS = 3
-#: after a server was found stopped or hung, its key's kernels are spawned for this long; the
-#: next start after it makes a new server
+#: after a server was found stopped or hung, its key's kernels are spawned for this long
 SPAWN_AFTER_TROUBLE_S = 60.0
 #: ``TFDIST_FORK=off`` starts every kernel as its own process (docs/reference.md)
 ENV_SWITCH = "TFDIST_FORK"
-#: ``TFDIST_FORK_IDLE_S``: seconds a server with no kernel is kept for the next start, then
-#: ended (an idle server holds about 570 MB of its own: docs/performance.md, "The fork server")
+#: seconds a server with no kernel is kept (it holds ~570 MB: docs/performance.md)
 IDLE_ENV = "TFDIST_FORK_IDLE_S"
 IDLE_S = 300.0
 
 
 def enabled_by_default() -> bool:
-    """``$TFDIST_FORK``: on (unset too) or off; ValueError, naming the variable, for anything
-    else (a misspelt "disable" must not leave forking on unsaid)."""
+    """``$TFDIST_FORK``; ValueError for anything but on/off (a misspelt "off" must not pass)."""
     raw = os.environ.get(ENV_SWITCH, "").strip().lower()
     if raw in ("off", "0", "no", "false"):
         return False
@@ -84,9 +60,8 @@ def enabled_by_default() -> bool:
 
 @functools.cache
 def can_fork() -> bool:
-    """Whether this host can run fork servers (their socket is ``AF_UNIX`` ``SOCK_SEQPACKET``:
-    Linux). Where it cannot (macOS), every local kernel is spawned, as ``TFDIST_FORK=off`` does,
-    and that is said once, at INFO, with its cost (docs/reference.md, "Platforms")."""
+    """Whether this host has ``AF_UNIX`` ``SOCK_SEQPACKET`` sockets (Linux; not macOS, where
+    every kernel is spawned: docs/reference.md, "Platforms")."""
     if seqpacket_pairs():
         return True
     logger.info("no fork server on %s (no AF_UNIX SOCK_SEQPACKET sockets): every local task "
@@ -96,8 +71,7 @@ def can_fork() -> bool:
 
 
 def idle_after_s() -> float:
-    """``$TFDIST_FORK_IDLE_S`` (default ``IDLE_S``): how long a server with no kernel is kept;
-    ValueError, naming the variable, for what is not a number of seconds."""
+    """``$TFDIST_FORK_IDLE_S`` (default ``IDLE_S``); ValueError, naming it, for a bad value."""
     raw = os.environ.get(IDLE_ENV, "").strip()
     if not raw:
         return IDLE_S
@@ -130,9 +104,8 @@ class ForkedProcess:
         return self.returncode
 
     def _unreported(self) -> int | None:
-        """How it ended when its server has not said: gone with its dead server (its parent
-        watch ended it, :mod:`tfdist_nb.worker.lifeline`), or a zombie that its stopped server
-        does not reap (the status read from /proc)."""
+        """How it ended when its server has not said: with its dead server (its parent watch),
+        or as a zombie its stopped server does not reap (status read from /proc)."""
         status = zombie_status(self.pid)
         if self.server.gone or self.server.proc.poll() is not None:
             if status is None and psutil.pid_exists(self.pid):
@@ -166,12 +139,11 @@ class ForkedProcess:
 
 
 class ForkProvisioner(LocalProvisioner):
-    """jupyter_client's local provisioner, the kernel forked from the server ``server_key``
-    names (:func:`server_for`); spawned as usual where that server cannot serve it."""
+    """jupyter_client's local provisioner, forking from the server ``server_key`` names."""
 
     server_key = Unicode("", config=True, help="The fork server's name (tfdist_nb).")
 
-    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         server = _servers.get(self.server_key)
         args = kernel_args(cmd, server.key.python) if server is not None else None
         if server is None or args is None or not server.alive():
@@ -187,7 +159,8 @@ class ForkProvisioner(LocalProvisioner):
             return await super().launch_kernel(cmd, **kwargs)
         except (ForkServerError, asyncio.TimeoutError) as exc:
             logger.debug("fork server %s not used: %s", self.server_key, exc)
-            _forget(server)
+            with _registry_lock:
+                _drop(server)
             return await super().launch_kernel(cmd, **kwargs)
         self.process = ForkedProcess(server, pid)  # type: ignore[assignment]  # Popen-like
         self.pid = self.pgid = pid  # it called setsid before the server answered
@@ -210,8 +183,7 @@ _registry_lock = threading.Lock()
 
 def server_for(key: ServerKey, env: Mapping[str, str],
                wrap: Callable[[list[str]], list[str]] | None = None) -> str | None:
-    """The name of the live server for ``key``, started if there is none; None when one for this
-    key failed before (kernels are then spawned)."""
+    """The name of the live server for ``key``, started if need be; None: spawn instead."""
     name = _name(key)
     with _registry_lock:
         _close_retired()
@@ -262,10 +234,8 @@ def _watch_idle() -> None:
 
 
 def _end_idle() -> None:
-    """End the servers with no kernel for ``TFDIST_FORK_IDLE_S`` (docs/design.md, "Fork
-    server"), at once while memory is short (less left, under the container's limit too, than
-    one TensorFlow task needs: the idle server's own ~570 MB are what the next start wants),
-    and the retired ones whose kernels have ended; stop when none is left."""
+    """End servers idle for ``TFDIST_FORK_IDLE_S``, at once while memory is short (an idle
+    server's ~570 MB are what the next start wants), and retired ones whose kernels ended."""
     while True:
         try:
             limit = idle_after_s()
@@ -298,9 +268,8 @@ _untold: dict[str, str] = {}
 
 
 def troubled(server: ForkServer, trouble: str | None, told: bool = False) -> None:
-    """``server`` was found stopped, dead or not answering (``trouble`` names it; None: dead,
-    said by its kernels' ends): retired, and a stopped or hung one's key spawns for a while.
-    ``told``: the message that found it named it already (a kernel's end)."""
+    """Retire ``server``, found stopped, dead (``trouble`` None) or not answering; ``told``:
+    the message that found it named it already."""
     with _registry_lock:
         for name, known in list(_servers.items()):
             if known is server:
@@ -319,17 +288,9 @@ def _trouble(name: str, server: ForkServer, trouble: str | None, told: bool = Fa
 
 
 def take_note(key: ServerKey) -> str | None:
-    """Why the server of ``key`` was retired at a start, once: said with the task that found it
-    (docs/design.md, "Fork server")."""
+    """Why the server of ``key`` was retired at a start, once, to say with the task."""
     with _registry_lock:
         return _untold.pop(_name(key), None)
-
-
-def _retire(server: ForkServer) -> None:
-    if server.children and server.alive():
-        _retired.append(server)
-    else:
-        server.close()
 
 
 def _close_retired() -> None:
@@ -342,25 +303,21 @@ def _close_retired() -> None:
 
 def _note_failure(name: str, server: ForkServer,
                   ready: concurrent.futures.Future[Any]) -> None:
-    """A server that could not import ``preload``: its key's kernels are spawned from now on.
-    Not one this module ended itself (hung, or dropped for another reason)."""
+    """A server that could not import ``preload`` (not one ended here): spawn from now on."""
     if not ready.cancelled() and ready.exception() is not None and _servers.get(name) is server:
         logger.debug("fork server %s failed: %s", name, ready.exception())
         _failed.add(name)
 
 
-def _forget(server: ForkServer) -> None:
-    with _registry_lock:
-        _drop(server)
-
-
 def _drop(server: ForkServer) -> None:
-    """No new kernel from ``server``: out of the registry, and retired (ended now, or once its
-    kernels have, and by ``close_all`` in any case). Hold the registry lock."""
+    """No new kernel from ``server``: retired, ended once its kernels have. Hold the lock."""
     for name, known in list(_servers.items()):
         if known is server:
             _servers.pop(name)
-    _retire(server)
+    if server.children and server.alive():
+        _retired.append(server)
+    else:
+        server.close()
 
 
 def _make_room() -> None:
@@ -375,15 +332,13 @@ def _name(key: ServerKey) -> str:
 
 
 def live_servers() -> list[ForkServer]:
-    """The servers of this process (for tests and ``%tfdist_status``-like views)."""
+    """The servers of this process."""
     with _registry_lock:
         return list(_servers.values())
 
 
 def close_all() -> None:
-    """End every server (each one's kernels end with it): the session's close does, at exit
-    and unload, after the clusters whose tasks are forked from them (tfdist_nb/cluster/
-    session.py)."""
+    """End every server and so its kernels (the session's close, after its clusters)."""
     with _registry_lock:
         servers = [*_servers.values(), *_retired]
         _servers.clear()

@@ -1,10 +1,7 @@
 """The one rule for reusing a kernel that imported TensorFlow before its task was known.
 
-A spare kernel (docs/design.md, "Spare kernels") and the fork server a task is forked from
-(docs/design.md, "Fork server") serve a task only when its :class:`KernelKey` is theirs: the same
-interpreter, preload, working directory, and environment variables read while a process starts
-and imports TensorFlow (a kernel that imported it with one value of these cannot serve a task
-that asks for another). :meth:`KernelKey.unfit` says which differs, as a record.
+Spare kernels and fork servers (docs/design.md) serve a task only when its :class:`KernelKey`
+is theirs: what was read at start-up and import cannot be taken back.
 """
 
 from __future__ import annotations
@@ -16,18 +13,12 @@ from dataclasses import dataclass
 from tfdist_nb.gpu_plan import CVD, GROWTH
 from tfdist_nb.worker.state import SPARE_ENV
 
-#: Read when a strategy or a cluster resolver is made (TF_CONFIG), or set for the task itself
-#: (its identity, the spare flag, its GPUs): a kernel takes the task's values after the import.
-#: CUDA reads CUDA_VISIBLE_DEVICES when it initialises (TensorFlow's first GPU op or device
-#: listing), never at the import, and TensorFlow the growth flag when it makes its GPU devices:
-#: so a spare or fork server serves any task's GPUs, and must never initialise CUDA itself
-#: (tests/test_gpu_placement.py).
+#: Read after the import, so a kernel takes the task's values: TF_CONFIG when a strategy is
+#: made, CUDA_VISIBLE_DEVICES when CUDA initialises (which a spare or fork server must never
+#: do), the growth flag when TF makes its GPU devices.
 LATE = frozenset({"TF_CONFIG", "TFDIST_TASK", SPARE_ENV, CVD, GROWTH})
-#: Variables read while the process starts or TensorFlow (and what it loads: CUDA, oneDNN,
-#: OpenMP, gRPC, absl, Keras, NumPy) is imported, or by the worker agent at kernel start.
-#: Anything else (a user's own ``--env MY_FLAG=1``, PATH) is read later and is set in the
-#: kernel. ``TF2_BEHAVIOR`` is set by the import itself; ``NUMPY_*`` (``NUMPY_MADVISE_HUGEPAGE``)
-#: are read by NumPy's, which a kernel cannot redo.
+#: Variables read while the process starts or TensorFlow and what it loads are imported, or by
+#: the worker agent at kernel start; anything else (``--env MY_FLAG=1``, PATH) is set later.
 IMPORT_TIME_PREFIXES = (
     "TF_", "TF2_", "TFDIST_", "TENSORFLOW_", "XLA_", "CUDA_", "CUDNN_", "NVIDIA_", "NCCL_",
     "NV_", "HIP_", "ROCR_", "ROCM_", "GPU_", "TPU_", "KERAS_", "OMP_", "KMP_", "MKL_", "DNNL_",

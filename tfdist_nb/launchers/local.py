@@ -1,17 +1,9 @@
 """Tasks as ipykernel processes on this machine, started through jupyter_client's async API.
 
-Kernel channels are Unix sockets (jupyter_client's ``ipc`` transport) in the task's owner-only
-directory of the run: no kernel port exists, so none can be raced for, and nothing but this user
-can connect. Every message is still HMAC-signed with a per-kernel key kept in an owner-only
-connection file. ``transport="tcp"`` (loopback, ports from ``bind(0)``) remains for file systems
-without Unix sockets.
-
-TensorFlow's own ports are kept from everyone else by a private network namespace the tasks
-share (``net=``, ``--net``, :mod:`.private_net`): ``"auto"`` (default, ``$TFDIST_NET``) uses it
-where this machine can make one that keeps the tasks' outbound network (slirp4netns), else the
-host's network is used and said, with the one step that confines; ``"private"`` insists (without
-slirp4netns the tasks then have no outbound network); ``"host"`` leaves the tasks on the host's
-network.
+Kernel channels are Unix sockets (``ipc``) in the task's owner-only run directory, so no kernel
+port can be raced for; ``transport="tcp"`` is for file systems without them. TF ports are
+confined by a private network namespace (:mod:`.private_net`; ``net=`` in docs/reference.md,
+who reaches what in docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
@@ -59,11 +50,8 @@ MAX_SOCKET_PREFIX = 100
 
 
 def worker_kernel_spec(python: str) -> KernelSpec:
-    """The worker kernel spec (also shipped as ``kernels/tfdist-worker/kernel.json``).
-
-    History goes to memory only: the run directory keeps every cell, and many workers sharing
-    one IPython history database would contend for its lock.
-    """
+    """The worker kernel spec (also ``kernels/tfdist-worker/kernel.json``); history in memory
+    (docs/design.md, "History in memory")."""
     return KernelSpec(
         argv=[python, "-m", "tfdist_nb.worker.kernel", "-f", "{connection_file}",
               "--HistoryManager.enabled=False"],
@@ -75,10 +63,9 @@ def worker_kernel_spec(python: str) -> KernelSpec:
 
 
 def task_kernel_spec(python: str) -> KernelSpec:
-    """The spec a task starts with: ``tfdist-worker`` as installed with ``jupyter kernelspec
-    install kernels/tfdist-worker`` when Jupyter finds one (so changes made to the installed
-    copy, its ``env`` or extra arguments, apply), its leading bare ``python`` replaced by the
-    worker interpreter; else :func:`worker_kernel_spec` (kernels/README.md)."""
+    """The installed ``tfdist-worker`` spec where Jupyter finds one (the user's changes to it
+    apply), a bare ``python`` replaced by the worker interpreter; else
+    :func:`worker_kernel_spec` (kernels/README.md)."""
     try:
         spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
     except NoSuchKernel:
@@ -91,7 +78,7 @@ def task_kernel_spec(python: str) -> KernelSpec:
 class _OneSpec(KernelSpecManager):
     """Hands jupyter_client our worker spec without installing it anywhere."""
 
-    def __init__(self, spec: KernelSpec, **kwargs: Any) -> None:
+    def __init__(self, spec: KernelSpec, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._spec = spec
 
@@ -111,8 +98,7 @@ class LocalTaskHandle(TaskHandle):
         return await prov.poll()
 
     def describe_exit(self, code: int) -> str:
-        """With the fork server's part in it where it had one (stopped, so no end is reported;
-        dead, so its kernels ended with it): the server is named (docs/design.md)."""
+        """With the fork server's part in it, naming the server, where it had one."""
         what = super().describe_exit(code)
         cause = getattr(getattr(self.manager.provisioner, "process", None), "cause", None)
         return f"{what} ({cause})" if isinstance(cause, str) else what
@@ -163,8 +149,8 @@ class LocalTaskHandle(TaskHandle):
 
 
 def working_directory() -> str:
-    """This process's working directory, where local tasks start; ClusterStartError naming it
-    when it was deleted (``os.getcwd()`` says only "No such file or directory")."""
+    """This process's working directory; ClusterStartError naming it when it was deleted
+    (``os.getcwd()`` says only "No such file or directory")."""
     try:
         return os.getcwd()
     except FileNotFoundError:
@@ -240,8 +226,7 @@ class LocalLauncher(Launcher):
 
     @property
     def confined(self) -> bool:
-        """Whether the tasks run in the private network (their TF ports reachable by them
-        alone)."""
+        """Whether the tasks run in the private network."""
         return self._net is not None
 
     @property
@@ -336,20 +321,19 @@ class LocalLauncher(Launcher):
         self._ports = []
 
     def kernel_manager(self, launch: TaskLaunch) -> tuple[AsyncKernelManager, Path | None]:
-        """The task's kernel manager, its endpoints chosen, and the scratch directory it owns
-        (None unless the run directory's path is too long for a socket). Its kernel is forked
-        from a fork server where one can serve it, else spawned (in the private network)."""
-        spec = task_kernel_spec(launch.python)
-        server = self.fork_server(spec, launch, self.task_env(launch))
+        """The task's kernel manager and the scratch directory it owns (None unless the run
+        directory's path is too long for a socket)."""
+        spec, env, net = task_kernel_spec(launch.python), self.task_env(launch), self._net
+        # forked where a fork server can serve (not off, something to preload, our own command)
+        key = self.fork_key(spec, launch, env)
+        server = (forkserver.server_for(key, env, net.enter if net is not None else None)
+                  if key is not None else None)
         if server is not None:
             spec.metadata = {**(spec.metadata or {}), "kernel_provisioner": {
                 "provisioner_name": forkserver.PROVISIONER, "config": {"server_key": server}}}
-        elif self._net is not None:
-            spec.argv = self._net.enter(list(spec.argv))
-        km = AsyncKernelManager(
-            kernel_name=KERNEL_NAME,
-            kernel_spec_manager=_OneSpec(spec),
-        )
+        elif net is not None:
+            spec.argv = net.enter(list(spec.argv))
+        km = AsyncKernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=_OneSpec(spec))
         km.connection_file = str(launch.connection_file)
         km.shutdown_wait_time = 1.0
         scratch = None
@@ -363,25 +347,14 @@ class LocalLauncher(Launcher):
         return ({**launch.env, "TFDIST_NETNS": "cluster"} if self._net is not None
                 else dict(launch.env))
 
-    def fork_server(self, spec: KernelSpec, launch: TaskLaunch,
-                    env: Mapping[str, str]) -> str | None:
-        """The fork server a task's kernel comes from (started at the first use), or None: off,
-        nothing to preload, or a kernel spec of the user's with its own command or env."""
-        key = self.fork_key(spec, launch, env)
-        if key is None:
-            return None
-        net = self._net
-        return forkserver.server_for(key, env, net.enter if net is not None else None)
-
     def fork_key(self, spec: KernelSpec, launch: TaskLaunch,
                  env: Mapping[str, str]) -> fork_handle.ServerKey | None:
         if (not self.forks(launch.preload) or spec.env
                 or forkserver.kernel_args(spec.argv, launch.python) is None):
             return None
-        net = self._net
         kernel = KernelKey.of(launch.python, launch.preload, launch.cwd or working_directory(),
                               env)
-        return fork_handle.ServerKey.on(kernel, net.pid if net is not None else None)
+        return fork_handle.ServerKey.on(kernel, self._net.pid if self._net is not None else None)
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         await asyncio.to_thread(self.prepare)
@@ -397,9 +370,10 @@ class LocalLauncher(Launcher):
             raise
         finally:
             os.close(fd)
-        pid = getattr(getattr(km.provisioner, "process", None), "pid", None)
-        handle = LocalTaskHandle(task=launch.task, host=self.host, pid=pid, client=km.client(),
-                                 manager=km, scratch=scratch)
+        process = getattr(km.provisioner, "process", None)
+        handle = LocalTaskHandle(task=launch.task, host=self.host, client=km.client(),
+                                 pid=getattr(process, "pid", None), manager=km, scratch=scratch)
+        handle.forked = isinstance(process, forkserver.ForkedProcess)
         key = self.fork_key(task_kernel_spec(launch.python), launch, env)
         if key is not None and (note := forkserver.take_note(key)) is not None:
             handle.notes.append(note)  # its fork server was found stopped or hung: said once
@@ -407,8 +381,8 @@ class LocalLauncher(Launcher):
 
 
 def _socket_prefix(task_dir: Path) -> tuple[str, Path | None]:
-    """Where the kernel's five sockets go: ``<task dir>/kernel-1`` ... ``-5``, or, when that
-    path is too long for a Unix socket, a fresh owner-only directory under the temp dir."""
+    """Where the kernel's five sockets go: ``<task dir>/kernel-N``, or an owner-only temp
+    directory when that path is too long for a Unix socket."""
     prefix = str(task_dir / "kernel")
     if len(os.fsencode(prefix)) <= MAX_SOCKET_PREFIX:
         return prefix, None

@@ -1,9 +1,5 @@
-"""TensorFlow server ports for tasks on this machine, held for the life of the process.
-
-:mod:`tfdist_nb.portpick` draws and checks them; this module remembers what it handed out so two
-clusters here never share a port. The worker re-checks its own port at start-up; the core retries
-on a clash.
-"""
+"""TensorFlow server ports for tasks on this machine, remembered so two clusters here never
+share one (:mod:`tfdist_nb.portpick` draws them)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
 """A private network for local tasks: their TensorFlow ports reachable by them alone.
 
-TensorFlow's gRPC server binds every interface and takes any request unauthenticated
-(docs/security.md). Local tasks therefore run in one network namespace of their own, made inside
-a user namespace this user owns (no privileges needed where the kernel allows unprivileged user
-namespaces): only loopback is up in it, so their TF ports exist there alone; no other local user,
-notebook or host can reach them. Kernel channels are Unix sockets in the run directory (the ``ipc``
-transport), which a network namespace does not separate. ``slirp4netns`` gives the namespace the
-outbound network the notebook has (NAT, no inbound port, the host's loopback kept out); where the
-host's resolver is on loopback (systemd-resolved), a mount namespace gives the tasks a
-``resolv.conf`` naming slirp4netns's DNS forwarder instead.
-
-One namespace per controller process, made on first use and shared by its local clusters (so a
-spare kernel fits whichever of them takes it); it ends with the controller: the holder exits when
-its stdin closes, slirp4netns when its exit pipe does, and the tasks end with their kernels.
+One network namespace (in a user namespace this user owns) per controller process, shared by
+its local clusters so a spare fits whichever takes it; slirp4netns gives it outbound network.
+Why and what it keeps out: docs/security.md. It ends with the controller: the holder exits when
+its stdin closes, slirp4netns when its exit pipe does.
 """
 
 from __future__ import annotations
@@ -68,10 +59,8 @@ class PrivateNetwork:
     slirp: subprocess.Popen[bytes] | None = None
     scratch: Path | None = None  # the private resolv.conf's directory
     wants_outbound: bool = True  # made to have one (slirp4netns started, where found)
-    confinement: tuple[str, ...] = CONFINEMENTS[0]  # the flags slirp4netns accepted
-    #: made inside a user namespace (an ordinary user); root makes the network namespace alone,
-    #: so its tasks stay root and keep their file access (root mapped into a user namespace is
-    #: an unprivileged uid outside it: files of other users refused, chown EINVAL)
+    #: in a user namespace (an ordinary user); not for root, whose tasks would lose root's
+    #: file access (root mapped into a user namespace is unprivileged outside it)
     user_ns: bool = True
     _slirp_exit: int | None = field(default=None, repr=False)
 
@@ -94,17 +83,15 @@ class PrivateNetwork:
         return "outbound through slirp4netns"
 
     def slirp_ended(self) -> str | None:
-        """How slirp4netns ended, when it did: the tasks lost their outbound network (its
-        tap device went with it) until :meth:`revive_outbound`."""
+        """How slirp4netns ended, when it did (the tasks lost their outbound network)."""
         code = self.slirp.poll() if self.slirp is not None else None
         if code is None or self.slirp is None:
             return None
         return f"slirp4netns (pid {self.slirp.pid}) {describe_exit(code)}"
 
     def revive_outbound(self) -> None:
-        """A new slirp4netns on this namespace after the last one ended: the running tasks
-        get their outbound network back too (one namespace). Blocking (up to
-        ``READY_TIMEOUT_S``); ``PrivateNetUnavailable`` if it does not come up."""
+        """A new slirp4netns after the last one ended, for the running tasks too. Blocking;
+        ``PrivateNetUnavailable`` if it does not come up."""
         if self.slirp_ended() is None:
             return
         if self._slirp_exit is not None:
@@ -150,9 +137,8 @@ def _missing_tools() -> list[str]:
 
 
 def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> PrivateNetwork:
-    """A new namespace with loopback up (and the outbound network, with ``slirp4netns``);
-    ``PrivateNetUnavailable`` says what is missing or refused. ``resolv``: the resolver
-    configuration the tasks would read (the tests pass one of their own)."""
+    """A new namespace with loopback up (and outbound, with slirp4netns); PrivateNetUnavailable
+    says what is missing. ``resolv``: the resolver file the tasks would read."""
     if missing := _missing_tools():
         raise PrivateNetUnavailable(f"{', '.join(missing)} not found (util-linux, iproute2)")
     scratch = None
@@ -191,22 +177,19 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
 
 
 def _start_slirp(net: PrivateNetwork) -> None:
-    """slirp4netns on the namespace: ``tap0`` with NAT to the outside, no inbound port. It
-    parses the tasks' packets, so it runs sandboxed (its own mount namespace, capabilities
-    dropped) and under seccomp, as far as this user and build allow (``net.confinement``)."""
+    """slirp4netns on the namespace (``tap0``, NAT, no inbound port), as confined as this user
+    and build allow: it parses the tasks' packets."""
     slirp = shutil.which("slirp4netns")
     if slirp is None:
         return
     for flags in CONFINEMENTS:
         try:
             _run_slirp(net, slirp, flags)
+            return
         except PrivateNetUnavailable as exc:
             if not flags:
                 raise
             logger.debug("slirp4netns with %s failed (%s); trying with less", flags, exc)
-        else:
-            net.confinement = flags
-            return
 
 
 def _run_slirp(net: PrivateNetwork, slirp: str, flags: tuple[str, ...]) -> None:
@@ -274,9 +257,8 @@ NO_OUTBOUND = ("slirp4netns not found, and a private network without it would co
 
 def shared(outbound: bool = False) -> PrivateNetwork:
     """This process's private network, made on first use (again if its holder ended);
-    ``PrivateNetUnavailable`` where this machine cannot make one (asked again next time: a
-    tool installed meanwhile counts), or, with ``outbound``, one with the outbound network
-    (``net="auto"``: the default never costs the tasks their network)."""
+    PrivateNetUnavailable where none can be made, or, with ``outbound`` (``net="auto"``), none
+    with outbound network: asked again next time, a tool installed meanwhile counts."""
     global _shared
     with _lock:
         if outbound and shutil.which("slirp4netns") is None and (
@@ -292,8 +274,7 @@ def shared(outbound: bool = False) -> PrivateNetwork:
 
 
 def close_shared() -> None:
-    """End this process's private network (the session's close does, after the clusters and
-    fork servers that ran in it: tfdist_nb/cluster/session.py)."""
+    """End this process's private network (the session's close, after its clusters)."""
     global _shared
     with _lock:
         if _shared is not None:

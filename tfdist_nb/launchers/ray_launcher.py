@@ -1,18 +1,9 @@
 """Tasks as Ray actors on a Ray cluster (docs/remote.md, "Ray"; docs/security.md, "Ray launcher").
 
-The notebook connects to Ray at ``address`` (``ray://HEAD:10001`` is Ray Client, for a notebook
-that is not a Ray node; ``HOST:6379`` needs a raylet on this machine), else ``$RAY_ADDRESS``,
-else a local Ray started with the cluster and shut down with it. One placement group holds a
-bundle per task (``{"CPU": cpus_per_task, "GPU": --gpus-per-task}``) placed by ``strategy``;
-one actor per bundle (:class:`tfdist_nb.worker.ray_node.TaskNode`) answers with its node's
-address and a TF port free there, from which TF_CONFIG is built, then starts the task's kernel
-and hands its connection back through Ray. ``Ray`` is imported here only when a cluster
-starts: the package imports without it.
-
-What Ray users hit is said in Ray's terms: a request no node set of the cluster can hold (the
-ask and what each node has, from Ray's global state) fails at once instead of at a timeout; a
-task whose actor or node died is named with its node; an address that does not answer, and a
-Ray whose version differs from the notebook's, fail the start saying so.
+One placement group holds a bundle per task; each bundle's actor
+(:class:`tfdist_nb.worker.ray_node.TaskNode`) says its node's address and a free TF port, then
+starts the task's kernel. Ray is imported only when a cluster starts: the package runs without
+it. What Ray users hit (unplaceable asks, dead nodes, version skew) is said in Ray's terms.
 """
 
 from __future__ import annotations
@@ -177,7 +168,7 @@ class RayLauncher(Launcher):
 
     def __init__(self, address: str | None = None, strategy: str = "SPREAD",
                  cpus_per_task: float = 1.0, place_timeout: float = 60.0,
-                 ready_timeout: float = 120.0, **_: Any) -> None:
+                 ready_timeout: float = 120.0, **_: object) -> None:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
@@ -278,8 +269,8 @@ class RayLauncher(Launcher):
         return [n for n in ray.nodes() if n.get("Alive")]
 
     def _unplaceable(self, n: int) -> str | None:
-        """Why no set of the cluster's live nodes can hold ``n`` bundles under the strategy
-        (their total resources, from Ray's global state), or None."""
+        """Why the live nodes cannot hold ``n`` bundles under the strategy, or None: fails at
+        once rather than at the placement timeout."""
         ask = {"CPU": self.cpus, **({"GPU": float(self.gpus)} if self.gpus else {})}
         nodes = self._nodes()
         fits = [min(int(node["Resources"].get(k, 0) // v) for k, v in ask.items())
@@ -389,7 +380,6 @@ class RayLauncher(Launcher):
     def _replace(self, launch: TaskLaunch) -> None:
         """A new actor in the task's bundle; refused when Ray moved the bundle to another
         node than the one its TF_CONFIG names."""
-
         index = list(self.actors).index(launch.task)
         self.actors[launch.task] = actor = self._actor(launch.task, index)
         now = _get(actor.where.remote([]), self.ready_timeout)
@@ -402,8 +392,8 @@ class RayLauncher(Launcher):
         self.found[launch.task] = {**now, "port": self.found[launch.task]["port"]}
 
     def release(self, keep_ray: bool = False) -> None:
-        """Kill the actors, remove the placement group (both gone in Ray's own tables before
-        it returns), and end the Ray this launcher started or connected."""
+        """Kill the actors, remove the placement group (gone from Ray's tables on return), and
+        end the Ray this launcher started or connected."""
         with contextlib.suppress(ImportError):
             import ray
             from ray.util.placement_group import placement_group_table, remove_placement_group

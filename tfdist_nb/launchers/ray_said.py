@@ -1,13 +1,9 @@
 """What Ray says when a notebook cannot connect, in the notebook's terms (docs/remote.md, Ray).
 
-Ray's own version check (``ray.init``'s, and Ray Client's handshake:
-``ray._private.utils.check_version_info``) refuses a notebook whose Ray, or Python minor
-version, differs from the cluster's; it is said with both versions and the one step that fixes
-it. Ray Client's proxy on the head starts a server of its own for each connection by forking
-itself, a multi-threaded gRPC process: some forks die at once (about 7% in Ray's issue
-63202, "specific_server intermittently dies during fork()"), and the connection fails with
-"Starting Ray client server failed"; a new connection gets a new fork, so the launcher connects
-again, at most ``SPAWN_TRIES`` times.
+Ray refuses a notebook whose Ray or Python minor version differs from the cluster's
+(``ray._private.utils.check_version_info``). Ray Client's proxy forks a server per connection
+from a multi-threaded gRPC process and some forks die ("Starting Ray client server failed",
+Ray's issue 63202); a new connection gets a new fork, so the launcher tries ``SPAWN_TRIES``.
 """
 
 from __future__ import annotations

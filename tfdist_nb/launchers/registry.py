@@ -35,10 +35,8 @@ _scanned: list[dict[str, str]] = []  # the entry-point group, as last read
 
 
 def _plugins(fresh: bool = False) -> dict[str, str]:
-    """The launchers other packages add (name -> ``module:Class``), read once per process:
-    reading every installed package's metadata takes milliseconds, and ``%%tfcluster`` asks on
-    every line (every cell in persistent mode). ``fresh``: read again (a name not found may be
-    a plugin installed since)."""
+    """The launchers other packages add (name -> ``module:Class``), read once per process (it
+    takes milliseconds, asked on every line); ``fresh``: read again."""
     if fresh or not _scanned:
         _scanned[:] = [{ep.name: ep.value for ep in entry_points(group="tfdist_nb.launchers")}]
     return _scanned[0]
@@ -66,10 +64,8 @@ def launcher_class(name: str) -> type[Launcher]:
 
 
 def launcher_classes() -> dict[str, type[Launcher]]:
-    """Every available launcher's class, the built-in ones first (each module imported now):
-    what the magic reads the launchers' flags from. One that cannot be imported is left out
-    (logged), so a broken plugin takes no other launcher's flags away; naming it still fails,
-    saying why."""
+    """Every available launcher's class, built-in first, for their flags; one that cannot be
+    imported is left out (logged), so a broken plugin takes no other's flags away."""
     classes: dict[str, type[Launcher]] = {}
     for name in [*BUILTIN, *(n for n in available() if n not in BUILTIN)]:
         with swallowed(logger):
@@ -77,7 +73,7 @@ def launcher_classes() -> dict[str, type[Launcher]]:
     return classes
 
 
-def get_launcher(name: str, **options: Any) -> Launcher:
+def get_launcher(name: str, **options: object) -> Launcher:
     """A launcher by short name (``local``, ``ssh``, ``attach``, ``slurm``, ``ray``) made with
     ``options``."""
     cls = launcher_class(name)
@@ -89,7 +85,6 @@ def get_launcher(name: str, **options: Any) -> Launcher:
 
 def make_launcher(name: str, hosts: list[str] | None, python: str | None,
                   options: Mapping[str, Any] | None) -> Launcher:
-    """The named launcher with what it takes of the cluster's arguments (each launcher says,
-    in :meth:`Launcher.cluster_options`)."""
+    """The named launcher with what it takes of the cluster's arguments."""
     cls = launcher_class(name)
     return get_launcher(name, **cls.cluster_options(hosts, python, dict(options or {})))

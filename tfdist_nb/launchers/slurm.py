@@ -1,20 +1,9 @@
 """Tasks run as one SLURM job: ``sbatch`` submits it, each SLURM task is one cluster task.
 
-The job's batch script runs one ``srun`` step with a SLURM task per cluster task (``chief``,
-``worker:0``, ``worker:1``, ... in the spec's order, by ``SLURM_PROCID``). Each SLURM task
-``exec``s the worker entry point (``python -m tfdist_nb.worker``, as ``attach`` uses), so the
-worker stays in the job step's process tree and ``scancel`` reaches it. The worker announces
-itself in the run's connection directory (on the shared file system, owner-only) with its node
-name and a TF port free there; from those files the controller builds TF_CONFIG from where the
-tasks landed and sends it through the agent before any cell (``env_at_launch = False``). The
-kernel listens on the node's address, so its channels are CurveZMQ-encrypted
-(docs/security.md).
-
-One watcher thread per job asks SLURM about it (``tfdist_nb.launchers.slurm_job``). A refused
-submission (``sbatch``'s error), a job pending for a reason that cannot change by waiting, or a
-job that ends (failed, cancelled, timed out, node failure) ends the start or the running cell
-within seconds, in SLURM's words. ``stop()`` shuts the kernels down and cancels the job, waiting
-until ``squeue`` no longer lists it. Recipes and limits: docs/remote.md.
+Each SLURM task ``exec``s the worker entry point (so ``scancel`` reaches it), which announces
+itself in the connection directory like an attached worker; TF_CONFIG follows where the tasks
+landed (``env_at_launch = False``). One watcher thread per job asks SLURM
+(:mod:`.slurm_job`). How it works and its limits: docs/remote.md, SLURM.
 """
 
 from __future__ import annotations
@@ -70,8 +59,8 @@ STOP_WAIT_S = 15.0  # after scancel, until squeue no longer lists the job
 
 
 def check_sbatch_args(args: str | Iterable[object] | None) -> list[str]:
-    """``args`` as a list of sbatch words (a string is split like a shell), or ValueError when
-    it holds an option the launcher sets itself."""
+    """``args`` as sbatch words (a string split like a shell); ValueError for an option the
+    launcher sets itself."""
     if args is None:
         return []
     words = shlex.split(args) if isinstance(args, str) else [str(a) for a in args]
@@ -83,7 +72,6 @@ def check_sbatch_args(args: str | Iterable[object] | None) -> list[str]:
         if name in OWN_OPTIONS:
             raise ValueError(f"sbatch option {word!r} is not allowed: {OWN_OPTIONS[name]}")
     return words
-
 
 
 #: Each SLURM task finds the address its node is reached at: the node name's address, unless
@@ -134,8 +122,7 @@ exec {py} -m tfdist_nb.worker --task "$task" --connection-dir {d} --ip "$ip" --t
 
 
 def batch_script(tasks: Sequence[TaskId], directory: Path) -> str:
-    """The job's batch script: one srun step with a SLURM task per cluster task, each running
-    ``task.sh`` (:func:`task_script`); per-task output in ``task-<i>.log``."""
+    """The job's batch script: one srun step running ``task.sh`` per cluster task."""
     d = shlex.quote(str(directory))
     return f"""#!/bin/bash
 # tfdist_nb: cluster tasks {' '.join(map(str, tasks))} as SLURM tasks 0..{len(tasks) - 1}.
@@ -210,7 +197,7 @@ class SlurmLauncher(Launcher):
                  connection_dir: str | os.PathLike[str] | None = None,
                  wait_timeout: float = 100.0, python: str | None = None,
                  progress: Callable[[str], None] | None = None,
-                 status_interval: float = STATUS_INTERVAL_S, **_: Any) -> None:
+                 status_interval: float = STATUS_INTERVAL_S, **_: object) -> None:
         for tool in ("sbatch", "squeue", "scancel"):
             if shutil.which(tool) is None:
                 raise ValueError(f"{tool} not found on PATH: the slurm launcher runs SLURM's "
@@ -320,8 +307,8 @@ class SlurmLauncher(Launcher):
         return job
 
     def _watch(self, job: SlurmJob) -> None:
-        """Ask SLURM about the job every ``status_interval`` until it ends or is released; the
-        task handles read ``job.state`` (one squeue call per cluster, not per task)."""
+        """Ask SLURM every ``status_interval`` until the job ends or is released: one squeue
+        call per cluster, the task handles read ``job.state``."""
         while not self._released.is_set():
             state = job.query()
             self._report(job, state)
@@ -330,8 +317,7 @@ class SlurmLauncher(Launcher):
             self._released.wait(self.status_interval)
 
     def _report(self, job: SlurmJob, state: JobState) -> None:
-        """Say a state SLURM reports once, when it changes (the watcher and the start both
-        look: a job can start between two of the watcher's looks)."""
+        """Say a state once, when it changes (the watcher and the start both look)."""
         with self._said_lock:
             seen = (job.id, state.state, state.reason)
             if seen == self._last_said:
@@ -398,8 +384,8 @@ class SlurmLauncher(Launcher):
             self._watcher.join(timeout=5)
 
     def _say(self, text: str) -> None:
-        """Progress while the job starts goes to ``progress`` (the cell); later changes are
-        not printed: a task's crash report gives them where they matter."""
+        """Progress while the job starts, to ``progress`` (the cell); later a task's crash
+        report says what matters."""
         if self._starting:
             with swallowed(logger):
                 self.progress(text)
@@ -420,8 +406,7 @@ def _tail_note(job: SlurmJob, task_lines: int = 0) -> str:
 
 
 def _job_environment() -> dict[str, str]:
-    """What sbatch exports to the job: this environment but what would make a worker act as
-    another process (TF_CONFIG, the notebook kernel's parent pid, pytest's marker) and the
-    variables of a SLURM job this notebook may itself run in (SLURM_CONF is kept)."""
+    """What sbatch exports: this environment less what would make a worker act as another
+    process and the variables of a SLURM job the notebook may run in (SLURM_CONF kept)."""
     return {k: v for k, v in os.environ.items()
             if k not in _SCRUB_EXACT and (not k.startswith("SLURM_") or k == "SLURM_CONF")}

@@ -1,10 +1,7 @@
 """The SLURM job as SLURM reports it: its state, pending reason and end, in SLURM's words.
 
-The job's life is watched with SLURM's own tools, configured as they always are (``SLURM_CONF``
-and the rest of the environment): ``squeue`` for its state and pending reason, ``sacct`` (when
-accounting is on) or ``scontrol`` once it has ended, and SLURM's own ``*** JOB ... ***`` lines in
-the job's output. The launcher that submits and drives the job is ``tfdist_nb.launchers.slurm``;
-recipes and limits: docs/remote.md.
+Read with SLURM's own tools as configured (``squeue``; ``sacct`` or ``scontrol`` once it ended)
+and its ``*** JOB ... ***`` output lines; driven by :mod:`.slurm` (docs/remote.md, SLURM).
 """
 
 from __future__ import annotations
@@ -68,8 +65,7 @@ _STATE_FORMAT = "%i|%T|%r|%S|%N|%M"
 
 @dataclass
 class JobState:
-    """What SLURM says about the job: ``state`` (PENDING, RUNNING, COMPLETING, CANCELLED, ...,
-    GONE when SLURM no longer knows it), the pending ``reason``, and where it runs."""
+    """What SLURM says about the job (``state`` GONE: SLURM no longer knows it)."""
 
     state: str
     reason: str = ""
@@ -109,8 +105,7 @@ class JobState:
 
 def slurm_tool(argv: list[str], timeout: float = 15.0,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """One run of a SLURM tool; no answer or no tool is a failed run (124, 127) saying why, so
-    callers read every outcome the same way."""
+    """One run of a SLURM tool; no answer or no tool is a failed run (124, 127) saying why."""
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False,
@@ -163,8 +158,8 @@ class SlurmJob:
         return found
 
     def _after_end(self, seen: JobState) -> JobState:
-        """The ended job's base state, reason and exit code: sacct when accounting is on, else
-        scontrol (which knows the job for MinJobAge after its end); SLURM's ``***`` lines."""
+        """The ended job's state, reason and exit code: sacct when accounting is on, else
+        scontrol (which knows the job for MinJobAge after its end)."""
         found = seen
         proc = slurm_tool(["sacct", "-n", "-P", "-X", "-j", self.id, "-o", "State,Reason,ExitCode,"
                       "NodeList"])

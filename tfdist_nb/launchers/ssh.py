@@ -1,19 +1,9 @@
 """Tasks on other hosts, reached with the system ``ssh`` so ``~/.ssh/config`` rules as usual.
 
-Aliases, User, Port, IdentityFile, ProxyJump, agents and ControlMaster all work because OpenSSH
-itself reads them; ``ssh_config=`` / ``$TFDIST_SSH_CONFIG`` give it another file (``ssh -F``).
-Per task there is exactly one SSH connection, which
-
-- runs ``python -m tfdist_nb.worker.remote serve`` on the host (the kernel's lifeline),
-- carries the kernel's five ZeroMQ channels as stream-local forwards: the kernel listens on
-  ``ipc://`` sockets in an owner-only directory on the host and the controller on sockets in an
-  owner-only directory here, so no kernel port is open on any network and every byte is
-  encrypted by SSH (messages are HMAC-signed on top, as always),
-- and brings the kernel's stdout/stderr back into the task's process log.
-
-TensorFlow's own gRPC servers must reach each other directly, so each host is probed first
-(``probe``) for the address it was reached at and for free ports; ``docs/security.md`` says what
-those ports expose.
+One SSH connection per task runs ``python -m tfdist_nb.worker.remote serve`` there (its stdin
+is the kernel's lifeline), forwards the kernel's channels between owner-only Unix socket
+directories at both ends (no kernel port on any network) and brings its output back. Each host
+is probed first for its address and free TF ports (docs/remote.md; docs/security.md).
 """
 
 from __future__ import annotations
@@ -75,12 +65,8 @@ def forwarded_environment() -> dict[str, str]:
 
 
 def check_destination(host: str) -> str:
-    """``host`` if ssh can only read it as a destination, else ValueError saying why.
-
-    ``ssh`` parses a leading ``-`` as an option even where a host is expected
-    (``-oProxyCommand=...`` runs a command here), so such hosts are refused outright; every
-    call also puts ``--`` before the destination (docs/security.md, "SSH launcher").
-    """
+    """``host`` if ssh can only read it as a destination, else ValueError saying why: a leading
+    ``-`` would be an option (``-oProxyCommand=`` runs a command here; docs/security.md)."""
     if not isinstance(host, str) or not host:
         raise ValueError(f"ssh host must be a non-empty string, got {host!r}")
     if host.startswith("-") or host.rpartition("@")[2].startswith("-"):
@@ -93,8 +79,7 @@ def check_destination(host: str) -> str:
 
 
 def resolve_ssh_config(option: str | os.PathLike[str] | None) -> str | None:
-    """The ssh config file to pass as ``-F``: the launcher option, else ``$TFDIST_SSH_CONFIG``,
-    else None (ssh reads ``~/.ssh/config`` as usual). A named file must exist."""
+    """The ``-F`` file: the launcher option, else ``$TFDIST_SSH_CONFIG``, else None."""
     chosen = option if option not in (None, "") else os.environ.get(SSH_CONFIG_ENV) or None
     if chosen is None:
         return None
@@ -107,10 +92,8 @@ def resolve_ssh_config(option: str | os.PathLike[str] | None) -> str | None:
 
 
 def ssh_base(config: str | None, connect_timeout: float, options: Sequence[str] = ()) -> list[str]:
-    """The ssh command line every call starts with: never prompts, gives up on dead peers.
-
-    Callers append ``--`` and then the destination, so a destination is never an option.
-    """
+    """The ssh command line every call starts with: never prompts, gives up on dead peers;
+    callers append ``--`` and the destination."""
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}",
            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
     if config:
@@ -236,8 +219,7 @@ class SSHTaskHandle(TaskHandle):
 
 
 def hosts_of_line(text: str) -> list[str]:
-    """``--hosts gpu1,me@gpu2`` as ssh destinations (each is checked when the launcher is made,
-    so a refused one fails before the running cluster stops)."""
+    """``--hosts gpu1,me@gpu2`` as ssh destinations (checked when the launcher is made)."""
     hosts = [h.strip() for h in text.split(",") if h.strip()]
     if not hosts:
         raise SpecError("--hosts needs at least one host, e.g. --hosts gpu1,gpu2")

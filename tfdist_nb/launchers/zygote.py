@@ -1,29 +1,13 @@
 """The fork server's own process: TensorFlow imported once, every local kernel forked from it.
 
-Started by :mod:`.forkserver` as ``python -m tfdist_nb.launchers.zygote FD LOG PRELOAD...`` with
-the tasks' environment less their identity (docs/design.md, "Fork server"). It imports
-ipykernel and then ``PRELOAD`` (TensorFlow), in a spawned kernel's order, says ``ready`` on the
-Unix socket ``FD`` (``SOCK_SEQPACKET``: one JSON message per packet, a task's stdout/stderr
-descriptors passed with it), then forks one worker kernel per request. A child leads a session
-of its own (so a stop can end its process group), takes the controller's umask and resource
-limits of the request, the task's environment (plus what the imports set, ``TF2_BEHAVIOR``),
-working directory and process log, gets a fresh NumPy seed and the command line a cold kernel
-has as its process title, and runs ``tfdist_nb.worker.kernel`` exactly as ``python -m`` would;
-:mod:`tfdist_nb.worker.forked` makes what the imports set up before any kernel existed (TF's
-logger) again in the kernel. It ends as an interpreter does: its non-daemon threads waited
-for, then its exit handlers, then ``os._exit``. Import-time output (TensorFlow's start-up
-lines, written to ``LOG``) is copied to each child's log first, as a cold task's log would
-have it. The server reaps its children and reports each exit code; it ends when the
-controller's end of the socket closes, and its children then end with it (their parent watch,
-:mod:`tfdist_nb.worker.lifeline`).
+Run as ``python -m tfdist_nb.launchers.zygote FD LOG PRELOAD...`` by :mod:`.fork_handle`; one
+JSON message per ``SOCK_SEQPACKET`` packet on ``FD``. What a child takes to be a spawned kernel
+for all a user sees: docs/design.md, "Fork server".
 
-What the server swallows before it serves is logged at DEBUG (``TFDIST_LOG``, docs/reference.md,
-Environment) to its stderr, ``LOG``, so it leads each child's log like the import-time output. A
-forked child swallows silently: its stderr is already the task's own (the fds passed in), and
-may be closed when the kernel has ended, so a record would go into the task's output or nowhere.
-
-Nothing of tfdist_nb's worker side is imported before a fork: ``tfdist_nb.worker`` reads the
-task's identity when it is imported, in the child.
+Before serving, what the server swallows is logged at DEBUG to ``LOG`` (it leads each child's
+log). A forked child swallows silently: its stderr is the task's own and may be closed once the
+kernel ended, so a record would land in the task's output or nowhere. Nothing of
+``tfdist_nb.worker`` is imported before a fork: it reads the task's identity at import.
 """
 
 from __future__ import annotations
@@ -50,9 +34,10 @@ from tfdist_nb.debuglog import swallowed
 logger = logging.getLogger("tfdist_nb.launchers.zygote")
 
 #: imported too, so a kernel's own start costs a fraction of a second; before ``PRELOAD``, in
-#: the order a spawned kernel imports them (docs/design.md, "Fork server")
-KERNEL_MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "IPython", "zmq", "psutil",
-                  "jupyter_client.session")
+#: the order a spawned kernel imports them (docs/design.md, "Fork server"). The debugger (its
+#: debugpy, 0.15 s) is imported by every kernel's start, whether or not one debugs.
+KERNEL_MODULES = ("ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "IPython",
+                  "zmq", "psutil", "jupyter_client.session")
 KERNEL_MODULE = "tfdist_nb.worker.kernel"
 MAX_MESSAGE = 1 << 20
 #: seconds between two looks at whether the controller is still there
@@ -98,18 +83,16 @@ def main(argv: list[str]) -> int:
 
 @dataclass(frozen=True)
 class Imported:
-    """What the server's imports changed that a spawned kernel's would change in the kernel:
-    the environment before and after them (TensorFlow sets ``TF2_BEHAVIOR``), and the warnings
-    filters ``preload`` put in front of the kernel's (a spawned kernel imports it after its
-    own start, so they come before what the kernel's start adds)."""
+    """What the server's imports changed, which a spawned kernel's would change in the kernel:
+    the environment (``TF2_BEHAVIOR``) and the warnings filters ``preload`` put in front."""
 
     started: dict[str, str]
     after: dict[str, str]
     filters: tuple[Any, ...]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
-        """``env`` (the task's) with what the imports set or removed, unless the task gives such
-        a variable a value of its own (not the one the server started with)."""
+        """The task's ``env`` with what the imports set or removed, unless the task gives such
+        a variable a value of its own."""
         out = dict(env)
         for key in self.started.keys() | self.after.keys():
             before, now = self.started.get(key), self.after.get(key)
@@ -123,8 +106,7 @@ class Imported:
 
 
 def lead_filters(before: list[Any]) -> tuple[Any, ...]:
-    """The warnings filters the import of ``preload`` put in front of ``before`` (the list as the
-    kernel's modules left it)."""
+    """The warnings filters the import of ``preload`` put in front of ``before``."""
     lead = []
     for item in warnings.filters:
         if item in before:
@@ -134,9 +116,8 @@ def lead_filters(before: list[Any]) -> tuple[Any, ...]:
 
 
 def own_files() -> dict[str, int]:
-    """The files of the imported modules that are not installed with Python (the user's own
-    code, an editable install), with their mtimes: a kernel forked after one of them changed
-    would run the old code, so the controller retires the server then."""
+    """The imported files not installed with Python, with their mtimes: once one changes, the
+    controller retires the server (its forks would run the old code)."""
     import site
 
     installed = tuple(os.path.join(os.path.realpath(p), "") for p in {
@@ -252,7 +233,7 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
 def become_kernel(request: dict[str, Any], fds: list[int], said: bytes,
                   imported: Imported) -> int:
     """In the child: the task's stdio, limits, directory, environment and title; then the
-    kernel, and the end a spawned kernel's interpreter has."""
+    kernel, ending as a spawned kernel's interpreter does."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -303,9 +284,8 @@ def exit_code(exc: SystemExit) -> int:
 
 
 def interpreter_end() -> None:
-    """What a spawned kernel's interpreter does on its way out, before the child's
-    ``os._exit``: wait for the non-daemon threads (and the executors' jobs) the cells started,
-    then run the exit handlers."""
+    """A spawned interpreter's way out, before ``os._exit``: wait for the cells' non-daemon
+    threads, then run the exit handlers."""
     with contextlib.suppress(Exception):  # silent: a forked child (module doc)
         threading._shutdown()  # type: ignore[attr-defined]  # Py_FinalizeEx's first step
     import atexit
@@ -315,8 +295,8 @@ def interpreter_end() -> None:
 
 
 def take_limits(request: dict[str, Any]) -> None:
-    """The controller's umask and resource limits when it asked for this kernel, as a spawned
-    kernel inherits them at its start (the server's are the controller's at the first start)."""
+    """The controller's umask and resource limits of the request, which a spawned kernel would
+    inherit (the server's are those of the first start)."""
     import resource
 
     if isinstance(request.get("umask"), int):
@@ -331,9 +311,8 @@ def take_limits(request: dict[str, Any]) -> None:
 
 
 def parent_default(pid: int) -> None:
-    """ipykernel read ``JPY_PARENT_PID`` when this server imported it (a class default): the
-    parent watch needs the child's value, given as the default so ``sys.argv`` stays a spawned
-    kernel's."""
+    """ipykernel read ``JPY_PARENT_PID`` as a class default at the server's import: the child's
+    is given as the default so ``sys.argv`` stays a spawned kernel's."""
     from ipykernel.kernelapp import IPKernelApp
 
     trait = IPKernelApp.class_traits()["parent_handle"]
@@ -345,8 +324,8 @@ def parent_default(pid: int) -> None:
 
 
 def fresh_seeds() -> None:
-    """A forked child has its parent's random state: NumPy's global generator (seeded once, in
-    the server) would give every task the same numbers. ``random`` reseeds itself at fork."""
+    """NumPy's global generator, seeded once in the server, would give every task the same
+    numbers (``random`` reseeds itself at fork)."""
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         with contextlib.suppress(Exception):  # silent: a forked child (module doc)

@@ -1,9 +1,6 @@
-"""What every magic shares: reading its line, answering the user's mistakes with a UsageError
-and an example (never a traceback from deep inside), and finding the cluster it acts on.
-
-The magics only parse and hand off to :class:`~tfdist_nb.cluster.facade.Cluster`; the errors
-the Cluster API raises for what the user asked (a bad task list, a dead or stopped task, a task
-that did not answer) become one ``UsageError`` in :func:`user_errors`, the same for every magic.
+"""What every magic shares: reading its line, finding the cluster it acts on, and answering the
+user's mistakes (the Cluster API's errors for what was asked included) with one UsageError and an
+example, never a traceback from deep inside.
 """
 
 from __future__ import annotations
@@ -55,9 +52,8 @@ def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
 
 def user_errors(example: str = EXAMPLE,
                 *more: type[Exception]) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """A magic whose user errors (``USER_ERRORS``, and ``more`` of its own) end as one
-    UsageError with ``example``; the magic reads its line with ``parse_line(self.<magic>,
-    line)``, which uses the example too."""
+    """A magic whose user errors (``USER_ERRORS``, and ``more``) end as one UsageError with
+    ``example``, which ``parse_line(self.<magic>, line)`` uses too."""
     caught = USER_ERRORS + more
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
@@ -134,9 +130,8 @@ def tasks_magic(example: str) -> Callable[[F], F]:
 
 
 def save_private(path: str, text: str, example: str) -> None:
-    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed) as a new file,
-    never into one that is there nor through a symlink; a path that cannot be written is a
-    UsageError naming why."""
+    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through a
+    symlink; a path that cannot be written is a UsageError naming why."""
     try:
         replace_private(Path(path), text)
     except OSError as exc:
@@ -144,11 +139,9 @@ def save_private(path: str, text: str, example: str) -> None:
 
 
 def notebook_asks() -> Callable[[str, str, bool], str] | None:
-    """What answers the tasks' ``input()`` and pdb prompts in this cell: the notebook's own
-    input box when the frontend takes input for the cell running now (ipykernel's
-    ``allow_stdin`` of the execute request; JupyterLab and Notebook do, nbclient does not), a
-    terminal's when there is no kernel; else None, and a task's ``input()`` raises as it does
-    without a notebook (docs/reference.md, Input from the tasks)."""
+    """What answers the tasks' prompts in this cell: the notebook's input box when the frontend
+    takes input for it (ipykernel's ``allow_stdin``: JupyterLab and Notebook do, nbclient does
+    not), a terminal's without a kernel; else None (docs/reference.md, Input from the tasks)."""
     from IPython import get_ipython
 
     from tfdist_nb.cluster.cells import ask_here
@@ -178,7 +171,7 @@ def answers_from(commands: str) -> Callable[[str, str, bool], str]:
 
 def current() -> Cluster | None:
     """The active cluster, or None."""
-    from tfdist_nb.cluster.facade import current as active
+    from tfdist_nb.cluster.registry import current as active
 
     return active()
 

@@ -1,6 +1,5 @@
-"""The magics that diagnose (docs/reference.md, Magics): ``%tfdist_check``, ``%tfdist_numerics``,
-``%tfdist_profile``, ``%tfdist_isolate`` (shrink a failing cell by itself), and
-``%tfdist_export`` / ``%tfdist_report`` (a reproducer and a report to take elsewhere).
+"""The magics that diagnose (docs/reference.md, Magics): checks, numerics, profile, isolate,
+export and report.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.magics.common import (
+    NO_CLUSTER,
     NOT_NEGATIVE,
     NOT_NEGATIVE_N,
     POSITIVE_N,
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     from tfdist_nb.diagnostics.report import CheckReport
 
 F = TypeVar("F", bound=Callable[..., Any])
+CHECK_EXAMPLE = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
+                 "sharding EXPR, variables EXPR, gpu)")
 
 
 def writes_files(what: str, replaced: str, example: str) -> Callable[[F], F]:
@@ -70,18 +72,16 @@ class DiagnoseMagics(Magics):
               help="variables: relative tolerance (1e-5)")
     @on_option
     @line_magic
-    @user_errors("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
-                   "sharding EXPR, variables EXPR, gpu)")
+    @user_errors(CHECK_EXAMPLE)
     def tfdist_check(self, line: str) -> CheckReport:
         """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
 
         - ``tfconfig``: every task's TF_CONFIG now: structure, task types, indices, duplicate
-          addresses, more than one chief, ps without workers, its own port in use on its host,
-          host names that do not resolve there, tasks that disagree about the cluster. Works
-          without a cluster for a TF_CONFIG you give (``%tfdist_check tfconfig cfg.json``).
-        - ``network``: every task connects to every other task's TF address (refused, timed
-          out, DNS), a latency matrix, and the all-reduce bandwidth of your strategy (1, 16,
-          64 MB) when a cell made one.
+          addresses, more than one chief, ps without workers, its own port in use, host names
+          that do not resolve, tasks that disagree. Without a cluster, a TF_CONFIG you give
+          (``%tfdist_check tfconfig cfg.json``).
+        - ``network``: every task to every other task's TF address (refused, timed out, DNS), a
+          latency matrix, and your strategy's all-reduce bandwidth (1, 16, 64 MB) if it exists.
         - ``env``: differences between the tasks' environments.
         - ``all``: tfconfig, network and env.
         - ``sharding EXPR``: EXPR (a ``tf.data.Dataset`` or a distributed dataset) is read on
@@ -96,13 +96,11 @@ class DiagnoseMagics(Magics):
           them: per-variable checksums on every task, exact and within ``--atol`` /
           ``--rtol``; ``.diverged`` names the variables that differ with their max abs
           difference, and the likely cause.
-        - ``gpu``: per task, the GPUs it was given (``CUDA_VISIBLE_DEVICES``) against those
-          NVML finds (by UUID) and TensorFlow sees, its memory policy, the driver against the
-          CUDA / cuDNN TensorFlow was built for, compute capability, the PCIe link against its
-          maximum, ECC errors, pages waiting to be retired, row remapping; two tasks given one
-          GPU; and, when every task's TensorFlow sees a GPU and a cell made a strategy, its
-          all-reduce timed with RING and with NCCL. A task without a GPU is no failure: it
-          says why (no NVML library, no driver, no device, hidden by ``--gpus none``).
+        - ``gpu``: per task, the GPUs it was given (``CUDA_VISIBLE_DEVICES``) against those NVML
+          finds (by UUID) and TensorFlow sees, memory policy, driver against TensorFlow's CUDA /
+          cuDNN, compute capability, PCIe link against its maximum, ECC errors, pages waiting to
+          be retired, row remapping; two tasks given one GPU; with GPUs everywhere and a
+          strategy, its all-reduce timed with RING and NCCL. A task without a GPU says why.
 
         EXPR is evaluated in each task, not here; quote it when it holds quotes or spaces.
 
@@ -118,11 +116,9 @@ class DiagnoseMagics(Magics):
         """
         from tfdist_nb.cluster.checks import EXPR_KINDS, KINDS, check_tf_config
 
-        example = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
-                   "sharding EXPR, variables EXPR, gpu)")
         args = parse_line(self.tfdist_check, line)
         if args.kind not in KINDS:
-            raise usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", example)
+            raise usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", CHECK_EXAMPLE)
         expr = " ".join(args.expr) or None
         options = _check_options(args)
         if args.kind in EXPR_KINDS:
@@ -131,7 +127,7 @@ class DiagnoseMagics(Magics):
                             f"task", f"example: %tfdist_check {args.kind} "
                             f"{'dist_dataset' if args.kind == 'sharding' else 'model'}")
         elif expr is not None and args.kind != "tfconfig":
-            raise usage(f"the {args.kind} check takes no argument", example)
+            raise usage(f"the {args.kind} check takes no argument", CHECK_EXAMPLE)
         names: dict[str, Any] = self.shell.user_ns if self.shell is not None else {}
         if (expr is not None and args.kind == "tfconfig" and expr.isidentifier()
                 and expr in names):
@@ -140,8 +136,7 @@ class DiagnoseMagics(Magics):
         if cluster is None:
             if args.kind == "tfconfig" and expr is not None:
                 return check_tf_config(expr)
-            raise UsageError("no cluster is running; start one with\n  %%tfcluster 2 workers\n"
-                             "(a TF_CONFIG of your own is checked without one: "
+            raise UsageError(f"{NO_CLUSTER}\n(a TF_CONFIG of your own is checked without one: "
                              "%tfdist_check tfconfig cfg.json)")
         return cluster.check(args.kind, expr, on=args.on, **options)
 
@@ -250,11 +245,10 @@ class DiagnoseMagics(Magics):
     @line_magic
     @user_errors("example: %tfdist_isolate --budget-s 120")
     def tfdist_isolate(self, line: str) -> IsolateReport:
-        """Re-run the last failing cell (with the cells before it that set the tasks up) in
-        fresh kernels under smaller variants, and name the smallest that still fails: the
-        same cluster again (flaky?), fewer workers down to one, each task's share alone,
-        MirroredStrategy on one task, functions run eagerly, another collective
-        implementation (with GPUs), fewer steps. Shows a line as each variant starts and ends;
+        """Re-run the last failing cell (with the cells that set the tasks up) in fresh kernels
+        under smaller variants and name the smallest that still fails: the same cluster again
+        (flaky?), fewer workers, each task's share alone, MirroredStrategy on one task, eager
+        functions, another collective implementation (GPUs), fewer steps. A line per variant;
         interrupt to stop with what is known. Returns an IsolateReport (``.verdict``,
         ``.table``, ``.smallest``, ``.export(DIR)``). Your cluster is left as it was.
 

@@ -1,6 +1,5 @@
-"""The magics that look at the cluster (docs/reference.md, Magics): ``%tfdist_status``,
-``%tfdist_logs``, ``%tfdist_stacks``, ``%tfdist_collectives``, ``%tfdist_env``, and
-``%tfdist_debug`` (pdb on one task's last exception).
+"""The magics that look at the cluster (docs/reference.md, Magics): status, logs, stacks,
+collectives, env, and debug (pdb on one task's last exception).
 """
 
 from __future__ import annotations
@@ -50,18 +49,17 @@ class InspectMagics(Magics):
         cluster = require()
         if args.table:
             return cluster.status()
+        from IPython.display import display
+
         if args.lab:  # rendered by the lab extension, which opens (once) the cluster's pane
             import secrets
             import time
 
-            from IPython.display import display
             display({"application/vnd.tfdist.lab+json": {
                 "cluster": cluster.id, "nonce": secrets.token_hex(8), "time": time.time()},
                 "text/plain": f"tfdist_nb: cluster {cluster.id}: its pane opens in JupyterLab "
                               "with the tfdist-nb extension (tfdist sidebar)"}, raw=True)
             return None
-        from IPython.display import display
-
         display(cluster.dashboard())
         return None
 

@@ -1,11 +1,7 @@
-"""The launchers' own ``%%tfcluster`` flags (``--hosts``, ``--connection-dir``, ``--sbatch``, a
-plugin's), read from each launcher's ``line_options`` (docs/design.md, "Where a new thing goes"):
-nothing here knows a launcher by name.
-
-A flag the magic declares (the built-in launchers', so ``%%tfcluster?`` lists them) arrives as
-an attribute of the parsed line; any other launcher's arrives in the rest of the line and is
-read here. A flag on a line without ``--launcher`` names the launcher that takes it; a flag the
-chosen launcher does not take is a SpecError naming the launcher that does.
+"""The launchers' own ``%%tfcluster`` flags (``--hosts``, ``--sbatch``, a plugin's), read from each
+launcher's ``line_options`` (docs/design.md, "Where a new thing goes"): nothing here knows a
+launcher by name. A flag implies the launcher that takes it; one the chosen launcher does not take
+is a SpecError naming the one that does.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Persistent mode (docs/reference.md, Magics: ``%tfdist_mode``; ipyparallel's ``%autopx``):
-while on, every cell of the notebook runs on the cluster as if it began with ``%%tfcluster``
-and the options given to ``%tfdist_mode on``.
+"""Persistent mode (docs/reference.md, Magics: ``%tfdist_mode``; ipyparallel's ``%autopx``).
 
-It is an IPython input transformer (``shell.input_transformers_cleanup``: before the cell-magic
-detection, which then sees the ``%%tfcluster`` line), so the cell the user
-wrote is what the tasks run, line numbers included, and the notebook's own history holds it.
-Cells that begin with one of tfdist_nb's magics (``%tfdist_*``, ``%tfcluster``, ``%%tfcluster``)
-or unload or reload it (``%unload_ext tfdist_nb``, which also turns the mode off) still run in
-the notebook: that is how the mode is turned off or the cluster inspected.
+An input transformer in ``input_transformers_cleanup``, which runs before the cell-magic
+detection, so the cell the user wrote is what the tasks run, line numbers included. Cells that
+begin with a tfdist_nb magic or (un/re)load it still run here: that is how the mode is left.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""A parsed ``%%tfcluster`` line, validated before anything is started, and what it asks for.
-
-Pure apart from looking up the worker interpreter and reading the launchers' flags from their
-classes (:mod:`.launcher_flags`): the magic builds a :class:`ClusterRequest`, then :func:`plan`
-says whether to start, reuse, resize or restart, so every malformed line fails here, with a
-message and an example, before a process exists.
+"""A ``%%tfcluster`` line as a :class:`ClusterRequest`, and the :func:`plan` of what it does to
+the running cluster: pure (apart from finding the interpreter and the launchers' flags), so every
+malformed line fails here, with an example, before a process exists.
 """
 
 from __future__ import annotations
@@ -57,9 +54,8 @@ class ClusterRequest:
 
 
 def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> ClusterRequest:
-    """Turn magic_arguments' namespace into a request, or raise SpecError saying what is wrong.
-
-    ``rest``: the words the magic's parser did not take (a plugin launcher's flags)."""
+    """The request of a parsed line, or a SpecError saying what is wrong; ``rest``: the words
+    the magic's parser did not take (a plugin launcher's flags)."""
     spec = parse_spec(args.spec) if args.spec else None
     try:
         env = parse_env_items(args.env)
@@ -100,7 +96,6 @@ class PlanAction(StrEnum):
     REUSE = "reuse"  # the same cluster runs the cell
     REPLACE = "replace"  # stop it, start another (a resize or a changed environment)
     RESTART = "restart"  # --restart: fresh processes, the same cluster
-
 
 
 @dataclass(frozen=True)
@@ -189,32 +184,22 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
         return "restarting the cluster: --gpus or --gpus-per-task changed"
     if request.launcher and request.launcher != running.launcher:
         return f"restarting the cluster: launcher {running.launcher} -> {request.launcher}"
-    made_with = _made_with(running)
-    for option, value in _line_values(request).items():
+    # what it was made with: its arguments, and over them what its launcher says it runs
+    # with (normalized as the line's flags are)
+    made_with = {**_by_option(running.launcher_options, running.hosts), **running.line_values}
+    for option, value in _by_option(request.launcher_options, request.hosts).items():
         if value != made_with.get(option):
             return f"restarting the cluster: {request.flags.get(option, option)} changed"
     return None
 
 
-def _line_values(request: ClusterRequest) -> dict[str, object]:
-    """What the line's launcher flags set, by option."""
-    return {**request.launcher_options,
-            **({HOSTS: request.hosts} if request.hosts is not None else {})}
-
-
-def _made_with(running: Running) -> dict[str, object]:
-    """What the running cluster was made with, by option: its arguments, and over them what
-    its launcher says it runs with (normalized as the line's flags are)."""
-    return {**running.launcher_options,
-            **({HOSTS: running.hosts} if running.hosts is not None else {}),
-            **running.line_values}
+def _by_option(options: dict[str, Any], hosts: list[str] | None) -> dict[str, object]:
+    return {**options, **({HOSTS: hosts} if hosts is not None else {})}
 
 
 def _spares_go_over(running: Running, new: NewCluster) -> bool:
-    """Whether the replacement takes over the running cluster's spare kernels: it has them,
-    and the new cluster runs where they are (the same launcher) and keeps spares (the line
-    does not say --no-warm). Kept spares the new cluster does not take end at its start
-    (docs/design.md, Spare kernels)."""
+    """Whether the replacement takes over the running cluster's spares: it has some, and the
+    new one has the same launcher and no --no-warm (docs/design.md, Spare kernels)."""
     return running.warm > 0 and new.launcher == running.launcher and new.warm is not False
 
 

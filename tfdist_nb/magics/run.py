@@ -1,7 +1,5 @@
-"""The magics that start and run the cluster (docs/reference.md, Magics): ``%%tfcluster`` (start,
-reuse, resize, run a cell) and ``%tfdist_restart`` / ``%tfdist_interrupt`` / ``%tfdist_stop`` /
-``%tfdist_loglevel``. Each parses its line and hands off to the Cluster API; user errors become
-a UsageError with an example (:func:`~tfdist_nb.magics.common.user_errors`).
+"""The magics that start and run the cluster (docs/reference.md, Magics): ``%%tfcluster``,
+``%tfdist_restart`` / ``_interrupt`` / ``_stop`` / ``_loglevel`` / ``_mode``.
 """
 
 from __future__ import annotations
@@ -74,10 +72,8 @@ class RunMagics(Magics):
                    "a list (0,1 or GPU-UUIDs) shared out the same way. ps tasks get none")
     @argument("--gpus-per-task", type=int, metavar="N",
               help="GPUs each worker and the chief get (default: an even share)")
-    # The built-in launchers' flags, declared so that %%tfcluster? lists them; each launcher's
-    # line_options say which it takes (docs/design.md, "Where a new thing goes"), and
-    # tests/test_launcher_registry.py checks these match them. A plugin's are read from the
-    # rest of the line (magics/launcher_flags.py).
+    # The built-in launchers' flags, declared so that %%tfcluster? lists them (their
+    # line_options say which takes them; a plugin's are read from the rest of the line).
     @argument("--net", metavar="auto|private|host",
               help="where the tasks' TF ports listen: auto (default) a private "
                    "network where slirp4netns keeps the tasks' outbound network, "
@@ -166,8 +162,7 @@ class RunMagics(Magics):
         return args, build_request(args, rest)
 
     def _ensure(self, request: ClusterRequest) -> Cluster:
-        """Do what ``plan()`` decided for this line: reuse, restart, or start a cluster (a
-        replacement takes over the running cluster's spares)."""
+        """Do what ``plan()`` decided for this line: reuse, restart, or start a cluster."""
         from tfdist_nb.cluster.facade import Cluster
 
         active = current()
@@ -184,8 +179,8 @@ class RunMagics(Magics):
         if decided.action is PlanAction.RESTART:
             assert active is not None
             active.restart()  # from spare kernels where they fit (docs/design.md)
-            if active.warm_note:
-                print(f"tfdist_nb: {active.warm_note}")
+            if active.warm_outcome is not None:
+                print(f"tfdist_nb: {active.warm_outcome}")
             return active
         new = decided.new
         assert new is not None
@@ -200,8 +195,8 @@ class RunMagics(Magics):
         where = f"on {', '.join(new.hosts)}" if new.hosts else cluster.launcher.name
         print(f"tfdist_nb: starting {new.spec} ({where}) ...", flush=True)
         cluster.start(announce=False)  # said in the lines below
-        if cluster.warm_note:
-            print(f"tfdist_nb: {cluster.warm_note}")
+        if cluster.warm_outcome is not None:
+            print(f"tfdist_nb: {cluster.warm_outcome}")
         print(f"tfdist_nb: {new.spec} ready ({cluster._keras_summary()}); run directory "
               f"{cluster.run_dir}", flush=True)
         print(f"tfdist_nb: {cluster.network()}", flush=True)
@@ -216,7 +211,11 @@ class RunMagics(Magics):
                               else PLAIN_LINES, run_dir=cluster.run_dir,
                               verbose=request.verbose,
                               noise_said=self._noise_said.setdefault(str(cluster.run_dir), set()))
-        dashboard = self._show_dashboard(cluster) if request.dashboard else None
+        dashboard = cluster.dashboard() if request.dashboard else None
+        if dashboard is not None:
+            from IPython.display import display
+
+            display(dashboard)
         try:
             result = cluster.run(code, on=request.on,
                                  timeout=request.timeout, on_event=printer,
@@ -245,14 +244,6 @@ class RunMagics(Magics):
             sys.stderr.flush()
             raise TaskError(result.summary(), result)
         return None
-
-    @staticmethod
-    def _show_dashboard(cluster: Cluster) -> Any:
-        from IPython.display import display
-
-        dashboard = cluster.dashboard()
-        display(dashboard)
-        return dashboard
 
     @tasks_magic("example: %tfdist_interrupt --on 1")
     def tfdist_interrupt(self, line: str) -> None:
@@ -379,8 +370,6 @@ def notebook_cell_number(shell: InteractiveShell | None) -> int | None:
     """The notebook's ``In[n]`` of the cell running now: the number IPython's compiler named
     the cell's code by, found on the stack (``execution_count`` is n during the cell in
     IPython 8 and n + 1 in IPython 9)."""
-    import sys
-
     names = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
     frame: Any = sys._getframe(1)
     while frame is not None:

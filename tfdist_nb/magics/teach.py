@@ -1,6 +1,4 @@
-"""The teaching magic (docs/reference.md, Magics; docs/workshop.md): ``%tfdist_inject`` plants a
-classic distributed-training failure in one task.
-"""
+"""``%tfdist_inject``, the teaching magic (docs/reference.md, Magics; docs/workshop.md)."""
 
 from __future__ import annotations
 
@@ -50,10 +48,9 @@ class TeachMagics(Magics):
         - ``crash``: SIGKILL that task at step K;
         - ``nan``: NaN in that task's model weights at step K (Keras ``fit``), so the loss and
           the all-reduced gradients turn NaN;
-        - ``oom``: grow that task's memory until a limit set on it alone (``--limit-mb`` above
-          its RSS now) kills it with SIGKILL, as a cgroup limit would (never the whole machine);
-          with ``--at-step K`` the growth starts in step K, so the task dies in its training
-          cell, never while idle;
+        - ``oom``: grow that task's memory until a limit on it alone (``--limit-mb`` above its
+          RSS now) SIGKILLs it, as a cgroup limit would; with ``--at-step K`` from step K, so it
+          dies in its training cell, never while idle;
         - ``bad-shard``: turn auto-sharding off, so every task reads the same data;
         - ``clear``: disarm every fault on the targeted tasks (all by default).
 

@@ -1,7 +1,4 @@
-"""Every magic class of the extension, by topic (docs/reference.md, Magics): run
-(:mod:`.run`), inspect (:mod:`.inspect`), diagnose (:mod:`.diagnose`), teach (:mod:`.teach`);
-what they share is in :mod:`.common`.
-"""
+"""Every magic class of the extension, by topic (docs/reference.md, Magics)."""
 
 from __future__ import annotations
 

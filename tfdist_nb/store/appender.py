@@ -1,10 +1,6 @@
-"""An append-only file that a full or failing disk cannot take output from.
-
-The run directory's JSON Lines files are written here with ``os.write`` (no Python buffer that
-could write a refused chunk twice). What the disk refuses (``ENOSPC``, ``EDQUOT``, ``EIO``, a
-file system gone read-only) is held in memory, bounded, and written out in order when the disk
-takes it again; past the bound the oldest held lines are dropped and counted, never claimed to
-be on disk (docs/reference.md, "When the run directory cannot be written").
+"""An append-only file that a full or failing disk cannot take output from (docs/reference.md,
+"When the run directory cannot be written"). ``os.write``, not a Python buffer, which could write
+a refused chunk twice; what the disk refuses is held in memory, bounded, oldest dropped and counted.
 """
 
 from __future__ import annotations

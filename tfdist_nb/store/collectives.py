@@ -1,9 +1,6 @@
-"""The controller's copy of one task's collective ledger (rows from its telemetry samples).
-
-Bounded like the other tails (the run directory keeps every sample, so every row); rows are
-updated in place as the task reports them done. ``open`` are the rows the task is inside now,
-``counts`` how many collectives of each group it issued in all, which is what the hang rules
-compare (diagnostics/hangs.py).
+"""The controller's bounded copy of one task's collective ledger, from its telemetry samples:
+``open`` the rows it is inside now, ``counts`` per group what the hang rules compare
+(diagnostics/hangs.py). The run directory keeps every row.
 """
 
 from __future__ import annotations

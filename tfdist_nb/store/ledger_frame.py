@@ -18,9 +18,7 @@ COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where"
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
                       now: float | None = None) -> pd.DataFrame:
     """The ledgers side by side (docs/reference.md, ``cluster.collectives``): each task's last
-    ``last`` rows, ordered by position so the same collective of every task lines up, and at
-    one position in task order (chief, workers, ps, evaluator: ``topology.task_order``);
-    ``waited_s`` is how long the row has been (or was) open."""
+    ``last`` rows, by position so the same collective of every task lines up, then task order."""
     import time
 
     import pandas as pd

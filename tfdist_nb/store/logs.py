@@ -4,12 +4,13 @@ docs/reference.md)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pandas as pd
 
 from tfdist_nb.errors import SpecError
+from tfdist_nb.events import Restart
 
 COLUMNS = ["time", "task", "stream", "level", "text", "cell"]
 
@@ -43,10 +44,8 @@ def level_of(stream: str, text: str) -> str | None:
 
 
 def tensorflow_info(stream: str, text: str) -> bool:
-    """Whether a line is one of TensorFlow's own INFO (or DEBUG) log records: its C++ runtime's
-    (``I0000 00:00:... file.cc:12] ...``), its Python logger's (``INFO:tensorflow:...``), or
-    absl's preamble to them.
-    These are held back from the cell by default (docs/reference.md, Output in the cell)."""
+    """Whether a line is TensorFlow's own INFO/DEBUG record (C++, Python logger, absl's
+    preamble): held back from the cell by default (docs/reference.md, Output in the cell)."""
     if stream not in ("stdout", "stderr"):
         return False
     m = _CPP.match(text)
@@ -55,10 +54,8 @@ def tensorflow_info(stream: str, text: str) -> bool:
     return _TF_PY_INFO.match(text) is not None or text == ABSL_PREAMBLE
 
 
-# Native lines known to be harmless, which every task prints (a machine without an NVIDIA
-# driver; a dataset made from a Python generator, as the quickstart's), and NCCL's debug lines
-# (their meaning reaches the cell as a classified error, diagnostics/gpu_faults.py): said once
-# per cluster instead of once per task and cell (docs/reference.md, Output in the cell)
+# Harmless native lines every task prints, and NCCL's debug lines (their meaning reaches the cell
+# as a classified error, diagnostics/gpu_faults.py): said once per cluster, not per task and cell
 KNOWN_NOISE = {
     "no-gpu": (re.compile(r"failed call to cuInit"),
                "TensorFlow found no GPU on {n} task(s) ({tasks}): no NVIDIA driver here "
@@ -81,26 +78,16 @@ def known_noise(stream: str, text: str) -> str | None:
                 None)
 
 
-def parse_levels(text: str | None) -> set[str] | None:
-    """``"WARNING,ERROR"`` -> ``{"WARNING", "ERROR"}``; ValueError naming an unknown level."""
-    if text is None:
-        return None
-    levels = {part.strip().upper() for part in text.split(",") if part.strip()}
-    unknown = levels - set(LEVELS)
-    if unknown or not levels:
-        raise ValueError(f"unknown log level {', '.join(sorted(unknown)) or text!r}; use "
-                         f"{', '.join(LEVELS)} (comma separated)")
-    return levels
-
-
 def check_filters(level: str | None, grep: str | None, tail: int | None) -> set[str] | None:
-    """``Cluster.logs``' filters checked before any file is read: the levels (``parse_levels``,
-    returned), ``grep`` a regular expression, ``tail`` a number of lines; a SpecError names the
-    one that is wrong."""
-    try:
-        levels = parse_levels(level)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
+    """``Cluster.logs``' filters checked before any file is read; returns the levels
+    (``"WARNING,ERROR"`` -> ``{"WARNING", "ERROR"}``). A SpecError names the one that is wrong."""
+    levels = None
+    if level is not None:
+        levels = {part.strip().upper() for part in level.split(",") if part.strip()}
+        unknown = levels - set(LEVELS)
+        if unknown or not levels:
+            raise SpecError(f"unknown log level {', '.join(sorted(unknown)) or level!r}; use "
+                            f"{', '.join(LEVELS)} (comma separated)")
     if grep is not None:
         try:
             re.compile(grep)
@@ -129,13 +116,24 @@ class LogFrame(pd.DataFrame):
             return super()._repr_html_()
 
 
+def _lines(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for rec in records:
+        if rec.get("kind") != Restart.kind:
+            yield rec
+            continue
+        restart = Restart(**rec)
+        yield from ({"kind": "note", "time": restart.time, "task": t, "level": "INFO",
+                     "text": restart.said(t)} for t in restart.tasks)
+
+
 def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
                grep: str | None = None, tail: int | None = None,
                levels: set[str] | None = None) -> pd.DataFrame:
-    """One row per output line or note; ``levels``: only lines carrying one of these levels."""
+    """One row per output line or note (a restart's: one in each task's log); ``levels``: only
+    lines carrying one of these levels."""
     pattern = re.compile(grep) if grep else None
     rows = []
-    for rec in records:
+    for rec in _lines(records):
         kind = rec.get("kind")
         if kind not in ("output", "note"):
             continue

@@ -1,7 +1,5 @@
-"""What the views (the dashboard, ``state.json`` for the lab panes) are told about a cluster, as
-one typed value the cluster makes (``Cluster.snapshot()``): they read it, never the cluster's
-internals. The per-task live data (lines, samples, steps) stays in the ``LiveStore`` they are
-given beside it.
+"""What the views (dashboard, ``state.json``) are told about a cluster (``Cluster.snapshot()``), so
+they never read its internals; per-task live data stays in the ``LiveStore`` given beside it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""The cluster's state file (docs/reference.md, Run directory): ``<run dir>/state.json``.
-
-Written by the controller, read by the Jupyter server extension (:mod:`tfdist_nb.lab`) so it can
-tell a live cluster from a finished or an orphaned one without talking to any kernel::
-
-    {"schema": 1, "id": ..., "spec": "2 workers", "state": "starting|running|stopped|orphaned",
-     "controller": {"pid": ..., "host": ..., "create_time": ...},
-     "started": t, "updated": t, "stopped": t | null,
-     "tasks": [{"task": "worker:0", "role": "worker", "state": "idle", "step": 12, "pid": ...,
-                "host": ..., "step_time_ms": ..., "lateness_ms": ..., "straggler": false,
-                "waits_for_prompt": [], "gpus": "0",
-                "connection_file": ".../tasks/worker-0/kernel-connection.json"}],
-     "alerts": ["worker:1: ..."]}
-
-Every write is atomic (a private temp file in the run directory, then ``os.replace``) and
-owner-only, like every file of the run (docs/security.md). A small daemon thread rewrites it
-when the snapshot changed (at most every ``interval`` seconds) and at least every
-``HEARTBEAT_S`` seconds, so ``updated`` is fresh while the controller lives.
+"""``<run dir>/state.json`` (its fields: docs/reference.md, JupyterLab panes): written by the
+controller, read by the server extension, so a live cluster is told from a finished or orphaned
+one without talking to any kernel. Replaced atomically and owner-only (docs/security.md); a daemon
+thread rewrites it on change and at least every ``HEARTBEAT_S``, so ``updated`` proves the
+controller alive.
 """
 
 from __future__ import annotations
@@ -47,8 +34,6 @@ HEARTBEAT_S = 5.0
 #: A controller on another host is taken as gone when its file is older than this.
 REMOTE_STALE_S = 30.0
 
-Snapshot = Callable[[], dict[str, Any]]
-
 
 def state_doc(snap: ClusterSnapshot, live: LiveStore) -> dict[str, Any]:
     """Tasks and alerts of a cluster for ``state.json`` (read from any thread)."""
@@ -71,16 +56,11 @@ def _own_create_time() -> float | None:
     return None
 
 
-def write_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Replace ``path`` with ``data`` as JSON: a reader sees the old or the new file, whole."""
-    replace_private(path, json.dumps(data, default=str))
-
-
 class StateFile:
     """The controller's side: owns ``state.json`` of one cluster from start to stop."""
 
-    def __init__(self, run_dir: Path, cluster_id: str, spec: str, source: Snapshot,
-                 interval: float = 0.5) -> None:
+    def __init__(self, run_dir: Path, cluster_id: str, spec: str,
+                 source: Callable[[], dict[str, Any]], interval: float = 0.5) -> None:
         self.path = Path(run_dir) / STATE_FILE
         self.interval = interval
         self._source = source
@@ -125,7 +105,7 @@ class StateFile:
             now = time.time()
             self._doc["updated"] = now
             with contextlib.suppress(OSError):  # the run directory was removed under us
-                write_atomic(self.path, self._doc)
+                replace_private(self.path, json.dumps(self._doc, default=str))
                 self._written = now
 
     def _loop(self) -> None:
@@ -177,11 +157,9 @@ def controller_alive(controller: dict[str, Any], updated: float | None,
 
 
 def mark_orphans(root: Path, now: float | None = None) -> list[Path]:
-    """The clusters under ``root`` whose controller on this host ended without stopping them
-    (a notebook kernel killed with SIGKILL), written down as ``orphaned``: their state file
-    said ``running`` forever (every reader already called them orphaned). Another host's
-    controller is left to that host; another user's file is not touched. Returns the ones
-    marked."""
+    """Mark ``orphaned`` (and return) the clusters under ``root`` whose controller on this host
+    ended without stopping them (a SIGKILLed kernel), else their file says ``running`` forever.
+    Another host's controller is left to that host; another user's file is not touched."""
     host, marked = socket.gethostname(), []
     for state_file in root.glob(f"*/{STATE_FILE}"):
         st = regular_stat(state_file)
@@ -191,7 +169,7 @@ def mark_orphans(root: Path, now: float | None = None) -> list[Path]:
                 or cluster_status(doc, now) != "orphaned"):
             continue
         doc.update(state="orphaned", stopped=doc.get("updated"))
-        write_atomic(state_file, doc)
+        replace_private(state_file, json.dumps(doc, default=str))
         marked.append(state_file.parent)
     return marked
 

@@ -1,8 +1,6 @@
-"""Bounded in-memory views of every task for the dashboard and ``status()``.
-
-The run directory keeps everything; this keeps only recent tails, so controller memory stays
-bounded whatever the output volume. Written on the loop thread, read from the notebook's thread;
-each task view has a revision number so a view can tell cheaply whether anything changed.
+"""Bounded recent tails of every task for the dashboard and ``status()`` (the run directory
+keeps everything). Written on the loop thread, read from the notebook's; a revision per task
+tells a view cheaply whether anything changed.
 """
 
 from __future__ import annotations
@@ -89,9 +87,10 @@ class LiveStore:
 
     def add_many(self, events: list[Event]) -> None:
         """A batch from one message: the lines of one task go in together (one revision)."""
-        if events and all(isinstance(e, OutputLine) and e.task == events[0].task
-                          for e in events):
-            self._add_lines(self.view(events[0].task), events)  # type: ignore[arg-type]
+        first = events[0] if events else None
+        if isinstance(first, OutputLine) and all(isinstance(e, OutputLine) and e.task == first.task
+                                                 for e in events):
+            self._add_lines(self.view(first.task), events)  # type: ignore[arg-type]
             return
         for event in events:
             self.add(event)

@@ -1,16 +1,9 @@
 """One task's kernel channels turned into events, and execute requests turned into futures.
 
-An iopub pump runs for the life of the task, so output that arrives outside a cell (background
-threads, the C++ runtime writing to fd 1/2 late) is still kept with its task. Stream chunks are cut
-into lines; a partial line waits for its end or for the cell to go idle.
-
-A cell sent with ``on_prompt`` may ask for input (``input()``, ``getpass``, pdb): the task's
-``input_request`` on its stdin channel becomes a :class:`Prompt` handed to ``on_prompt``, and
-:meth:`KernelChannel.answer` sends the ``input_reply`` (docs/reference.md, Input from the tasks).
-
-Another client of the same kernel (a JupyterLab console on the task) is told apart by its
-session: the code it runs (stream ``input``) and what that code writes are kept with the task,
-marked ``origin="console"`` (docs/reference.md, Consoles on a task).
+The iopub pump runs for the life of the task, so output outside a cell (background threads, the
+C++ runtime writing late) is still kept with its task. Input prompts: docs/reference.md, Input
+from the tasks. Another client of the kernel (a lab console) is told apart by its session and its
+output marked ``origin="console"`` (docs/reference.md, Consoles on a task).
 """
 
 from __future__ import annotations
@@ -21,13 +14,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.events import CONSOLE, Event, OutputLine, RichOutput, TelemetrySample
 from tfdist_nb.transport.ordering import Line, StreamOrder
 from tfdist_nb.transport.receive import bursts
 from tfdist_nb.transport.session import faster_session, message_time
+
+if TYPE_CHECKING:
+    from jupyter_client.asynchronous import AsyncKernelClient
 
 TELEMETRY_MSG = "tfdist_telemetry"  # what tfdist_nb.worker.telemetry publishes on iopub
 MARKS = "tfdist_marks"  # the write numbers tfdist_nb.worker.ordered_output adds to a stream
@@ -74,7 +70,7 @@ class KernelChannel:
     """Executes code on one task and publishes everything it says through ``sink``, in batches
     (all the lines of one stream message together)."""
 
-    def __init__(self, task: str, client: Any, sink: Callable[[list[Event]], None],
+    def __init__(self, task: str, client: AsyncKernelClient, sink: Callable[[list[Event]], None],
                  heartbeat: bool = False) -> None:
         self.task = task
         self.heartbeat = heartbeat  # start the heartbeat channel (``TaskHandle.heartbeat``)
@@ -95,8 +91,8 @@ class KernelChannel:
 
     async def start(self, timeout: float) -> None:
         self.client.start_channels(hb=self.heartbeat)
-        await self.client.wait_for_ready(timeout=timeout)
-        self.subshells = await self._supports_subshells(timeout)
+        info = await self._ready(timeout)
+        self.subshells = "kernel subshells" in info.get("supported_features", ())
         self._pumps = [asyncio.ensure_future(self._pump("iopub", self._on_iopub)),
                        asyncio.ensure_future(self._pump("shell", self._on_shell)),
                        asyncio.ensure_future(self._pump_stdin())]
@@ -115,17 +111,34 @@ class KernelChannel:
                     fut.cancel()
         self._pending.clear()
 
-    async def _supports_subshells(self, timeout: float) -> bool:
-        """Whether the kernel's ``kernel_info_reply`` lists "kernel subshells" (JEP 91;
-        ipykernel >= 7), so a kernel without them is not asked and waited for."""
-        request = self.client.session.msg("kernel_info_request", {})
-        self.client.shell_channel.send(request)
-        deadline = time.monotonic() + timeout
-        while True:  # replies to wait_for_ready's own requests may come first
-            reply = await asyncio.wait_for(self.client.get_shell_msg(),
-                                           max(deadline - time.monotonic(), 0.01))
-            if reply.get("parent_header", {}).get("msg_id") == request["header"]["msg_id"]:
-                return "kernel subshells" in reply["content"].get("supported_features", ())
+    async def _ready(self, timeout: float) -> dict[str, Any]:
+        """The kernel's ``kernel_info_reply`` content once shell and iopub both answer: the
+        check of jupyter_client's ``wait_for_ready``, less its last 0.2 s of iopub silence
+        (the pump reads what follows) and its second round trip for the features (JEP 91
+        subshells, ipykernel >= 7): 0.4 s of every kernel start (docs/performance.md)."""
+        from jupyter_client.manager import KernelManager
+
+        client, deadline = self.client, time.monotonic() + timeout
+        # a client of no KernelManager (a remote task) knows its kernel alive by heartbeats
+        while not isinstance(client.parent, KernelManager) and not await client.is_alive():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond to heartbeats in {timeout:.0f} s")
+            await asyncio.sleep(0.2)
+        while True:
+            request = client.session.msg("kernel_info_request", {})
+            client.shell_channel.send(request)
+            try:
+                while True:  # replies to an earlier, unanswered request may come first
+                    reply = await asyncio.wait_for(client.get_shell_msg(), 1.0)
+                    if reply.get("parent_header", {}).get("msg_id") == request["header"]["msg_id"]:
+                        break
+                await asyncio.wait_for(client.get_iopub_msg(), 0.2)  # iopub is connected
+                return dict(reply["content"])
+            except asyncio.TimeoutError:
+                if not await client.is_alive():
+                    raise RuntimeError("Kernel died before replying to kernel_info") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} s") from None
 
     async def create_subshell(self, timeout: float) -> str | None:
         """A kernel subshell (ipykernel >= 7): a second thread that runs requests while the main
@@ -152,8 +165,7 @@ class KernelChannel:
                    "user_expressions": user_expressions or {},
                    "allow_stdin": on_prompt is not None,
                    "stop_on_error": subshell_id is None}
-        # the cell number goes along so the task can say "cell N line L" in the notebook's
-        # numbering, not its own execution count (worker.cellmap)
+        # so the task says "cell N line L" in the notebook's numbering (worker.cellmap)
         metadata = {"tfdist_cell": cell} if cell is not None and not silent else {}
         msg = self.client.session.msg("execute_request", content, metadata=metadata)
         if subshell_id is not None:

@@ -1,15 +1,8 @@
-"""A task's stdout and stderr put back into the order it wrote them, each line with its own time.
-
-The worker numbers every write and stamps it when made (``worker/ordered_output.py``); its two
-streams still travel as separate messages, so a ``tf.print`` line can arrive after the ``print``
-that followed it. Writes are held here until every lower number has arrived, then cut into
-lines: a line's time is the time its first write was made. Numbers are contiguous per process,
-so a gap is known exactly; a gap that is not filled within ``HOLD_S`` (a message lost with a
-dying process) is passed over rather than holding the output back, and the cell's idle status
-releases everything (docs/reference.md, "Output order and time").
-
-Messages without numbers (a kernel without the worker agent, a forked child's writes) pass
-through as they come, after what is held.
+"""A task's stdout and stderr put back into the order it wrote them (docs/reference.md, "Output
+order and time"): the two streams travel as separate messages, so a ``tf.print`` line can arrive
+after the ``print`` that followed it. The worker numbers each write (worker/ordered_output.py);
+writes wait here for every lower number, at most ``HOLD_S`` (a message lost with a dying process),
+and the cell's idle releases all. Unnumbered messages (no agent, a forked child) pass as they come.
 """
 
 from __future__ import annotations

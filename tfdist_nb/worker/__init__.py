@@ -13,7 +13,7 @@ import sys
 import time
 import types
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tfdist_nb.worker import inject as _inject
 from tfdist_nb.worker import state as _state
@@ -23,6 +23,8 @@ T = TypeVar("T")
 __all__ = ["StepTimer", "set_total_steps", "step", "steps_done", "task", "timed"]
 
 if TYPE_CHECKING:
+    import tensorflow as tf
+
     #: this task's ``(role, index)``, e.g. ``("worker", 1)``; None in a spare not yet adopted
     task: tuple[str, int] | None
 
@@ -97,7 +99,7 @@ def timed(iterable: Iterable[T]) -> Iterator[T]:
         yield item
 
 
-def StepTimer(**kwargs: Any) -> Any:
+def StepTimer(**kwargs: object) -> tf.keras.callbacks.Callback:
     """A Keras callback counting and timing each training batch on this task.
 
     Built lazily against whichever Keras the task runs (tf_keras or Keras 3), so importing this

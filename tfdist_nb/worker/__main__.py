@@ -29,10 +29,13 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.accounts import user_name
 from tfdist_nb.host_os import boot_id
+
+if TYPE_CHECKING:
+    from ipykernel.kernelapp import IPKernelApp
 
 TASK = re.compile(r"(chief|worker|ps|evaluator):(\d+)")
 SIDECAR_SUFFIX = ".tfdist.json"
@@ -119,13 +122,13 @@ def write_private(path: Path, data: dict[str, Any]) -> None:
         raise
 
 
-def _kernel_app_class() -> Any:
+def _kernel_app_class() -> type[IPKernelApp]:
     """IPKernelApp whose connection file goes through ``write_private`` (jupyter_client's own
     writer removes and reopens the path, following whatever is there then)."""
     from ipykernel.kernelapp import IPKernelApp
 
     class AttachedKernelApp(IPKernelApp):
-        def write_connection_file(self, **kwargs: Any) -> None:
+        def write_connection_file(self, **kwargs: object) -> None:
             info: dict[str, Any] = {
                 "ip": self.ip, "transport": self.transport, "key": self.session.key.decode(),
                 "signature_scheme": self.session.signature_scheme, "kernel_name": "",

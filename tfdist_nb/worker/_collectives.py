@@ -1,21 +1,11 @@
 """Every collective this task issues goes into its ledger (``ledger``), eager or traced.
 
-All of tf.distribute's collectives (MWMS all-reduce and batch all-reduce, all-gather, the
-broadcast of initial variable values) end in ``tensorflow.python.ops.collective_ops``, called
-through the module attribute, so wrapping those functions sees each one:
-
-- executed eagerly: a ledger row, entered as it is launched and done when it returns; an eager
-  all-reduce also stamps its entry time for the straggler finder;
-- traced into a ``tf.function``: an entry in that function graph's *manifest* (trace time, with
-  the user's line as TensorFlow's own stack maps autograph code back to it). Each eager call of a
-  concrete function (``ConcreteFunction._call_flat``) then adds one row per manifest entry, so
-  executions are counted when they run; a function called while another is traced hands its
-  manifest to the outer one. Before a function's first run the tasks compare manifests
-  (``agreement``), so one that traces different collectives on different tasks fails at once
-  instead of pairing collectives across steps.
-
-The manifest costs one dictionary lookup per function call; a function without collectives pays
-nothing more (measured in bench/, part c).
+All of tf.distribute's collectives end in ``tensorflow.python.ops.collective_ops``, called
+through the module attribute, so wrapping those functions sees each one. An eager one is a row
+from launch to return; a traced one is an entry in its function graph's *manifest*, and each
+call of the concrete function (``ConcreteFunction._call_flat``) adds one row per entry, so
+executions are counted when they run. Cost: one dictionary lookup per function call (bench/,
+part c).
 """
 
 from __future__ import annotations
@@ -23,17 +13,22 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from types import FrameType, ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import cellmap
 from tfdist_nb.worker.hooks import after_import, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +65,7 @@ def patch_collective_ops(module: ModuleType) -> bool:
     return done
 
 
-def _recorded(fn: Any, kind: str) -> Any:
+def _recorded(fn: Callable[..., object], kind: str) -> Callable[..., object]:
     from tensorflow.python.eager import context
     from tensorflow.python.framework import ops
 
@@ -80,7 +75,7 @@ def _recorded(fn: Any, kind: str) -> Any:
     receives = "t" not in sig.parameters  # broadcast_recv: the shape and dtype are arguments
 
     @functools.wraps(fn)
-    def recorded(*args: Any, **kwargs: Any) -> Any:
+    def recorded(*args: object, **kwargs: object) -> object:
         eager = context.executing_eagerly()
         try:
             op = _describe(sig, args, kwargs, kind, receives, eager)
@@ -113,15 +108,13 @@ def _describe(sig: inspect.Signature, args: tuple, kwargs: dict, kind: str, rece
     size = getattr(dtype, "size", None)
     nbytes = None
     if dims is not None and size and all(d is not None for d in dims):
-        nbytes = size
-        for d in dims:
-            nbytes *= int(d)  # type: ignore[arg-type]
+        nbytes = int(size) * math.prod(d or 0 for d in dims)  # every d known (not None)
     where = cellmap.main_thread_site() if eager else _traced_site()
     return Op(kind, _int(bound.get("group_size")), _int(bound.get("group_key")), dtype_name,
               dims, nbytes, where)
 
 
-def _dims(shape: Any) -> tuple[int | None, ...] | None:
+def _dims(shape: tf.TensorShape | None) -> tuple[int | None, ...] | None:
     if shape is None:
         return None
     as_list = getattr(shape, "as_list", None)
@@ -136,7 +129,7 @@ def _dims(shape: Any) -> tuple[int | None, ...] | None:
         return None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: tf.Tensor | int) -> int | None:
     if isinstance(value, int):
         return value
     try:
@@ -173,13 +166,14 @@ def _traced_site() -> str:
     return cellmap.site(_mapped(cellmap.python_frames(sys._getframe(1)), maps))
 
 
-def _mapped(frames: Any, maps: dict[tuple[str, int], tuple[str, int, str]]) -> Any:
+def _mapped(frames: Iterable[tuple[str, int]], maps: dict[tuple[str, int], tuple[str, int, str]]
+            ) -> Iterator[tuple[str, int]]:
     for filename, line in frames:
         origin = maps.get((filename, line))
         yield (origin[0], origin[1]) if origin else (filename, line)
 
 
-def _add_to_graph(graph: Any, ops: list[Op]) -> None:
+def _add_to_graph(graph: tf.Graph, ops: list[Op]) -> None:
     """Record ``ops`` in the function graph being traced; one inside ``tf.cond`` or a loop body
     belongs to the function around it and may run any number of times per call."""
     in_flow = False
@@ -193,7 +187,7 @@ def _add_to_graph(graph: Any, ops: list[Op]) -> None:
     _manifests.setdefault(graph, []).extend(ops)
 
 
-def _calling_function(depth: int = 16) -> Any:
+def _calling_function(depth: int = 16) -> tf.types.experimental.PolymorphicFunction | None:
     """The ``tf.function`` whose call runs this concrete function (a ``Function`` frame's
     ``self`` up the stack), or None for a concrete function called directly. Looked up once
     per concrete function, at its first run."""
@@ -214,13 +208,14 @@ def _calling_function(depth: int = 16) -> Any:
 
 def patch_concrete_function(module: ModuleType) -> bool:
     """Count the runs of every concrete function with collectives; False if already done."""
-    def wrap(method: Any) -> Any:
+    def wrap(method: Callable[..., object]) -> Callable[..., object]:
         from tensorflow.python.eager import context
         from tensorflow.python.framework import ops
 
         from tfdist_nb.worker import agreement
 
-        def call_flat(self: Any, *args: Any, **kwargs: Any) -> Any:
+        def call_flat(self: tf.types.experimental.ConcreteFunction, *args: object,
+                      **kwargs: object) -> object:
             graph = getattr(self, "_func_graph", None)
             found = _manifests.get(graph) if _manifests and graph is not None else None
             if not found:

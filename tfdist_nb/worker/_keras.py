@@ -10,15 +10,19 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker.hooks import after_import, replace_method
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 KERAS_PACKAGES = ("keras", "tf_keras")
 
 
-def keras_module() -> Any:
+def keras_module() -> ModuleType:
     """The Keras that ``tf.keras`` resolves to in this process (tf_keras when legacy is asked)."""
     if os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes"):
         import tf_keras
@@ -29,7 +33,8 @@ def keras_module() -> Any:
     return keras
 
 
-def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
+def make_step_timer(keras: ModuleType | None = None, **kwargs: object,
+                    ) -> tf.keras.callbacks.Callback:
     from tfdist_nb.worker import state
 
     base = (keras or keras_module()).callbacks.Callback
@@ -39,14 +44,14 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
 
         _tfdist_step_timer = True
 
-        def __init__(self, *args: Any, **kw: Any) -> None:
+        def __init__(self, *args: object, **kw: object) -> None:
             super().__init__(*args, **kw)
             # It never reads ``logs``: so Keras need not convert them each batch, and
             # ParameterServerStrategy (whose logs are RemoteValues) accepts the callback.
             self._supports_tf_logs = True
             self._coordinated = False
 
-        def on_train_begin(self, logs: Any = None) -> None:
+        def on_train_begin(self, logs: Mapping[str, object] | None = None) -> None:
             params = getattr(self, "params", None) or {}
             steps, epochs = params.get("steps"), params.get("epochs")
             if steps and epochs and state.telemetry is not None:  # the progress bar
@@ -60,7 +65,8 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
                                              "_should_use_with_coordinator", False))
             self._last_end: float | None = None
 
-        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_begin(self, batch: int, logs: Mapping[str, object] | None = None,
+                                 ) -> None:
             from tfdist_nb.worker import inject
 
             if inject._faults:
@@ -68,7 +74,8 @@ def make_step_timer(keras: Any = None, **kwargs: Any) -> Any:
             self._t0 = time.perf_counter()
             self._begin = time.time()
 
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        def on_train_batch_end(self, batch: int, logs: Mapping[str, object] | None = None,
+                               ) -> None:
             t0 = getattr(self, "_t0", None)
             if self._coordinated:
                 now, last = time.perf_counter(), getattr(self, "_last_end", None)
@@ -92,8 +99,8 @@ STOPS = "step counting, step times and progress of model.fit (and straggler dete
 def patch_fit(keras: ModuleType) -> bool:
     """Make ``keras.Model.fit`` add a StepTimer unless the caller passed one; False if it
     already does. Raises AttributeError if this Keras has no ``Model.fit`` to patch."""
-    def wrap(fit: Any) -> Any:
-        def fit_with_step_timer(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrap(fit: Callable[..., object]) -> Callable[..., object]:
+        def fit_with_step_timer(self: tf.keras.Model, *args: object, **kwargs: Any) -> object:
             if len(args) <= 5:  # callbacks is fit's 6th positional parameter in both Kerases
                 callbacks = list(kwargs.get("callbacks") or [])
                 if not any(getattr(cb, "_tfdist_step_timer", False) for cb in callbacks):

@@ -1,23 +1,24 @@
 """Unsharded input under a multi-worker strategy, found when the dataset is distributed.
 
-``strategy.experimental_distribute_dataset(ds)`` splits ``ds`` across tasks by its auto-shard
-policy. With the policy OFF and no ``dataset.shard()`` of its own, a task reads the whole
-dataset: the same examples as every other task, so N workers train N times on one shard's worth
-of distinct data, and nothing fails. Both facts are in the dataset itself (its options and its
-graph), so this is checked once per call, before any batch is read, for Keras ``fit`` and custom
-loops alike.
+With the auto-shard policy OFF and no ``dataset.shard()`` of its own, every task reads the same
+examples and nothing fails. Both facts are in the dataset (its options and graph), so
+``experimental_distribute_dataset`` is checked once per call, before any batch is read.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker.dataset_graph import dataset_graph
 from tfdist_nb.worker.hooks import after_import
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ FIX = ("set options.experimental_distribute.auto_shard_policy = AutoShardPolicy.
        "or shard it yourself with dataset.shard(num_workers, worker_index)")
 
 
-def unsharded_reason(strategy: Any, dataset: Any) -> str | None:
+def unsharded_reason(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> str | None:
     """Why this task would read every element of ``dataset``, or None if it is sharded."""
     import tensorflow as tf
 
@@ -48,11 +49,12 @@ def unsharded_reason(strategy: Any, dataset: Any) -> str | None:
             f"cluster trains {workers} times on the same data; {FIX}")
 
 
-def _checked(method: Any) -> Any:
+def _checked(method: Callable[..., object]) -> Callable[..., object]:
     from tfdist_nb.worker import state
 
     @functools.wraps(method)
-    def distribute_and_check(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+    def distribute_and_check(self: tf.distribute.Strategy, dataset: tf.data.Dataset,
+                             *args: object, **kwargs: object) -> object:
         reason = None
         with swallowed(logger):  # a check must never break the user's input pipeline
             reason = unsharded_reason(self, dataset)

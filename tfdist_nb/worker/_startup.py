@@ -1,25 +1,23 @@
 """Making a MultiWorkerMirroredStrategy waits for every task: that wait is a ledger row too.
 
-The strategy's constructor connects this task to TensorFlow's coordination service and waits
-until every task of TF_CONFIG has connected (``CollectiveAllReduceExtended.
-_initialize_multi_worker``: ``enable_collective_ops`` and ``ensure_initialized``). A task that
-raised before making its strategy, or finished the cell without one, leaves the others blocked
-there in C++, holding the GIL, until TensorFlow's registration timeout: no interrupt reaches
-them and none of their Python threads runs. The wait is a ``startup`` row in the ledger with the
-other tasks as its members, sent before the call (no thread could send it during), so the
-controller's hang rules name the culprit the moment it ends (docs/reference.md, "Collectives
-and hangs").
+The wait (``CollectiveAllReduceExtended._initialize_multi_worker``) runs in C++ holding the
+GIL, so its ``startup`` row is sent before the call: no thread could send it during
+(docs/reference.md, "Collectives and hangs").
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker import agreement, cellmap
 from tfdist_nb.worker.hooks import after_import, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 STRATEGY_MODULE = "tensorflow.python.distribute.collective_all_reduce_strategy"
 STRATEGY = "MultiWorkerMirroredStrategy"
@@ -33,8 +31,9 @@ _made = [0]  # strategies this process started making (the same count on every t
 def patch_strategy(module: ModuleType) -> bool:
     """Wrap the multi-worker start-up; False if already done. Raises AttributeError when
     TensorFlow renamed it."""
-    def wrap(method: Any) -> Any:
-        def initialize_multi_worker(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrap(method: Callable[..., object]) -> Callable[..., object]:
+        def initialize_multi_worker(self: tf.distribute.StrategyExtended, *args: object,
+                                    **kwargs: object) -> object:
             rows = _enter()
             if rows is None:
                 made = method(self, *args, **kwargs)
@@ -85,7 +84,7 @@ def _second_strategy(nth: int, site: str) -> None:
                Finding.SECOND_STRATEGY)
 
 
-def _observed(extended: Any) -> None:
+def _observed(extended: tf.distribute.StrategyExtended) -> None:
     """What the strategy just made runs its collectives with, and on: a typed note
     (``Finding.STRATEGY``) whose facts the controller's advice reads (with AUTO, MWMS runs RING
     on GPUs too: docs/reference.md, "GPU advice"). Silent where TensorFlow renamed them."""

@@ -1,20 +1,17 @@
 """The local part of a distributed input fetch, timed apart from the synchronised part.
 
-Under MultiWorkerMirroredStrategy ``next(distributed_iterator)`` first takes this task's batch
-from its own tf.data pipeline, then all-reduces "do all tasks have data?" with the others. The
-whole call lasts equally long on every task (the fast ones wait in the all-reduce for the slow
-one), so a task with a slow input pipeline is invisible in the input wait. Timing the local fetch
-alone shows it, and when it finished is when this task really reached the step's first
-synchronisation point. Only eager calls are timed (the usual ``next(iterator)`` outside
-``tf.function``); inside a traced function the patched method runs once, at trace time.
+Under MultiWorkerMirroredStrategy ``next(distributed_iterator)`` takes this task's batch, then
+all-reduces "do all tasks have data?": the whole call lasts as long on every task, hiding a slow
+input pipeline. The local fetch alone shows it, and its end is when the task reached the step's
+first synchronisation point. Only eager calls are timed (a traced one runs once, at trace time).
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
 
 from tfdist_nb.worker.hooks import after_import
 
@@ -22,11 +19,12 @@ INPUT_LIB = "tensorflow.python.distribute.input_lib"
 _METHODS = ("get_next_as_optional_list", "get_next_as_list")
 
 
-def _timed(method: Any, executing_eagerly: Any) -> Any:
+def _timed(method: Callable[..., object], executing_eagerly: Callable[[], bool],
+           ) -> Callable[..., object]:
     from tfdist_nb.worker import state
 
     @functools.wraps(method)
-    def timed_fetch(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def timed_fetch(self: object, *args: object, **kwargs: object) -> object:
         if not executing_eagerly():
             return method(self, *args, **kwargs)
         start = time.perf_counter()

@@ -1,14 +1,8 @@
-"""A spare worker kernel: warmed before it has a task, then adopted as one (docs/design.md,
-"Spare kernels").
+"""A spare worker kernel (``TFDIST_SPARE=1``, no task identity): warmed before it has a task,
+then adopted as one before any user code runs (docs/design.md).
 
-A spare is an ordinary worker kernel started with ``TFDIST_SPARE=1`` and no task identity
-(neither TF_CONFIG nor TFDIST_TASK). :func:`warm` imports the cluster's ``preload`` (TensorFlow)
-on a helper thread at low CPU priority, creating no TensorFlow context, so a strategy can still
-come first. :func:`adopt` then makes it a task before any user code runs: the task's environment
-(TF_CONFIG included; TensorFlow reads it only when a strategy or resolver is made), ``tw.task``,
-the task tag on log records, the process log of the task's run directory at the file-descriptor
-level, and the telemetry thread (held back while the kernel was a spare). What it answers is the
-same self-description as a cold task's start-up handshake.
+Warming imports ``preload`` at low priority and makes no TensorFlow context, so a strategy can
+still come first; TensorFlow reads TF_CONFIG only when a strategy is made, so adoption can set it.
 """
 
 from __future__ import annotations
@@ -31,14 +25,10 @@ _warmed: dict[str, Any] = {}
 
 
 def warm(preload: list[str], nice: int = WARM_NICE) -> Warmed:
-    """Import ``preload`` on a thread of its own at nice ``nice``, and wait for it.
-
-    An unprivileged process cannot raise its priority again, so only this thread is niced (on
-    Linux a nice value belongs to a thread): the kernel's own threads, and every thread the
-    task's TensorFlow context makes later, keep the normal priority of a cold task. Where a
-    nice value is the whole process's (macOS, :func:`tfdist_nb.host_os.threads`) nothing is
-    niced. The import runs no TensorFlow op.
-    """
+    """Import ``preload`` on a thread of its own at nice ``nice``, and wait for it. Only that
+    thread is niced (per thread on Linux; nothing where nice is per process, as on macOS): an
+    unprivileged process cannot raise its priority again, and the task's later threads must
+    keep a cold task's priority."""
     if not state.is_spare():
         raise RuntimeError("only a spare kernel is warmed")
     failed: list[BaseException] = []
@@ -99,13 +89,8 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
 
 
 def _redirect_process_log(path: str) -> None:
-    """What this process writes to its stdout/stderr file descriptors goes on to the task's
-    process log (``tasks/<task>/kernel.log``) instead of the spare's.
-
-    With ipykernel's fd capture, fds 1 and 2 are pipes whose reader forwards every byte to
-    iopub and to a copy of the original descriptor: that copy is re-pointed. Without capture
-    (an older ipykernel, or capture off) fds 1 and 2 are the log themselves.
-    """
+    """Send fds 1 and 2 on to the task's ``tasks/<task>/kernel.log``: with ipykernel's fd
+    capture, the copy of the original descriptor its reader forwards to; without, the fds."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0),
                  0o600)
     try:

@@ -19,15 +19,20 @@ import sysconfig
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker import kernel_internals, state
 from tfdist_nb.worker.replies import Stacks, TaskInfo, Where
 
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import ExecutionResult
+
+    from tfdist_nb.worker.kernel_internals import TaskKernel
+
 logger = logging.getLogger(__name__)
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -37,9 +42,9 @@ def _version(dist: str) -> str | None:
 def keras_flavour() -> str:
     """Which Keras ``tf.keras`` gives this task: ``"tf_keras"`` or ``"keras 3"``."""
     legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").lower() in ("1", "true", "yes")
-    if legacy and _version("tf-keras"):
+    if legacy and dist_version("tf-keras"):
         return "tf_keras"
-    keras = _version("keras") or ""
+    keras = dist_version("keras") or ""
     return "keras 3" if keras.startswith("3") else (f"keras {keras}" if keras else "none")
 
 
@@ -81,11 +86,11 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
         "executable": sys.executable,
         "task": list(task) if (task := state.get_task()) else None,
         "tf_config": os.environ.get("TF_CONFIG"),
-        "tensorflow": _version("tensorflow") or _version("tensorflow-cpu"),
-        "keras": _version("keras"),
-        "tf_keras": _version("tf-keras"),
+        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
+        "keras": dist_version("keras"),
+        "tf_keras": dist_version("tf-keras"),
         "keras_flavour": keras_flavour(),
-        "numpy": _version("numpy"),
+        "numpy": dist_version("numpy"),
         "os": platform.platform(),
         "port": port,
         "port_free": port_free(port) if port else None,
@@ -97,7 +102,7 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
     }
 
 
-def _iopub_drained(kernel: Any, timeout_s: float) -> bool:
+def _iopub_drained(kernel: TaskKernel, timeout_s: float) -> bool:
     """Whether the kernel's iopub thread has handed everything sent so far to zmq (whose own
     threads need no GIL) within ``timeout_s``: its events run in order."""
     thread = getattr(kernel, "iopub_thread", None)
@@ -108,11 +113,11 @@ def _iopub_drained(kernel: Any, timeout_s: float) -> bool:
     return done.wait(timeout_s)
 
 
-def start(kernel: Any) -> None:
+def start(kernel: TaskKernel) -> None:
     """Called by the worker kernel's entry point once the kernel exists, before any user cell."""
     from tfdist_nb.worker import _collectives, _keras, _sharding, _startup, _tfdata
     from tfdist_nb.worker.gpu import GpuSampler
-    from tfdist_nb.worker.telemetry import MSG_TYPE, Telemetry, telemetry_interval
+    from tfdist_nb.worker.telemetry import INTERVAL_ENV, MSG_TYPE, Telemetry, telemetry_interval
 
     _tag_log_records()
     _flush_output_sooner()
@@ -126,7 +131,7 @@ def start(kernel: Any) -> None:
                             ident=MSG_TYPE.encode())
 
     try:
-        interval = telemetry_interval(os.environ.get("TFDIST_TELEMETRY_INTERVAL"))
+        interval = telemetry_interval(os.environ.get(INTERVAL_ENV))
     except ValueError:  # set on a remote host behind the controller's back: the default
         interval = 1.0
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
@@ -154,7 +159,7 @@ def start(kernel: Any) -> None:
     postmortem.install()  # breakpoint() opens pdb (docs/reference.md, Input from the tasks)
 
 
-def _note_out_of_memory(result: Any) -> None:
+def _note_out_of_memory(result: ExecutionResult) -> None:
     """A cell that ran out of memory without dying (MemoryError, TensorFlow's OOM
     ResourceExhaustedError: what an RLIMIT_AS limit gives) is said as such, with the limit it
     hit, as a WARNING note (docs/design.md, "Findings from inside the task")."""
@@ -174,26 +179,20 @@ def _note_out_of_memory(result: Any) -> None:
 
 
 def _flush_output_sooner() -> None:
-    """ipykernel sends buffered output every 0.2 s; what a SIGKILLed task printed in its last
-    interval dies with it. A shorter interval shrinks that window (floods still go out in big
-    batches: one message per interval whatever was written)."""
+    """ipykernel sends buffered output every 0.2 s, and what a SIGKILLed task printed in its
+    last interval dies with it; a shorter interval shrinks that window (a flood still goes out
+    as one message per interval)."""
     interval = float(os.environ.get("TFDIST_OUTPUT_FLUSH_S", "0.05"))
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "flush_interval"):
             stream.flush_interval = interval
 
 
-def _reply_sooner(kernel: Any) -> None:
-    """What ipykernel spends on every request that a task's controller does not need.
-
-    - It sleeps 0.5 ms before each execute reply, "on rare occasions" for output flushed just
-      before to reach the clients first. Nothing orders the shell and IOPub sockets anyway: the
-      controller takes a cell's output as complete at its idle status, which the IO thread
-      sends after that output.
-    - Its logger passes every record down to a handler that drops all below WARNING; four
-      DEBUG records are built per request. The logger now drops what its handlers would.
-
-    Measured in docs/performance.md (the round trip after issue 22)."""
+def _reply_sooner(kernel: TaskKernel) -> None:
+    """Drop what ipykernel spends on every request that a task's controller does not need
+    (docs/performance.md): its 0.5 ms sleep before each execute reply (the controller takes a
+    cell's output as complete at its idle status, which the IO thread sends after that output),
+    and four DEBUG records per request that its WARNING handler then drops."""
     if not kernel_internals.lacking(kernel, "the reply without ipykernel's pause",
                                     "each cell's reply waits 0.5 ms more",
                                     (kernel_internals.EXECUTE_SLEEP,)):
@@ -208,16 +207,15 @@ _log_task = "?"
 
 
 def _tag_log_records() -> None:
-    """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``).
-
-    Called again when the identity changes (a spare adopted as a task, worker.adopt)."""
+    """Every logging record made in this task carries ``record.task`` (e.g. ``worker:1``);
+    called again when a spare is adopted as a task."""
     global _log_task
     _log_task = state.task_name() or "?"
     make = logging.getLogRecordFactory()
     if getattr(make, "_tfdist", False):
         return
 
-    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
         record = make(*args, **kwargs)
         record.task = _log_task
         return record
@@ -234,11 +232,8 @@ def set_log_level(level: str) -> str:
 
 
 def stacks() -> Stacks:
-    """Every thread's Python stack, main thread first, and where the main thread stands.
-
-    Runs in the inspection subshell, so it answers while the main thread is inside a TF op.
-    """
-    import threading
+    """Every thread's Python stack, main thread first, and where the main thread stands; run
+    in the inspection subshell, so it answers while the main thread is inside a TF op."""
     import traceback
 
     frames = sys._current_frames()
@@ -259,42 +254,28 @@ _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}
 
 
 def _where(frame: FrameType | None) -> Where:
-    """``{"kind": "tensorflow"|"python"|"idle", "at": "file:line in func", "line": "cell N
-    line L"}`` for a frame.
-
-    Standard-library frames (a thread pool's wait, say) are looked through: what matters is the
-    innermost frame of TensorFlow or of the user's code; ``line`` is the user's own line that
-    led there (inside TensorFlow ``at`` is TensorFlow's frame, which helps nobody alone).
-    """
+    """Where a main thread stands: ``at`` the innermost frame outside the standard library (a
+    thread pool's wait is looked through), ``line`` the user's own cell line that led there
+    (inside TensorFlow ``at`` alone helps nobody)."""
     if frame is None:
         return {"kind": "unknown", "at": ""}
-    stdlib = sysconfig.get_paths()["stdlib"]
-    frames = []
-    f: FrameType | None = frame
-    while f is not None:
-        frames.append(f)
-        f = f.f_back
     is_cell = _cell_file_test()
-    if not any(is_cell(fr.f_code.co_filename) for fr in frames):
-        return {"kind": "idle", "at": _at(frames[0])}
-    def in_stdlib(fn: str) -> bool:
-        return (fn.startswith(stdlib) and "-packages" not in fn) or fn.startswith("<frozen")
-
-    inner = next((fr for fr in frames if not in_stdlib(fr.f_code.co_filename)), frames[0])
-    kind = "tensorflow" if any(p in inner.f_code.co_filename for p in _TF_PARTS) else "python"
+    f: FrameType | None = frame
+    while f is not None and not is_cell(f.f_code.co_filename):
+        f = f.f_back
+    if f is None:
+        return {"kind": "idle", "at": _at(frame)}
     from tfdist_nb.worker import cellmap
 
-    return {"kind": kind, "at": _at(inner), "line": cellmap.site(cellmap.python_frames(frame))}
+    kind = "tensorflow" if _inside_tf(frame) else "python"
+    return {"kind": kind, "at": _at(_innermost_own(frame)),
+            "line": cellmap.site(cellmap.python_frames(frame))}
 
 
 def _cell_file_test() -> Callable[[str], bool]:
-    """A predicate: is a code file name one of this kernel's cells?
-
-    ipykernel names cell files ``<tempfile.gettempdir()>/ipykernel_<pid>/<hash>.py`` (or
-    ``$IPYKERNEL_CELL_NAME``), so with ``TMPDIR`` set (usual on SLURM nodes) they are not under
-    ``/tmp``; the names come from ipykernel's own ``compiler`` module, and IPython's compiler
-    also knows every cell it compiled (docs/design.md, "An inspection subshell per task").
-    """
+    """Is a code file name one of this kernel's cells? ipykernel's cell files live under
+    ``gettempdir()`` (not /tmp where ``TMPDIR`` is set, as on SLURM nodes) or are named by
+    ``$IPYKERNEL_CELL_NAME``; IPython's compiler knows the rest (docs/design.md)."""
     prefixes: list[str] = []
     try:
         from ipykernel import compiler
@@ -324,8 +305,8 @@ def _cell_file_test() -> Callable[[str], bool]:
 
 
 def _inside_tf(frame: FrameType) -> bool:
-    """Whether the innermost non-standard-library frame of a thread is TensorFlow's: a thread
-    (the main one, or a strategy's worker thread) waiting inside an op such as a collective."""
+    """Whether a thread's innermost frame outside the standard library is TensorFlow's (a
+    thread waiting inside an op such as a collective)."""
     inner = _innermost_own(frame)
     return any(p in inner.f_code.co_filename for p in _TF_PARTS)
 
@@ -366,9 +347,8 @@ def inject(kind: str, params: dict[str, Any]) -> str:
 
 
 def set_environment(env: dict[str, str]) -> str:
-    """Attached workers get TF_CONFIG and ``env=`` this way, before any cell (the scheduler
-    started their process, so nothing could be set at launch). TensorFlow reads TF_CONFIG when
-    a strategy or resolver is made, not at import, so this is early enough."""
+    """TF_CONFIG and ``env=`` for an attached worker, whose process the scheduler started;
+    early enough before any cell: TensorFlow reads TF_CONFIG when a strategy is made."""
     os.environ.update(env)
     if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
         role, _, index = env["TFDIST_TASK"].partition(":")
@@ -380,11 +360,8 @@ _server: Any = None
 
 
 def start_tf_server() -> str:
-    """Serve this task's part of a ParameterServerStrategy cluster, without blocking the kernel.
-
-    The server runs on TensorFlow's own threads; keeping it in a module global (instead of
-    ``server.join()``) leaves the kernel free for inspection cells.
-    """
+    """Serve this task's part of a ParameterServerStrategy cluster on TensorFlow's threads,
+    kept in a global instead of ``server.join()`` so the kernel stays free for cells."""
     global _server
     if _server is None:
         import tensorflow as tf

@@ -1,17 +1,10 @@
-"""Before a traced function first runs, the tasks check that it issues the same collectives.
+"""The manifest check (docs/reference.md, "Collectives and hangs"): before a traced function
+first runs, the tasks compare its collectives through TensorFlow's coordination service.
 
-TensorFlow pairs collectives across tasks by group and instance key, which are handed out in the
-order they run, not by what they are: a function that traces one more all-reduce on one task (a
-Python branch on ``tw.task``) pairs that one with another task's *next step* and computes wrong
-numbers before anything hangs. So on its first run each task publishes the function's manifest in
-TensorFlow's coordination service key-value store (the one MWMS already runs) and reads the other
-tasks'; on a difference every task raises :class:`CollectiveMismatchError` naming the first
-difference and the line that made it on each task, before any of those collectives ran.
-
-The wait is a ``check`` row in the ledger, so the controller's hang rules see a task stuck in it
-when another task failed or finished; it gives up after ``WAIT_S`` (the function may legitimately
-run on one task only) and when the collectives are aborted. Only a ``tf.function``'s first trace
-is compared: a retrace may happen on one task alone (see :func:`check`).
+TensorFlow pairs collectives by keys handed out in the order they run, not by what they are, so
+one extra all-reduce on one task pairs with another task's next step and computes wrong numbers
+before anything hangs. The wait is a ``check`` ledger row, so the hang rules see a task stuck in
+it; it gives up after ``WAIT_S`` (the function may run on one task only) or on an abort.
 """
 
 from __future__ import annotations
@@ -20,12 +13,16 @@ import json
 import logging
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.topology import task_order
 from tfdist_nb.worker import state
 from tfdist_nb.worker.ledger import ABORT, LEDGER, CollectiveMismatchError, Op
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
+    from tensorflow.python.eager.context import Context
 
 logger = logging.getLogger(__name__)
 WAIT_S = 30.0
@@ -51,15 +48,12 @@ def me() -> str | None:
     return state.task_name()
 
 
-def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
-    """Compare ``ops`` (the manifest of the function ``name`` at its first run) with the other
-    tasks'; raises CollectiveMismatchError on a difference.
-
-    ``owner`` is the ``tf.function`` that traced it: only its first trace is compared. A
-    retrace (a new input shape, such as a short last batch on one task, or another Python
-    argument) can happen on one task alone, so waiting for the others' retrace would stall a
-    healthy run; the first trace is where a branch on the task shows.
-    """
+def check(graph: tf.Graph, name: str, ops: list[Op],
+          owner: tf.types.experimental.PolymorphicFunction | None = None) -> None:
+    """Compare ``ops`` (the manifest of ``name`` at its first run) with the other tasks';
+    raises CollectiveMismatchError on a difference. Only the first trace of ``owner`` (the
+    ``tf.function``) is compared: a retrace (a short last batch) can happen on one task alone,
+    and waiting for the others' would stall a healthy run."""
     everyone, mine = members(), me()
     if _disabled or mine not in everyone or len(everyone) < 2:
         return
@@ -100,7 +94,7 @@ def check(graph: Any, name: str, ops: list[Op], owner: Any = None) -> None:
         raise CollectiveMismatchError(said)
 
 
-def _collect(ctx: Any, key: str, others: list[str]) -> dict[str, list[Any]]:
+def _collect(ctx: Context, key: str, others: list[str]) -> dict[str, list[Any]]:
     import time
 
     from tensorflow.python.framework import errors
@@ -135,11 +129,8 @@ def difference_at(manifests: dict[str, list[list[Any]]]) -> int | None:
 
 
 def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | None:
-    """The sentence naming where the tasks' manifests of ``name`` first differ, or None.
-
-    Entries are ``[kind, dtype, shape, group_size, where]``; the text is the same on every
-    task (tasks in ``task_order``), so each one's error says the same thing.
-    """
+    """The sentence naming where the tasks' manifests of ``name`` first differ, or None; the
+    same on every task. Entries are ``[kind, dtype, shape, group_size, where]``."""
     tasks = sorted(manifests, key=task_order)
     i = difference_at(manifests)
     if i is not None:

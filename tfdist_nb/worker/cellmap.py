@@ -1,10 +1,9 @@
 """Which notebook cell a line of code on this task came from, in the controller's numbering.
 
-A worker kernel counts its own executions (``Cell In[k]`` in its tracebacks), which equals the
-controller's cell number only while every cell ran on every task. The controller puts its number
-in each execute request's metadata (``tfdist_cell``); this module remembers, per cell file the
-kernel compiled, which number it was, so the collective ledger says ``cell N line L`` in the
-notebook's numbering with the magic line as line 1 (docs/reference.md, "Collectives and hangs").
+A kernel's own count (``Cell In[k]``) equals the controller's only while every cell ran on every
+task, so the controller sends its number in each execute request's metadata (``tfdist_cell``)
+and this module remembers it per compiled cell file: ``cell N line L`` in the notebook's
+numbering, the magic line as line 1 (docs/reference.md, "Collectives and hangs").
 """
 
 from __future__ import annotations
@@ -15,7 +14,10 @@ import sys
 import sysconfig
 from collections.abc import Iterable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tfdist_nb.worker.kernel_internals import TaskKernel
 
 _by_name: dict[str, int] = {}  # a cell file the compiler cached -> the controller's cell number
 _shell: Any = None
@@ -25,13 +27,10 @@ _own = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_ke
 _stdlib = sysconfig.get_paths()["stdlib"]
 
 
-def install(kernel: Any) -> None:
-    """Remember, for each cell file the shell's compiler caches, the controller's cell number of
-    the execute request it came in.
-
-    The compiler's ``cache`` is where a cell gets the file name its frames and tracebacks carry,
-    so the mapping holds whatever order ``run_cell`` counts and fires its events in (IPython 9
-    advances ``execution_count`` before ``pre_run_cell``, 8.x after the cell)."""
+def install(kernel: TaskKernel) -> None:
+    """Map each cell file the shell's compiler caches to the controller's cell number. Hooked
+    on the compiler's ``cache`` (where a cell gets its file name), so it holds whatever order
+    ``run_cell`` counts in (IPython 9 counts before ``pre_run_cell``, 8.x after the cell)."""
     global _shell
     _shell = kernel.shell
     compiler = kernel.shell.compile

@@ -1,32 +1,27 @@
 """What ``%tfdist_check sharding`` asks of each task (docs/reference.md, Checks): the elements of
-a dataset as this task reads them (variables: :mod:`tfdist_nb.worker.variables_probe`).
+a dataset EXPR (evaluated in the user's namespace) as this task reads them, as JSON;
+:mod:`tfdist_nb.diagnostics.sharding_check` says what is wrong.
 
-``EXPR`` is evaluated in the task's user namespace (what the user's cells defined). Everything
-returned is plain JSON: fingerprints, counts and summaries; the controller lines the tasks up
-and :mod:`tfdist_nb.diagnostics.sharding_check` / :mod:`~tfdist_nb.diagnostics.variables_check`
-say what is wrong.
-
-Sharding. Every element is fingerprinted: a 64-bit BLAKE2b hash of its tensors' dtype, shape
-and bytes. Batched elements are unbatched first so that single examples are compared: a
-distributed dataset's per-replica local values always (the strategy splits the global batch
-along its first dimension), a plain dataset's elements when its graph ends in a batch.
-Iterating a distributed dataset runs collectives under MultiWorkerMirroredStrategy (the
-iterator's "has data" all-reduce), so every task must take the same number of steps: after each
-step the tasks agree through one all-reduce whether any of them reached a bound, and all stop
-together.
+Each element is a 64-bit BLAKE2b hash of its tensors' dtype, shape and bytes, after unbatching,
+so that single examples are compared (a distributed dataset's per-replica values always, a plain
+dataset's when its graph ends in a batch).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker.dataset_graph import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
 from tfdist_nb.worker.replies import Described, Failure, Pipeline, Read, ShardCall, Skipped
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -48,14 +43,12 @@ SHUFFLE_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeat
 POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
 
 
-def evaluate(expr: str) -> Any:
+def evaluate(expr: str) -> object:
     # the user's own expression in the user's own namespace, as a cell of theirs would
     return eval(expr, _user_ns())
 
 
-# --- sharding ------------------------------------------------------------------------------
-
-def _graph(dataset: Any) -> Any:
+def _graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef | None:
     """The dataset's GraphDef, or None when it cannot be serialized: the pipeline is then
     described as unknown. External state (a py_function) is ignored: only the ops are read."""
     try:
@@ -65,21 +58,17 @@ def _graph(dataset: Any) -> Any:
         return None
 
 
-def _const_strings(node: Any) -> int | None:
+def _const_strings(node: tf.compat.v1.NodeDef | None) -> int | None:
     """How many strings a Const node holds (a file list), None when it is not one."""
     if node is None or node.op != "Const" or "value" not in node.attr:
         return None
     tensor = node.attr["value"].tensor
     if tensor.dtype != 7:  # DT_STRING
         return None
-    dims = [d.size for d in tensor.tensor_shape.dim]
-    count = 1
-    for d in dims:
-        count *= d
-    return count
+    return math.prod(d.size for d in tensor.tensor_shape.dim)
 
 
-def describe_pipeline(dataset: Any) -> Pipeline:
+def describe_pipeline(dataset: tf.data.Dataset) -> Pipeline:
     """What the dataset's graph says: batched at the end, its own ``shard()`` calls (each with
     whether an unseeded shuffle comes before it), whether its output passed an unseeded
     shuffle, and whether (and from how many files) it reads files."""
@@ -89,7 +78,7 @@ def describe_pipeline(dataset: Any) -> Pipeline:
                 "file_based": None, "files": None, "readers": []}
     nodes = {n.name: n for n in graph.node}
 
-    def source(name: str) -> Any:
+    def source(name: str) -> tf.compat.v1.NodeDef | None:
         return nodes.get(name.split(":")[0].lstrip("^"))
 
     def const_int(name: str) -> int | None:
@@ -99,7 +88,7 @@ def describe_pipeline(dataset: Any) -> Pipeline:
         vals = list(node.attr["value"].tensor.int64_val)
         return int(vals[0]) if vals else None
 
-    def chain(name: str) -> Iterator[Any]:
+    def chain(name: str) -> Iterator[tf.compat.v1.NodeDef]:
         """The nodes from input ``name`` up to the source, along each node's first input."""
         node = source(name)
         while node is not None:
@@ -136,7 +125,7 @@ def describe_pipeline(dataset: Any) -> Pipeline:
             "file_based": bool(readers), "files": files, "readers": readers}
 
 
-def _policy(dataset: Any) -> str | None:
+def _policy(dataset: tf.data.Dataset) -> str | None:
     try:
         value = dataset.options().experimental_distribute.auto_shard_policy
     except Exception:
@@ -145,14 +134,14 @@ def _policy(dataset: Any) -> str | None:
     return POLICIES.get(int(value), str(value))
 
 
-def _num_workers(strategy: Any) -> int | None:
+def _num_workers(strategy: tf.distribute.Strategy) -> int | None:
     try:
         return int(strategy.extended._num_workers)
     except (AttributeError, TypeError, ValueError):
         return None
 
 
-def _resolve_dataset(obj: Any) -> dict[str, Any]:
+def _resolve_dataset(obj: object) -> dict[str, Any]:
     """``{"kind", ...}`` of what EXPR evaluated to, with the undistributed source when found."""
     import tensorflow as tf
 
@@ -176,7 +165,7 @@ def _resolve_dataset(obj: Any) -> dict[str, Any]:
                     "distribute_datasets_from_function)")
 
 
-def _whole_from_function(info: dict[str, Any]) -> Any:
+def _whole_from_function(info: dict[str, Any]) -> tf.data.Dataset | None:
     """The undistributed dataset of ``distribute_datasets_from_function``: the function called
     with a context of one input pipeline (its ``shard(1, 0)`` keeps everything)."""
     import tensorflow as tf
@@ -217,7 +206,7 @@ def sharding_describe(expr: str) -> Described:
     return out
 
 
-def _rows(value: Any, unbatch: bool) -> list[Any]:
+def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -> list[Any]:
     """``value`` (one tensor or composite) as a list of per-example numpy values."""
     import numpy as np
     import tensorflow as tf
@@ -252,7 +241,7 @@ def _fingerprint(parts: list[Any]) -> str:
 def _preview(parts: list[Any]) -> str:
     import numpy as np
 
-    def one(p: Any) -> str:
+    def one(p: object) -> str:
         arr = np.asarray(p)
         if arr.ndim == 0:
             item = arr.item()
@@ -270,6 +259,7 @@ class _Tally:
         self.previews: dict[str, str] = {}
         self.examples = 0
         self.max_elements = max_elements
+        self.started = time.monotonic()
 
     def add(self, components: list[Any], unbatch: bool) -> None:
         rows = [_rows(c, unbatch) for c in components]
@@ -285,13 +275,17 @@ class _Tally:
     def full(self) -> bool:
         return self.examples >= self.max_elements
 
+    def read(self, steps: int, cut: str | None) -> Read:
+        return {"examples": self.examples, "steps": steps, "counts": self.counts,
+                "previews": self.previews, "cut": cut,
+                "seconds": round(time.monotonic() - self.started, 3)}
 
-def _read_plain(dataset: Any, unbatch: bool, max_elements: int,
+
+def _read_plain(dataset: tf.data.Dataset, unbatch: bool, max_elements: int,
                 max_seconds: float) -> Read:
     import tensorflow as tf
 
     tally = _Tally(max_elements)
-    started = time.monotonic()
     cut = None
     steps = 0
     for element in dataset:
@@ -300,25 +294,22 @@ def _read_plain(dataset: Any, unbatch: bool, max_elements: int,
         if tally.full():
             cut = f"element bound ({max_elements})"
             break
-        if time.monotonic() - started > max_seconds:
+        if time.monotonic() - tally.started > max_seconds:
             cut = f"time bound ({max_seconds:g} s)"
             break
-    else:
-        cut = None
-    return {"examples": tally.examples, "steps": steps, "counts": tally.counts,
-            "previews": tally.previews, "cut": cut,
-            "seconds": round(time.monotonic() - started, 3)}
+    return tally.read(steps, cut)
 
 
-def _read_distributed(dist: Any, strategy: Any, max_elements: int,
-                      max_seconds: float) -> Read:
-    """Every task takes the same steps: after each one, an all-reduce (sum) of "I reached a
-    bound" tells all of them whether to stop, so none is left alone in a collective."""
+def _read_distributed(dist: tf.distribute.DistributedDataset, strategy: tf.distribute.Strategy,
+                      max_elements: int, max_seconds: float) -> Read:
+    """Every task takes the same steps (iterating runs MWMS's "has data" all-reduce): after each
+    one, an all-reduce of "I reached a bound" tells all whether to stop, so none is left alone
+    in a collective."""
     import tensorflow as tf
 
     def any_task(bound: bool, ended: bool) -> tuple[bool, bool]:
         """Whether any task reached a bound, and whether any ran out of data."""
-        def reduce() -> Any:
+        def reduce() -> tf.Tensor:
             return tf.distribute.get_replica_context().all_reduce(
                 "sum", tf.constant([float(bound), float(ended)], tf.float32))
 
@@ -326,7 +317,6 @@ def _read_distributed(dist: Any, strategy: Any, max_elements: int,
         return bool(got[0] > 0), bool(got[1] > 0)
 
     tally = _Tally(max_elements)
-    started = time.monotonic()
     cut = None
     steps = 0
     iterator = iter(dist)
@@ -343,7 +333,7 @@ def _read_distributed(dist: Any, strategy: Any, max_elements: int,
                      for c in tf.nest.flatten(element)]
             tally.add(parts, unbatch=True)
         steps += 1
-        over_time = time.monotonic() - started > max_seconds
+        over_time = time.monotonic() - tally.started > max_seconds
         bound, ended = any_task(tally.full() or over_time, False)
         if bound or ended:
             cut = (f"element bound ({max_elements})" if tally.full() else
@@ -351,9 +341,7 @@ def _read_distributed(dist: Any, strategy: Any, max_elements: int,
                    "another task's bound" if bound else
                    "another task ran out of data first (uneven shards; no get_next_as_optional)")
             break
-    return {"examples": tally.examples, "steps": steps, "counts": tally.counts,
-            "previews": tally.previews, "cut": cut,
-            "seconds": round(time.monotonic() - started, 3)}
+    return tally.read(steps, cut)
 
 
 def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,

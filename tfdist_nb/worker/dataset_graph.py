@@ -1,26 +1,22 @@
-"""The one reader of a tf.data dataset's graph on the worker side, for the two checks that look
-at a pipeline's ops: the check of a dataset distributed without sharding (``_sharding``) and
-``%tfdist_check sharding`` (``consistency``; docs/reference.md, Checks).
-
-TensorFlow is imported when a graph is read, never at import.
-"""
+"""The worker side's one reader of a tf.data dataset's graph (``_sharding``, ``consistency``);
+TensorFlow is imported when a graph is read, never at import."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 #: a ``tf.data.experimental.ExternalStatePolicy`` member's name
 ExternalState = Literal["WARN", "IGNORE", "FAIL"]
 
 
-def dataset_graph(dataset: Any, *, external_state: ExternalState) -> Any:
-    """``dataset``'s ``GraphDef``, as TensorFlow serializes it; raises what the serialization
-    raises (a dataset that cannot be serialized).
-
-    ``external_state`` is what TensorFlow does about ops that depend on state outside the graph
-    (a ``py_function``, say): ``WARN`` (TensorFlow's default) logs it, ``IGNORE`` does not,
-    ``FAIL`` raises. The graph read is the same either way.
-    """
+def dataset_graph(dataset: tf.data.Dataset, *, external_state: ExternalState,
+                  ) -> tf.compat.v1.GraphDef:
+    """``dataset``'s ``GraphDef``, or what its serialization raises. ``external_state``: what
+    TensorFlow does about ops with outside state (a ``py_function``): ``WARN`` (its default)
+    logs, ``IGNORE`` does not, ``FAIL`` raises; the graph is the same either way."""
     import tensorflow as tf
 
     policy = getattr(tf.data.experimental.ExternalStatePolicy, external_state)

@@ -1,19 +1,13 @@
 """A kernel forked from the fork server, made to look like one whose imports ran in it.
 
-A spawned kernel imports TensorFlow in the agent's handshake, after ipykernel made the kernel's
-output streams and IPython its prompts. The fork server imported it before any kernel existed
-(docs/design.md, "Fork server"), and what the import set up then stays in every fork: TF's
-Python logger found no interactive prompt (``sys.ps1``), so it was left below INFO and writes
-to the process's stderr (the task's log file, which no cell and no ``%tfdist_logs`` reads);
-absl's handler holds that stderr too; the warnings filters the import added sit behind those
-the kernel's start adds, not in front of them; and what the import printed (TensorFlow's C++
-start-up lines, "failed call to cuInit" among them) reached the task's process log but not its
-output, where a spawned kernel's handshake sends it (the merged log, the once-per-cluster notes
-about known noise). :func:`note` (the zygote's child, before the kernel runs)
-remembers that state; :func:`settle` (the kernel's entry point, once the kernel exists) makes it
-again as a spawned kernel's import would, and :func:`replay` (the agent's handshake, where a
-spawned kernel imports ``preload``) sends what the import printed. Outside a forked kernel they
-do nothing.
+The fork server imported TensorFlow before any kernel existed (docs/design.md, "Fork server"),
+and that import's set-up stays in every fork: TF's logger found no prompt (``sys.ps1``), so it
+sits below INFO writing to the process's stderr (the task's log file, which no cell reads), as
+does absl's handler; its warnings filters sit behind the kernel's; and what it printed (the C++
+start-up lines, "failed call to cuInit") never reached the task's output. :func:`note` (the
+fork's child) remembers that state, :func:`settle` (once the kernel exists) redoes it as a
+spawned kernel's import would, :func:`replay` (the handshake) sends what was printed. Outside a
+forked kernel they do nothing.
 """
 
 from __future__ import annotations

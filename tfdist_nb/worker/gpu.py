@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from tfdist_nb.gpu_plan import CVD, Device, select
-from tfdist_nb.worker.gpu_readings import GpuReader, decode_throttle, nvml_text, own_pids
+from tfdist_nb.worker.gpu_readings import GpuReader, Nvml, decode_throttle, nvml_text, own_pids
 
 __all__ = ["GpuSampler", "decode_throttle", "device_handle", "given", "host_devices",
            "read_devices"]
@@ -23,9 +23,9 @@ logger = logging.getLogger(__name__)
 class GpuSampler:
     """Reads the GPUs this task may use (CUDA_VISIBLE_DEVICES honoured) once per call."""
 
-    def __init__(self, nvml: Any = None) -> None:
+    def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml
-        self._handles: list[tuple[int, Any]] | None = None
+        self._handles: list[tuple[int, object]] | None = None
         self._readers: list[GpuReader] = []  # one per handle, made at the first reading
         self._opened = False
         self.reason: str | None = None
@@ -58,7 +58,7 @@ class GpuSampler:
     def sample(self) -> list[dict[str, Any]] | None:
         if not self.available:
             return None
-        assert self._handles is not None
+        assert self._handles is not None and self._nvml is not None
         if len(self._readers) != len(self._handles):
             self._readers = [GpuReader(self._nvml, index, handle)
                              for index, handle in self._handles]
@@ -66,7 +66,7 @@ class GpuSampler:
         return [reader.read(pids) for reader in self._readers]
 
 
-def read_devices(nvml: Any) -> list[Device]:
+def read_devices(nvml: Nvml) -> list[Device]:
     """Every device NVML enumerates (an initialised ``nvml``), in its order: each GPU, or the
     MIG instances of a GPU in MIG mode. NVML ignores CUDA_VISIBLE_DEVICES: apply it with
     :func:`tfdist_nb.gpu_plan.select`."""
@@ -116,13 +116,13 @@ def given() -> str | None:
     return os.environ.get(CVD, os.environ.get("SLURM_STEP_GPUS"))
 
 
-def _visible(nvml: Any) -> list[Device]:
+def _visible(nvml: Nvml) -> list[Device]:
     """The devices CUDA_VISIBLE_DEVICES lets this task use (indices, UUIDs and their prefixes,
     MIG instances), mapped onto NVML's by UUID."""
     return select(os.environ.get(CVD), read_devices(nvml))
 
 
-def device_handle(nvml: Any, device: Device) -> Any:
+def device_handle(nvml: Nvml, device: Device) -> object:
     """NVML's handle of ``device``: its GPU's, or the MIG instance's."""
     gpu = nvml.nvmlDeviceGetHandleByIndex(device.index)
     return gpu if device.slot is None else nvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu,

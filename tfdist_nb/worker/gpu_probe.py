@@ -1,10 +1,7 @@
-"""What ``%tfdist_check gpu`` reads in each task (docs/gpus.md, What the check checks): the GPUs
-the task was given (its ``CUDA_VISIBLE_DEVICES``), each one's NVML reading (mapped by UUID, MIG
-devices too), and what TensorFlow sees and was built for. Plain JSON out; the verdict is
-:mod:`tfdist_nb.diagnostics.gpu_check`'s.
-
-The check is what the user asked for, so it may initialise CUDA in TensorFlow
-(``list_physical_devices``); it never imports TensorFlow into a task that has not.
+"""What ``%tfdist_check gpu`` reads in each task (docs/gpus.md): the GPUs given, each one's NVML
+reading (by UUID, MIG devices too), and what TensorFlow sees and was built for; the verdict is
+:mod:`tfdist_nb.diagnostics.gpu_check`'s. It may initialise CUDA in a TensorFlow the task
+imported (the user asked), and never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,12 +11,13 @@ import logging
 import os
 import socket
 import sys
+from types import ModuleType
 from typing import Any
 
 from tfdist_nb.gpu_plan import GROWTH, Device, resolve
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.worker.gpu import device_handle, given, read_devices
-from tfdist_nb.worker.gpu_readings import maybe
+from tfdist_nb.worker.gpu_readings import Nvml, maybe
 from tfdist_nb.worker.replies import GivenGpu, GpuReadings, NvmlView, TfGpuView
 
 logger = logging.getLogger(__name__)
@@ -36,7 +34,7 @@ class NvmlState(StrEnum):
     ERROR = "error"  # another NVML failure (its text in ``error``)
 
 
-def gpu_readings(nvml: Any = None) -> GpuReadings:
+def gpu_readings(nvml: Nvml | None = None) -> GpuReadings:
     """This task's GPU facts now: ``host``, ``cuda_visible_devices`` (None: unset),
     ``allow_growth_env``, ``nvml`` (state, driver, CUDA driver version, device count),
     ``devices`` (one per entry given, in CUDA's order) and ``tf`` (None: not imported)."""
@@ -46,7 +44,7 @@ def gpu_readings(nvml: Any = None) -> GpuReadings:
             "tf": _tf_view(), "devices": view.pop("devices", []), "nvml": view}
 
 
-def nvml_view(nvml: Any = None) -> NvmlView:
+def nvml_view(nvml: Nvml | None = None) -> NvmlView:
     """NVML's side alone (no TensorFlow, no CUDA): ``state``, ``error``, ``driver``,
     ``cuda_driver``, ``count`` and the ``devices`` given to this task; ``%tfdist_env`` reads
     its driver and GPU models from here too."""
@@ -64,7 +62,7 @@ def nvml_view(nvml: Any = None) -> NvmlView:
     return out
 
 
-def _given_devices(nv: Any, cvd: str | None, devices: list[Device]) -> list[GivenGpu]:
+def _given_devices(nv: Nvml, cvd: str | None, devices: list[Device]) -> list[GivenGpu]:
     """A reading per device each entry given names (an index, a ``GPU-``/``MIG-`` UUID or a
     prefix; every device when nothing is set), in CUDA's order. CUDA stops at the first entry
     that names no device: that one is kept, unfound, with the entries it hides."""
@@ -81,7 +79,7 @@ def _given_devices(nv: Any, cvd: str | None, devices: list[Device]) -> list[Give
     return out
 
 
-def _open(nvml: Any) -> tuple[Any, NvmlState, str | None]:
+def _open(nvml: Nvml | None) -> tuple[Nvml | None, NvmlState, str | None]:
     """The initialised NVML module (``nvml``: a stand-in for tests), or how it failed."""
     try:
         nv = nvml if nvml is not None else importlib.import_module("pynvml")
@@ -97,7 +95,7 @@ def _open(nvml: Any) -> tuple[Any, NvmlState, str | None]:
     return nv, NvmlState.OK, None
 
 
-def _device(nv: Any, entry: str, device: Device) -> GivenGpu:
+def _device(nv: Nvml, entry: str, device: Device) -> GivenGpu:
     """One given device as NVML reads it; an unsupported query (ECC on a consumer board, row
     remapping before Ampere) is None, never a guess. Link and health are the whole GPU's,
     also for a MIG instance."""
@@ -151,7 +149,7 @@ def _tf_view() -> TfGpuView | None:
     return view
 
 
-def _limit_mb(tf: Any, device: Any) -> float | None:
+def _limit_mb(tf: ModuleType, device: object) -> float | None:
     configs = tf.config.get_logical_device_configuration(device) or []
     limits = [c.memory_limit for c in configs if getattr(c, "memory_limit", None)]
     return float(sum(limits)) if limits else None
@@ -167,7 +165,7 @@ def _nccl_version() -> str | None:
     return None
 
 
-def _read(nv: Any, name: str, *args: Any) -> Any:
+def _read(nv: Nvml, name: str, *args: object) -> Any:
     """``nv.name(*args)``, or None where the driver or nvidia-ml-py lacks it or the board does
     not support it (NVML's NotSupported, FunctionNotFound)."""
     return maybe(lambda: getattr(nv, name)(*args), f"no {name}")

@@ -11,9 +11,18 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Nvml(Protocol):
+    """nvidia-ml-py's ``pynvml`` module, or a stand-in with its interface (tests): its functions
+    and constants are read by their NVML names (``nvmlDeviceGetCount`` ...); handles it returns
+    are opaque, passed back to it only."""
+
+    def __getattr__(self, name: str) -> Any: ...
 
 #: clock event reason bits (nvml.h ``nvmlClocksEventReason*``; nvidia-ml-py names 0x200 and
 #: 0x400 only in its deprecated ``nvmlClocksThrottleReason*`` set), as a user searches for them
@@ -86,7 +95,7 @@ class GpuReader:
     """Reads one GPU a task may use; a MIG instance reads its memory and processes from the
     instance and its clocks, power, link and errors from the board it is part of."""
 
-    def __init__(self, nv: Any, index: int, handle: Any) -> None:
+    def __init__(self, nv: Nvml, index: int, handle: object) -> None:
         self._nv, self.index, self._handle = nv, index, handle
         mig = maybe(lambda: nv.nvmlDeviceIsMigDeviceHandle(handle))
         self._board = nv.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(handle) if mig else handle
@@ -161,7 +170,7 @@ class GpuReader:
     def _ecc(self, kind: int) -> int:
         return int(self._nv.nvmlDeviceGetTotalEccErrors(self._board, kind, 0))  # volatile
 
-    def _xid_events(self) -> Any:
+    def _xid_events(self) -> object:
         events = self._nv.nvmlEventSetCreate()
         self._nv.nvmlDeviceRegisterEvents(self._board, XID_CRITICAL, events)
         return events
@@ -182,7 +191,7 @@ class GpuReader:
         return list(self.xids)
 
 
-def maybe(read: Callable[[], Any], what: str = "an NVML query") -> Any:
+def maybe(read: Callable[[], T], what: str = "an NVML query") -> T | None:
     """``read()``, or None where this board, driver or nvidia-ml-py does not answer."""
     try:
         return read()

@@ -1,9 +1,8 @@
 """Post-import hooks: run a function right after a module is imported, whichever cell does it.
 
-The worker patches Keras (``model.fit`` step timing) and tf.distribute's input iterators (local
-fetch timing) this way, so importing ``tfdist_nb.worker`` imports neither. A hook that fails (a
-private TensorFlow name moved in another release) never breaks the user's import; it is handed
-to ``on_error``, which tells the user once (docs/design.md, "Findings from inside the task").
+So importing ``tfdist_nb.worker`` imports neither Keras nor TensorFlow. A hook that fails (a
+private name moved in another release) never breaks the user's import: ``on_error`` tells the
+user once (docs/design.md, "Findings from inside the task").
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ def original_method(module: ModuleType, cls_name: str, name: str) -> tuple[Any, 
     return None if getattr(method, PATCHED, False) else (cls, method)
 
 
-def put_in_place(cls: Any, name: str, replacement: Any) -> bool:
+def put_in_place(cls: type, name: str, replacement: Callable[..., object]) -> bool:
     """Install ``replacement`` (marked as tfdist_nb's) as ``cls.name``; True."""
     setattr(replacement, PATCHED, True)
     setattr(cls, name, replacement)
@@ -46,7 +45,7 @@ def put_in_place(cls: Any, name: str, replacement: Any) -> bool:
 
 
 def replace_method(module: ModuleType, cls_name: str, name: str,
-                   wrap: Callable[[Any], Callable[..., Any]]) -> bool:
+                   wrap: Callable[[Callable[..., object]], Callable[..., object]]) -> bool:
     """Put ``wrap(method)`` (it keeps the method's name and docstring) in place of
     ``module.cls_name.name``: True; False when tfdist_nb replaced it already. Raises
     AttributeError, naming what is missing, when this release has no such method."""
@@ -109,10 +108,8 @@ class _HookedLoader(importlib.abc.Loader):
 
 def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], object],
                  on_error: OnError | None = None) -> None:
-    """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once).
-
-    ``hook`` raises when it cannot do its job; the exception goes to ``on_error``.
-    """
+    """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once); what
+    it raises goes to ``on_error``."""
     for name in names:
         if name in sys.modules:
             _run(hook, sys.modules[name], on_error)

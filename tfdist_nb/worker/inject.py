@@ -1,22 +1,9 @@
 """Fault injection for teaching (``%tfdist_inject``), acting through the user's own training path.
 
 The hooks sit where every training loop passes: ``tw.step()`` and ``tw.timed()`` for custom
-loops, the step timer tfdist_nb adds to ``model.fit``. Faults:
-
-- ``straggler``: sleep ``seconds`` (default 0.3) before every step's input (or step);
-- ``hang``: from step ``at_step`` on, never reach the next collective (sleep until interrupted);
-- ``raise``: raise :class:`InjectedFault` at step ``at_step`` (once), as a bug on one task would;
-- ``uneven``: this task's data ends after ``at_step`` steps (``tw.timed`` stops yielding,
-  ``model.fit`` stops), as per-task data of different lengths would;
-- ``crash``: SIGKILL this task at step ``at_step``;
-- ``nan``: at step ``at_step``, poison the model's weights with NaN (Keras ``fit``);
-- ``oom``: grow memory until a limit set on this task alone (``limit_mb`` above its RSS when
-  armed) is passed; the task then kills itself with SIGKILL, as a cgroup memory limit would.
-  Without ``at_step`` it grows at once, on a thread (a task that runs no steps of its own: a
-  parameter-server worker); with ``at_step`` it grows when its training reaches that step, in the
-  step itself, so it dies in the training cell, never while idle between cells;
-- ``bad-shard``: turn auto-sharding off for datasets this task distributes, so every task reads
-  the same data.
+loops, the step timer tfdist_nb adds to ``model.fit``. The faults are docs/reference.md's
+(``%tfdist_inject``); ``oom`` kills the task with SIGKILL past a limit of its own, as a cgroup's
+would, growing in step ``at_step`` (so it dies in the training cell) or at once on a thread.
 """
 
 from __future__ import annotations
@@ -25,7 +12,10 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 KINDS = ("straggler", "hang", "raise", "uneven", "crash", "nan", "oom", "bad-shard")
 _faults: dict[str, dict[str, Any]] = {}
@@ -49,10 +39,6 @@ def clear() -> str:
     return "cleared"
 
 
-def active() -> dict[str, dict[str, Any]]:
-    return dict(_faults)
-
-
 class InjectedFault(RuntimeError):
     """What the ``raise`` fault raises."""
 
@@ -74,7 +60,8 @@ def before_input() -> None:
         time.sleep(float(fault.get("seconds") or 0.3))
 
 
-def before_step(step: int, model: Any = None, timed_input: bool = False) -> None:
+def before_step(step: int, model: tf.keras.Model | None = None, timed_input: bool = False,
+                ) -> None:
     """Called at the start of every step with the number of steps done so far."""
     fault = _faults.get("straggler")
     if fault and (fault.get("where") == "step" or not timed_input):
@@ -140,7 +127,8 @@ def _patch_distribute_dataset() -> None:
     if getattr(original, "_tfdist_bad_shard", False):
         return
 
-    def without_sharding(self: Any, dataset: Any, *args: Any, **kwargs: Any) -> Any:
+    def without_sharding(self: tf.distribute.Strategy, dataset: tf.data.Dataset, *args: object,
+                         **kwargs: object) -> object:
         if "bad-shard" in _faults:
             options = tf.data.Options()
             options.experimental_distribute.auto_shard_policy = (

@@ -1,15 +1,7 @@
 """Entry point of a worker kernel: ``python -m tfdist_nb.worker.kernel -f CONNECTION_FILE``.
 
-An ordinary ipykernel with ``tfdist_nb.worker`` loaded first and its agent started (telemetry
-thread, Keras step timing, task-tagged log records) before the first cell. It exits by itself
-when its controller dies: jupyter_client sets JPY_PARENT_PID, and :mod:`.lifeline` watches it in
-place of ipykernel's parent poller, ending what the cells started and removing the kernel's
-connection file and sockets before it ``os._exit``s (which also works while TensorFlow ignores
-SIGTERM).
-
-A spare kernel (``TFDIST_SPARE=1``, no task identity yet) is this same entry point: its agent
-holds the telemetry thread back until :mod:`tfdist_nb.worker.adopt` makes it a task, and the
-parent poller ends it with its controller like any task (docs/design.md, Spare kernels).
+An ordinary ipykernel with its agent started before the first cell, which ends with its
+controller (:mod:`.lifeline`, on JPY_PARENT_PID); a spare kernel runs the same entry point.
 """
 
 from __future__ import annotations

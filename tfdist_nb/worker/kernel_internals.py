@@ -1,10 +1,8 @@
 """Every ipykernel internal and protocol extension a task kernel leans on, in one place, with the
 ipykernel releases they were read against (docs/design.md, "Kernel internals").
 
-Private names can move in any release. Each use goes through :func:`lacking`, so a kernel
-whose ipykernel lacks one says so once, as a WARNING the controller shows with the task ("could
-not instrument ..."), instead of quietly losing what it bought; and ``tests/test_kernel_
-internals.py`` fails on an ipykernel outside ``CHECKED`` until someone has read the new release.
+Private names can move in any release: each use goes through :func:`lacking`, which says a
+missing one once as a WARNING with the task instead of quietly losing what it bought.
 
 Private internals (what breaks without them):
 
@@ -25,7 +23,21 @@ Protocol extensions (fields other Jupyter clients ignore):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+    from jupyter_client.session import Session
+
+    class TaskKernel(Protocol):
+        """What the agent uses of its ``ipykernel.ipkernel.IPythonKernel`` once it runs (its
+        traits allow None only before the kernel app sets them)."""
+        shell: InteractiveShell
+        session: Session
+        iopub_socket: Any  # an ipykernel.iostream.BackgroundSocket, duck-typed as zmq socket
+        _execute_sleep: float
+
+        def get_parent(self, channel: str = ...) -> dict[str, Any]: ...
 
 #: the oldest and the newest ipykernel (major, minor) whose source these names were read in
 CHECKED = ((7, 1), (7, 4))
@@ -51,7 +63,7 @@ def checked(found: tuple[int, int] | None = None) -> bool:
     return found is not None and CHECKED[0] <= found <= CHECKED[1]
 
 
-def lacking(obj: Any, part: str, stops: str, names: tuple[str, ...]) -> bool:
+def lacking(obj: object, part: str, stops: str, names: tuple[str, ...]) -> bool:
     """True, and said once for ``part`` (a WARNING with the task), when ``obj`` lacks any of
     ``names``; False when every one is there."""
     missing = [n for n in names if not hasattr(obj, n)]

@@ -1,15 +1,9 @@
-"""This task's collective ledger: every collective it issued, in order, and its state.
+"""This task's collective ledger: one row per collective execution, in order, with its state
+(docs/reference.md, "Collectives and hangs").
 
-One row per collective execution (docs/reference.md, "Collectives and hangs"): eager ones as they
-are launched, those inside a ``tf.function`` each time the function runs (its trace-time manifest,
-see ``_collectives``). The controller compares the ledgers of all tasks live; a row's ``index`` is
-its position among this task's collectives of the same group, which is how TensorFlow pairs them
-across tasks (instance keys are handed out in that order), so rows with the same group and index on
-two tasks are the same collective, or should be.
-
-Rows go out with the telemetry samples (new and changed rows only, repeated completed calls
-folded into runs: ``tfdist_nb.ledger_runs``) and at the end of each cell; the worker keeps the
-last ``KEEP`` rows.
+A row's ``index`` is its position among this task's collectives of the same group, which is how
+TensorFlow pairs them across tasks (instance keys are handed out in that order): rows with the
+same group and index on two tasks are the same collective, or should be.
 """
 
 from __future__ import annotations
@@ -79,28 +73,19 @@ class Ledger:
         """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch);
         ``called_at``: the line that called the traced function they run in."""
         now = time.time()
+        extra = {**({"members": members} if members is not None else {}),
+                 **({"check": check} if check is not None else {})}  # the same key on every task
         rows = []
         with self._lock:
             for op in ops:
-                self._seq += 1
                 index = None
                 if op.kind not in BARRIER_KINDS:
                     index = self._counts.get(op.group_key, 0)
                     self._counts[op.group_key] = index + 1
-                row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
-                       "index": index, "group_size": op.group_size, "dtype": op.dtype,
-                       "shape": None if op.shape is None else list(op.shape),
-                       "bytes": op.nbytes, "function": function, "call": call,
-                       "where": where or op.where, "called_at": called_at,
-                       "in_control_flow": op.in_control_flow,
-                       "state": "entered", "entered": now, "done": None}
-                if members is not None:
-                    row["members"] = members
-                if check is not None:  # which comparison: the same key on every task
-                    row["check"] = check
-                self._rows.append(row)
-                self._dirty[self._seq] = row
-                self._open[self._seq] = row
+                row = self._add(op, function, index=index, call=call, where=where or op.where,
+                                called_at=called_at, state="entered", entered=now, done=None,
+                                **extra)
+                self._open[row["seq"]] = row
                 rows.append(row)
         return rows
 
@@ -113,18 +98,21 @@ class Ledger:
         now = time.time()
         with self._lock:
             for position, op in enumerate(ops):
-                self._seq += 1
-                row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
-                       "index": None, "group_size": op.group_size, "dtype": op.dtype,
-                       "shape": None if op.shape is None else list(op.shape),
-                       "bytes": op.nbytes, "function": function, "call": None,
-                       "where": op.where, "called_at": None,
-                       "in_control_flow": op.in_control_flow, "traced_for": check,
-                       "position": position + 1,
-                       "state": "differs" if position == differs_at else "traced",
-                       "entered": now, "done": now}
-                self._rows.append(row)
-                self._dirty[self._seq] = row
+                self._add(op, function, index=None, call=None, where=op.where, called_at=None,
+                          traced_for=check, position=position + 1,
+                          state="differs" if position == differs_at else "traced",
+                          entered=now, done=now)
+
+    def _add(self, op: Op, function: str, **fields: object) -> dict[str, Any]:
+        """A new row for ``op``, kept and marked unsent (call with the lock held)."""
+        self._seq += 1
+        row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
+               "group_size": op.group_size, "dtype": op.dtype,
+               "shape": None if op.shape is None else list(op.shape), "bytes": op.nbytes,
+               "function": function, "in_control_flow": op.in_control_flow, **fields}
+        self._rows.append(row)
+        self._dirty[self._seq] = row
+        return row
 
     def close(self, rows: list[dict[str, Any]], state: str = "done") -> None:
         now = time.time()
@@ -134,8 +122,8 @@ class Ledger:
                 self._dirty[row["seq"]] = row
                 self._open.pop(row["seq"], None)
 
-    def run(self, rows: list[dict[str, Any]], fn: Callable[..., T], *args: Any,
-            **kwargs: Any) -> T:
+    def run(self, rows: list[dict[str, Any]], fn: Callable[..., T], *args: object,
+            **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` with ``rows`` (just entered) closed as it ends: done, or
         ``failed_state`` of what it raised."""
         try:

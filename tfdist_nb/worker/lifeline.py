@@ -1,10 +1,9 @@
 """A worker kernel ends with its controller, and takes what it started and left with it.
 
-ipykernel's own parent poller ``os._exit``s when the parent changes: the cells' child processes
-live on under PID 1 and the kernel's connection file (its signing key inside) and ipc sockets
-stay. This watch replaces it (same check, every ``interval`` seconds) and, before the exit, kills
-the kernel's descendants and removes those files (docs/security.md, "Run directories"). It also
-works while TensorFlow ignores SIGTERM, as the poller did.
+ipykernel's parent poller ``os._exit``s leaving the cells' children alive and the connection
+file (its key inside) and ipc sockets behind; this watch replaces it and, before the exit, kills
+the descendants and removes those files (docs/security.md, "Run directories"). ``os._exit``
+works while TensorFlow ignores SIGTERM.
 """
 
 from __future__ import annotations
@@ -65,6 +64,16 @@ def end_descendants() -> int:
     return len(children)
 
 
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 class ParentWatch(threading.Thread):
     """Ends this kernel when its parent (the controller) is gone."""
 
@@ -76,10 +85,13 @@ class ParentWatch(threading.Thread):
         self.interval = interval
 
     def run(self) -> None:
-        if os.getppid() != self.parent_pid:  # started by someone else: nothing to watch
-            return
-        while os.getppid() == self.parent_pid:
-            time.sleep(self.interval)
+        if os.getppid() == self.parent_pid:
+            while os.getppid() == self.parent_pid:
+                time.sleep(self.interval)
+        else:  # ipykernel's rule when the parent named is not the parent: until left to init;
+            # also until the one named ends (it may have ended while this kernel started)
+            while os.getppid() != 1 and running(self.parent_pid):
+                time.sleep(self.interval)
         self.leave()
 
     def leave(self) -> None:

@@ -46,11 +46,8 @@ def read_oom_kills(cgroup_dir: str) -> int | None:
 
 
 class CgroupMemory:
-    """This process's memory cgroup (v2 or v1), found once and read on every sample.
-
-    The limit in force is the smallest of the cgroup's and its ancestors' (a SLURM job sets it
-    on the job's cgroup, the task runs in a step's below it).
-    """
+    """This process's memory cgroup (v2 or v1), found once and read on every sample; the limit
+    in force is the smallest of its and its ancestors' (SLURM limits the job, above the step)."""
 
     def __init__(self, version: int, directory: Path, top: Path) -> None:
         self.version = version

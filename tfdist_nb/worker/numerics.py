@@ -1,9 +1,8 @@
 """``%tfdist_numerics``: TensorFlow's NaN/Inf checking on this task, and Debugger V2 dumps.
 
-``enable_check_numerics`` makes the first op whose output holds NaN or Inf raise an
-``InvalidArgumentError`` naming the op (and, for ops inside a ``tf.function``, the stack where it
-was created); the controller lines those errors up across tasks to name the first one. Dumps go
-to one root per task: TensorBoard's Debugger V2 cannot read a root shared by several tasks.
+The first op whose output holds NaN or Inf raises an ``InvalidArgumentError`` naming it, which
+the controller lines up across tasks. One dump root per task: TensorBoard's Debugger V2 cannot
+read a root shared by several tasks.
 """
 
 from __future__ import annotations

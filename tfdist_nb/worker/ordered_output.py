@@ -1,30 +1,15 @@
-"""Everything this task writes, in the order it wrote it, each write stamped when it was made.
+"""Everything this task writes, in the order it wrote it, each write stamped when it was made
+(docs/reference.md, "Output order and time": ipykernel buffers stdout and stderr apart, and
+native writes to fds 1 and 2 come back through a pipe read later).
 
-ipykernel sends ``sys.stdout`` and ``sys.stderr`` as two separately buffered streams, and what
-native code writes to file descriptors 1 and 2 (``tf.print``, TensorFlow's C++ log) comes back
-through a pipe that a thread reads some time later. So the order between a ``print``, a
-``tf.print`` and an ``os.write`` is lost, and a line carries the time its batch was sent
-(docs/reference.md, "Output order and time").
-
-Here every write gets a sequence number and the time it was made, under one lock:
-
-- Python's writes to ``sys.stdout`` / ``sys.stderr`` first read whatever native code already
-  put in the pipes (non-blocking), so those bytes are numbered before the write that followed
-  them in the program;
-- one reader thread numbers the bytes native code writes while Python is quiet (stamped when
-  read, within milliseconds), and still echoes them to the kernel's process log;
-- the numbers go out with each stream message (``content["tfdist_marks"]``: ``[seq, time,
-  chars]`` per write, and the pid), and the controller merges the two streams back in order
-  (``transport/ordering.py``);
-- ``flush()`` reads the pipes first, so a cell's reply (which ipykernel sends after flushing
-  both streams) comes after every line native code wrote before it: the cell-end barrier.
-  When every write so far is already out on IOPub, a flush returns at once instead of waiting
-  for ipykernel's IO thread (four such waits per cell otherwise, about 1 ms of a round trip).
-
-What a forked child writes carries its own pid and is passed on as it comes. The cost is a lock
-and two non-blocking reads per write (measured in bench/, part d).
+Every write gets a sequence number and a time under one lock: a Python write first drains the
+pipes (non-blocking), so native bytes are numbered before the write that followed them; a
+reader thread numbers native bytes while Python is quiet and still echoes them to the process
+log; ``flush()`` drains first, so a cell's reply follows every native line before it (the
+cell-end barrier), and returns at once when every write is already out on IOPub (saving four
+IO-thread round trips per cell). What a forked child writes carries its pid and is passed on
+as it comes. Cost: a lock and two non-blocking reads per write (bench/, part d).
 """
-
 from __future__ import annotations
 
 import codecs
@@ -35,10 +20,20 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker import kernel_internals
+
+if TYPE_CHECKING:
+    from ipykernel.iostream import OutStream
+
+    class _Stream(OutStream):
+        """ipykernel's stdout or stderr with what :meth:`OrderedOutput._wrap` sets on it."""
+        _tfdist_marks: defaultdict[frozenset[tuple[str, Any]], list[list[float]]]
+        _tfdist_written: int  # writes made
+        _tfdist_sent: int  # of them, sent on IOPub
 
 MARKS = "tfdist_marks"
 READ_BYTES = 65536
@@ -69,7 +64,7 @@ class OrderedOutput:
             threading.Thread(target=self._read_forever, daemon=True,
                              name="tfdist-ordered-output").start()
 
-    def _wrap(self, stream: Any) -> None:
+    def _wrap(self, stream: _Stream) -> None:
         write, flush, name = stream.write, stream.flush, stream.name
         self._raw[id(stream)] = write
         stream._tfdist_marks = defaultdict(list)
@@ -101,7 +96,7 @@ class OrderedOutput:
                 buffer.tfdist_marks = marks.get(frozen)  # read by the hook, message by message
             return buffers, taken
 
-        def flush_buffers() -> Any:
+        def flush_buffers() -> Iterator[tuple[dict[str, Any], str]]:
             buffers, taken = rotate()
             for frozen, buffer in buffers.items():
                 data = buffer.getvalue()
@@ -118,12 +113,14 @@ class OrderedOutput:
                 msg["content"][MARKS] = {"pid": self.pid, "marks": marks}
             return msg
 
-        stream.write, stream.flush, stream._flush_buffers = ordered_write, ordered_flush, \
-            flush_buffers
+        # ignores: putting ours in place of the stream's own methods is this module's point
+        stream.write = ordered_write  # type: ignore[method-assign, assignment]
+        stream.flush = ordered_flush  # type: ignore[method-assign]
+        stream._flush_buffers = flush_buffers  # type: ignore[method-assign]
         # hooks are per thread: register it on the thread that sends (ipykernel's IO thread)
         stream.pub_thread.schedule(lambda: stream.register_hook(hook))
 
-    def _take_over_fd(self, stream: Any) -> None:
+    def _take_over_fd(self, stream: _Stream) -> None:
         """Point fd 1 or 2 at a pipe of ours (ipykernel's reader stays parked on its own)."""
         std_fd = getattr(stream, "_original_stdstream_fd", None)
         if not isinstance(std_fd, int) or getattr(stream, "_original_stdstream_copy", None) is None:
@@ -135,7 +132,8 @@ class OrderedOutput:
         self._pipes[read] = (stream, codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     # ------------------------------------------------------------------ writing
-    def _write(self, stream: Any, write: Any, text: str) -> int | None:
+    def _write(self, stream: _Stream, write: Callable[[str], int | None], text: str,
+               ) -> int | None:
         with stream._buffer_lock:
             self.seq += 1
             key = frozenset(stream.parent_header.items())
@@ -144,12 +142,9 @@ class OrderedOutput:
             return write(text)
 
     @staticmethod
-    def _all_sent(stream: Any) -> bool:
-        """Every write so far is out on IOPub, so a flush has nothing to wait for.
-
-        ipykernel's flush hands the IO thread two events and waits for the second, whether or
-        not anything was written; it flushes both streams before every reply and again before
-        every idle status, four thread round trips per cell (docs/performance.md)."""
+    def _all_sent(stream: _Stream) -> bool:
+        """Every write so far is out on IOPub, so a flush need not wait for ipykernel's IO
+        thread (it would, written or not: four round trips per cell, docs/performance.md)."""
         if getattr(stream, "echo", None) is not None:
             return False  # the echo's own flush is ipykernel's to make
         with stream._buffer_lock:

@@ -1,10 +1,9 @@
 """``%tfdist_debug`` inside a task: pdb on the task's last exception (docs/reference.md, Input
 from the tasks).
 
-IPython keeps the last exception a cell raised (``sys.last_traceback``, as for ``%debug``); the
-controller asks whether there is one (:func:`last_exception`, an agent call) and then runs
-:func:`debug` as a silent request with stdin, so pdb's prompts travel to the notebook like any
-``input()``. pdb ends on ``q`` (or end-of-file) and the task is left as it was.
+The controller asks for the last exception (``sys.last_traceback``, as ``%debug`` uses), then
+runs :func:`debug` as a silent request with stdin, so pdb's prompts reach the notebook like any
+``input()``; ``q`` (or end-of-file) leaves the task as it was.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What the preflight and consistency checks ask of each task (docs/reference.md, Checks).
-
-Each probe runs in the task's kernel (called through :mod:`tfdist_nb.worker.rpc`) and returns
-plain JSON: facts as the task sees them. The controller lines them up across tasks and the pure
-analysis in :mod:`tfdist_nb.diagnostics` says what is wrong.
+"""What the preflight checks ask of each task (docs/reference.md, Checks): facts as the task
+sees them, as JSON; the controller lines them up and :mod:`tfdist_nb.diagnostics` judges.
 """
 
 from __future__ import annotations
@@ -14,12 +11,16 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import gpu_probe
+from tfdist_nb.worker.agent import dist_version, keras_flavour, port_free
 from tfdist_nb.worker.ops import PortState
 from tfdist_nb.worker.replies import Bandwidth, BandwidthRow, EnvReport, PeerReach, TfConfigView
+
+if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
+    import tensorflow as tf
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +71,7 @@ def port_state(port: int, own: bool = True) -> PortState:
     this host."""
     if own and _listening_here(port):
         return PortState.SERVED
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return PortState.IN_USE
-    return PortState.FREE
+    return PortState.FREE if port_free(port) else PortState.IN_USE
 
 
 def tf_config_view(tf_config: str | None = None) -> TfConfigView:
@@ -185,7 +180,7 @@ def _user_ns() -> dict[str, Any]:
         return {}
 
 
-def find_strategy() -> Any:
+def find_strategy() -> tf.distribute.Strategy | None:
     """The multi-worker strategy the user's cells made, if any (the newest is not known, so
     the one with the most replicas)."""
     if "tensorflow" not in sys.modules:
@@ -220,7 +215,7 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
         elements = int(mb * 2**20 / 4)
         value = tf.ones([elements], tf.float32)
 
-        def reduce(v: Any = value) -> Any:
+        def reduce(v: tf.Tensor = value) -> tf.Tensor:
             return tf.distribute.get_replica_context().all_reduce("sum", v, options=options)
 
         best = None
@@ -249,21 +244,13 @@ def env_report() -> EnvReport:
     import importlib.metadata
     import platform
 
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
     props: dict[str, Any] = {
         "host": socket.gethostname(), "python": platform.python_version(),
         "executable": sys.executable, "os": platform.platform(),
-        "tensorflow": version("tensorflow") or version("tensorflow-cpu"),
-        "keras": version("keras"), "tf_keras": version("tf-keras"), "numpy": version("numpy"),
+        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
+        "keras": dist_version("keras"), "tf_keras": dist_version("tf-keras"),
+        "numpy": dist_version("numpy"), "keras_flavour": keras_flavour(),
     }
-    from tfdist_nb.worker.agent import keras_flavour
-
-    props["keras_flavour"] = keras_flavour()
     if "tensorflow" in sys.modules:  # what the TF build expects (no import just for this)
         with swallowed(logger):  # a CPU-only or unusual build: nothing to say
             info = dict(sys.modules["tensorflow"].sysconfig.get_build_info())

@@ -1,14 +1,9 @@
 """The node end of the Ray launcher: the Ray actor of one task (docs/remote.md, "Ray").
 
-The launcher makes :class:`TaskNode` a Ray actor in its task's placement-group bundle, so Ray
-has already given it the bundle's CPUs and GPUs (``CUDA_VISIBLE_DEVICES`` is Ray's). The actor
-answers where it runs (its node's address, a TF port free there), starts the task's kernel as
-the SSH launcher's remote lifeline does (:mod:`.remote`: same kernel entry point, same
-shutdown), and hands the kernel's connection back through Ray, so no file system is shared. The
-kernel's channels listen on the node's address, CurveZMQ-encrypted and HMAC-signed
-(docs/security.md, "Ray launcher"); its output goes to a file on the node that ``poll`` ships
-back. The kernel's parent is the actor: when the actor dies (``ray.kill``, a lost raylet), the
-kernel ends itself (JPY_PARENT_PID, :mod:`.lifeline`).
+The actor lives in its task's placement-group bundle (Ray set ``CUDA_VISIBLE_DEVICES``), starts
+the kernel as :mod:`.remote` does and hands its connection back through Ray (no shared file
+system); the channels are CurveZMQ-encrypted (docs/security.md, "Ray launcher"), the output a
+file on the node that ``poll`` ships back, and the kernel ends with the actor (:mod:`.lifeline`).
 """
 
 from __future__ import annotations

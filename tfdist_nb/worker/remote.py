@@ -1,18 +1,12 @@
 """The remote end of the SSH launcher: what ``ssh HOST python -m tfdist_nb.worker.remote`` runs.
 
-``probe`` answers with one JSON line: the address this host was reached at (from
-``SSH_CONNECTION``, so the other hosts can reach it too, unlike ``localhost``), free TF ports and
-versions. ``serve`` starts one worker kernel and stays beside it as its lifeline:
-
-- the connection key and the task's environment arrive as one JSON line on stdin, never on a
-  command line where ``ps`` would show them;
-- the kernel listens on ZeroMQ ``ipc://`` sockets inside a fresh owner-only directory, which the
-  controller reaches through the SSH connection's own stream-local forwards: no kernel port is
-  ever open on the network;
-- the rest of stdin is a control channel (``interrupt``, ``stop GRACE``, ``kill``); end of file
-  (the controller or its SSH connection is gone) kills the kernel's whole process group;
-- stdout carries only protocol lines (``ready PID``, ``exit CODE``); the kernel's own output goes
-  to stderr, which SSH brings back into the task's process log.
+``probe`` prints one JSON line: the address this host was reached at (``SSH_CONNECTION``, which
+other hosts can reach, unlike ``localhost``), free TF ports and versions. ``serve`` starts one
+kernel on ``ipc://`` sockets in a fresh owner-only directory (reached through SSH's forwards,
+docs/security.md) and stays beside it: the key and environment arrive as one JSON line on stdin
+(never on a command line ``ps`` shows), the rest of stdin is control (``interrupt``, ``stop
+GRACE``, ``kill``; end of file kills the kernel's process group), stdout carries only ``ready
+PID`` / ``exit CODE``, and the kernel's output goes to stderr (the task's process log).
 """
 
 from __future__ import annotations

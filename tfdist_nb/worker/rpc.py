@@ -1,10 +1,9 @@
 """The controller's calls into the worker agent: one JSON request in, one JSON reply out.
 
-The controller evaluates ``tfdist_nb.worker.rpc.call("<json>")`` as a user expression of a silent
-execute request (on the main shell, or on the task's inspection subshell while the main thread is
-busy). The reply object renders as ``application/json``, so the result travels as JSON in the
-execute reply: nothing on either side is built from or parsed as Python source (docs/design.md,
-"Calls into the worker agent").
+``call("<json>")`` is a silent execute request's user expression (on the task's inspection
+subshell while the main thread is busy) whose reply renders as ``application/json``: nothing on
+either side is built from or parsed as Python source (docs/design.md, "Calls into the worker
+agent").
 """
 
 from __future__ import annotations

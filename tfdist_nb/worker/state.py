@@ -1,10 +1,6 @@
-"""The worker side's private state and its one bus to the controller, apart from the user API
-(``tfdist_nb.worker``): this task's identity (``tw.task`` reads it), the telemetry sender the agent
-installs, what could not be instrumented, and the current step's accounting that ``tw.step`` /
-``tw.timed``, the Keras step timer and the collective and tf.data patches feed.
-
-Imports nothing of TensorFlow, Keras or the rest of the worker side, so every worker module can
-use it without an import cycle.
+"""The worker side's private state and its one bus to the controller: the task's identity, the
+telemetry sender, what could not be instrumented, and the current step's accounting. Imports
+nothing of TensorFlow, Keras or the rest of the worker side, so any worker module may use it.
 """
 
 from __future__ import annotations
@@ -106,10 +102,9 @@ def entered_collective(at: float) -> None:
 
 def record_step(begin: float, duration_s: float, input_wait_s: float | None = None,
                 entry: float | None = None) -> None:
-    """``entry``: when this task arrived at the step's first synchronisation point (it asked
-    for the batch, or began the step); the straggler is the task that arrives last. When a
-    distributed iterator fetched the batch, the arrival is when the local fetch returned: the
-    all-reduce that follows it is the first synchronisation point."""
+    """``entry``: when this task reached the step's first synchronisation point (the straggler
+    arrives last): it asked for the batch or began the step, or, after a distributed iterator's
+    fetch, when the local fetch returned (the all-reduce follows it)."""
     global steps, _fetch_s, _fetch_done, _syncs
     steps += 1
     fetch_s, fetch_done, syncs = _fetch_s, _fetch_done, _syncs

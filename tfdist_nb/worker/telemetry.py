@@ -13,9 +13,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker.memory_limits import CgroupMemory
+
+if TYPE_CHECKING:
+    from tfdist_nb.worker.gpu import GpuSampler
 
 logger = logging.getLogger(__name__)
 
@@ -30,15 +33,13 @@ NEAR_LIMIT_INTERVAL_S = 0.1
 # "Collectives and hangs").
 LEDGER_TICK_S = 0.25
 LEDGER_WAIT_S = 0.2
-
-
+INTERVAL_ENV = "TFDIST_TELEMETRY_INTERVAL"  # read by the tasks, set or checked by the controller
 MIN_TELEMETRY_INTERVAL_S = 0.05  # below it the telemetry thread would starve the kernel
 
 
 def telemetry_interval(text: str | None) -> float:
-    """Seconds between heartbeats from ``$TFDIST_TELEMETRY_INTERVAL`` (default 1.0); a value
-    that is not a finite number at least MIN_TELEMETRY_INTERVAL_S raises ValueError saying so
-    (the controller checks it before any task starts: docs/reference.md)."""
+    """Seconds between heartbeats from ``$TFDIST_TELEMETRY_INTERVAL`` (default 1.0); ValueError
+    below MIN_TELEMETRY_INTERVAL_S or not finite (the controller checks it before any start)."""
     if text is None or text == "":
         return 1.0
     try:
@@ -46,14 +47,14 @@ def telemetry_interval(text: str | None) -> float:
     except ValueError:
         value = float("nan")
     if not value >= MIN_TELEMETRY_INTERVAL_S or value == float("inf"):
-        raise ValueError(f"TFDIST_TELEMETRY_INTERVAL={text!r}: must be a number of seconds, "
+        raise ValueError(f"{INTERVAL_ENV}={text!r}: must be a number of seconds, "
                          f"at least {MIN_TELEMETRY_INTERVAL_S} (default 1.0)")
     return value
 
 
 class Telemetry:
     def __init__(self, send: Callable[[dict[str, Any]], None], interval_s: float = 1.0,
-                 gpu: Any = None) -> None:
+                 gpu: GpuSampler | None = None) -> None:
         self._send = send
         self.interval_s = interval_s
         self._gpu = gpu
@@ -105,10 +106,9 @@ class Telemetry:
 
     def note(self, text: str, level: str = "INFO", finding: str | None = None,
              facts: dict[str, Any] | None = None) -> None:
-        """A finding of the worker agent; it goes out with the next sample (within a second,
-        or at the end of the cell). ``finding``: its kind, for the controller to act on
-        (``tfdist_nb.events.Finding``), never read from ``text``; ``facts``: what it saw, as
-        values (JSON)."""
+        """A finding, sent with the next sample (within a second, or at the cell's end).
+        ``finding``: its kind (``events.Finding``), so the controller never parses ``text``;
+        ``facts``: what it saw, as JSON values."""
         with self._lock:
             self._notes.append({"text": text, "level": level,
                                 **({"finding": finding} if finding else {}),
@@ -148,8 +148,7 @@ class Telemetry:
 
     def deliver_ledger(self, timeout_s: float = 1.0) -> bool:
         """Send the ledger rows now and wait until they left: the caller is about to block
-        somewhere that holds the GIL (TensorFlow's strategy start-up), where neither this
-        thread nor the kernel's iopub thread runs."""
+        holding the GIL (the strategy's start-up), where neither this nor the iopub thread runs."""
         self.flush_ledger()
         return self.drained(timeout_s) if self.drained is not None else False
 
@@ -165,18 +164,15 @@ class Telemetry:
             return dict(self._last_resources)
 
     def flush_steps(self) -> None:
-        """At the end of a cell: send the steps not yet sent, with the last resource reading.
-
-        Cheap and skipped when the cell made no step, so a trivial cell pays nothing for it.
-        """
+        """At the end of a cell: send the steps not yet sent, with the last resource reading;
+        skipped when the cell made no step, so a trivial cell pays nothing."""
         with self._lock:
             pending = bool(self._steps or self._notes)
         if pending or (self.ledger is not None and self.ledger.pending()):
             self.flush(resample=False)
 
     def flush(self, resample: bool = True) -> None:
-        """Send a sample now, with every step recorded so far (the thread calls it every
-        interval)."""
+        """Send a sample now, with every step recorded so far."""
         with self._flush_lock:
             if resample or not self._last_resources:
                 self._last_resources = self._resources()
@@ -248,13 +244,9 @@ class Telemetry:
                           f"driver's line; {then}", "WARNING", Finding.GPU_XID)
 
     def _memory(self, rss_mb: float | None = None) -> dict[str, Any]:
-        """The memory limit on this task and what it counts against it.
-
-        ``mem_limit_source``: "injected" (``%tfdist_inject oom``, against RSS), else the smaller
-        of "cgroup" (its memory cgroup or an ancestor's, against that cgroup's usage) and
-        "rlimit" (RLIMIT_AS, against the address space); ``oom_kills``: the OOM kills counted in
-        its memory cgroup; ``mem_cgroup``: that cgroup's directory on this host.
-        """
+        """The memory limit on this task and what it counts against it: "injected"
+        (``%tfdist_inject oom``, against RSS), else the smaller of "cgroup" (against that
+        cgroup's usage) and "rlimit" (RLIMIT_AS, against the address space)."""
         from tfdist_nb.worker import inject
 
         cg = self._cgroup.read() if self._cgroup is not None else {}
@@ -285,13 +277,9 @@ LIMIT_NAMES = {
 
 
 def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) -> str | None:
-    """What a task that ran out of memory without dying (Python's MemoryError, TensorFlow's OOM
-    ``ResourceExhaustedError``) ran into, from a resource reading taken right after; else None.
-
-    An address-space limit (RLIMIT_AS) ends this way rather than with a SIGKILL. A GPU's
-    out-of-memory is the controller's to explain: it sees every task's GPUs
-    (``diagnostics.gpu_faults``).
-    """
+    """What a task that ran out of memory without dying (MemoryError, TensorFlow's OOM
+    ``ResourceExhaustedError``: how an RLIMIT_AS limit ends) ran into, from a reading taken
+    right after; else None. A GPU's is the controller's to explain (``diagnostics.gpu_faults``)."""
     if not (ename == "MemoryError" or (ename == "ResourceExhaustedError" and "OOM" in evalue)):
         return None
     if "device:GPU" in evalue:

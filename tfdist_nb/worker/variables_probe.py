@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.worker.consistency import evaluate
 from tfdist_nb.worker.probes import find_strategy
 from tfdist_nb.worker.replies import Checksums, VariableRow
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 FULL_VALUES = 1024  # a variable this small is sent whole (exact max abs difference)
 FULL_TOTAL = 16384  # at most this many values in full per task; the rest as summaries
 SAMPLES = 16
 
 
-def _collect(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+def _collect(obj: object, prefix: str = "") -> list[tuple[str, Any]]:
     """``(name, variable)`` of a Keras model, a tf.Module, a list/tuple or dict of variables,
     or one variable."""
     import tensorflow as tf
@@ -48,7 +51,7 @@ def _collect(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(_name(v, f"{prefix}[{i}]"), v) for i, v in enumerate(list(weights))]
 
 
-def _is_variable(value: Any) -> bool:
+def _is_variable(value: object) -> bool:
     import tensorflow as tf
 
     if isinstance(value, tf.Variable):
@@ -57,7 +60,7 @@ def _is_variable(value: Any) -> bool:
     return isinstance(keras_variable, type) and isinstance(value, keras_variable)
 
 
-def _name(var: Any, fallback: str) -> str:
+def _name(var: object, fallback: str) -> str:
     for attr in ("path", "name"):
         value = getattr(var, attr, None)
         if isinstance(value, str) and value:
@@ -65,7 +68,7 @@ def _name(var: Any, fallback: str) -> str:
     return fallback
 
 
-def _local(var: Any) -> tuple[Any, bool]:
+def _local(var: object) -> tuple[Any, bool]:
     """This task's own copy of ``var`` (no collective: a mirrored or sync-on-read variable's
     first local component) and whether it is a distributed variable (made in a strategy's
     scope)."""
@@ -78,7 +81,7 @@ def _local(var: Any) -> tuple[Any, bool]:
     return inner, False
 
 
-def _summary(name: str, var: Any, budget: list[int], full_values: int) -> VariableRow:
+def _summary(name: str, var: object, budget: list[int], full_values: int) -> VariableRow:
     import numpy as np
     import tensorflow as tf
 
@@ -90,7 +93,7 @@ def _summary(name: str, var: Any, budget: list[int], full_values: int) -> Variab
     return out
 
 
-def summarise(name: str, arr: Any, budget: list[int], full_values: int) -> VariableRow:
+def summarise(name: str, arr: ArrayLike, budget: list[int], full_values: int) -> VariableRow:
     """One array's checksums (numpy only): exact hash, float64 sum / sum of squares / min /
     max, values at fixed positions, and all values when it is small enough (``budget[0]``:
     how many values this task may still send whole)."""
