@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import pandas as pd
 
-from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.diagnostics.report import CheckReport, grouped
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
 from tfdist_nb.worker.gpu_probe import NvmlState
@@ -145,10 +145,8 @@ def _summary(answered: Mapping[str, GpuReadings], no_gpu: Mapping[str, str],
         more = len(problems) - 1
         return str(problems[0]) + (f" (and {more} more problem(s) below)" if more else "")
     if no_gpu and len(no_gpu) == len(answered):
-        by_cause: dict[str, list[str]] = defaultdict(list)
-        for task, cause in no_gpu.items():
-            by_cause[cause].append(task)
-        return "no GPU: " + "; ".join(f"{name_tasks(ts)}: {c}" for c, ts in by_cause.items())
+        return "no GPU: " + "; ".join(f"{name_tasks(ts)}: {c}"
+                                      for c, ts in grouped(no_gpu).items())
     given = "; ".join(f"{t}: GPU {','.join(d['entry'] for d in r.get('devices') or []) or '?'}"
                       for t, r in answered.items() if t not in no_gpu)
     names = sorted({str(d.get("name")) for r in answered.values()
@@ -188,8 +186,7 @@ def _task_findings(task: str, r: GpuReadings) -> list[GpuFinding]:
                 "(PTX) needs a newer driver (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)")
     found = [d for d in devices if d.get("found")]
     for d in found:
-        for issue, problem, text in _device_findings(d, build):
-            say(issue, problem, text)
+        _device_findings(d, build, say)
     if tf is not None and tf.get("error"):
         say(Issue.TF_ERROR, True, f"TensorFlow could not list its GPUs: {tf['error']}")
     elif tf is not None and (seen := tf.get("gpus")) is not None and seen < len(devices):
@@ -198,43 +195,38 @@ def _task_findings(task: str, r: GpuReadings) -> list[GpuFinding]:
     return out
 
 
-def _device_findings(d: GivenGpu, build: TfBuild) -> list[tuple[Issue, bool, str]]:
+def _device_findings(d: GivenGpu, build: TfBuild,
+                     say: Callable[[Issue, bool, str], None]) -> None:
     gpu = f"GPU {d['entry']} ({d.get('name')})"
-    out = []
     lowest = _lowest_capability(build.get("capabilities") or [])
     cc = _version(d.get("compute_capability"))
     if cc and lowest and cc < lowest:
-        out.append((Issue.CAPABILITY, True, f"{gpu} has compute capability "
-                    f"{d['compute_capability']}; this TensorFlow runs on "
-                    f"{lowest[0]}.{lowest[1]} and up, so it ignores the GPU"))
+        say(Issue.CAPABILITY, True, f"{gpu} has compute capability {d['compute_capability']}; "
+            f"this TensorFlow runs on {lowest[0]}.{lowest[1]} and up, so it ignores the GPU")
     width, width_max = d.get("pcie_width"), d.get("pcie_width_max")
     if width and width_max and width < width_max:
-        out.append((Issue.PCIE_WIDTH, True, f"{gpu}'s PCIe link runs x{width} of x{width_max}: "
-                    f"{width / width_max:.0%} of its host bandwidth (reseat the card, or check "
-                    "the slot and BIOS lane settings)"))
+        say(Issue.PCIE_WIDTH, True, f"{gpu}'s PCIe link runs x{width} of x{width_max}: "
+            f"{width / width_max:.0%} of its host bandwidth (reseat the card, or check the slot "
+            "and BIOS lane settings)")
     gen, gen_max = d.get("pcie_gen"), d.get("pcie_gen_max")
     if gen and gen_max and gen < gen_max and (d.get("util_percent") or 0) > 0:
         # an idle GPU lowers its link speed to save power: only a busy one is wrong
-        out.append((Issue.PCIE_GEN, True, f"{gpu}'s PCIe link runs gen{gen} of gen{gen_max} "
-                    f"while busy ({d['util_percent']}%): a slot or riser below the card's speed"))
+        say(Issue.PCIE_GEN, True, f"{gpu}'s PCIe link runs gen{gen} of gen{gen_max} while busy "
+            f"({d['util_percent']}%): a slot or riser below the card's speed")
     if d.get("ecc_uncorrected"):
-        out.append((Issue.ECC_ERRORS, True, f"{gpu} has {d['ecc_uncorrected']} uncorrected ECC "
-                    "error(s) since the driver loaded: its memory is failing; take it out of "
-                    "use"))
+        say(Issue.ECC_ERRORS, True, f"{gpu} has {d['ecc_uncorrected']} uncorrected ECC error(s) "
+            "since the driver loaded: its memory is failing; take it out of use")
     if d.get("ecc_on") is not None and d.get("ecc_pending_on") not in (None, d["ecc_on"]):
-        out.append((Issue.ECC_PENDING, False, f"{gpu}'s ECC mode changes to "
-                    f"{'on' if d['ecc_pending_on'] else 'off'} at the next reboot"))
+        say(Issue.ECC_PENDING, False, f"{gpu}'s ECC mode changes to "
+            f"{'on' if d['ecc_pending_on'] else 'off'} at the next reboot")
     reset = f"reset the GPU (nvidia-smi -r -i {d.get('index')}) or reboot before using it"
     if d.get("retired_pending"):
-        out.append((Issue.RETIRED_PENDING, True, f"{gpu} has memory pages waiting to be "
-                    f"retired: {reset}"))
+        say(Issue.RETIRED_PENDING, True, f"{gpu} has memory pages waiting to be retired: {reset}")
     if d.get("remap_failure"):
-        out.append((Issue.REMAP_FAILED, True, f"{gpu}'s row remapping failed: it has no spare "
-                    "rows left and needs service"))
+        say(Issue.REMAP_FAILED, True, f"{gpu}'s row remapping failed: it has no spare rows left "
+            "and needs service")
     elif d.get("remap_pending"):
-        out.append((Issue.REMAP_PENDING, True, f"{gpu} has memory rows waiting to be "
-                    f"remapped: {reset}"))
-    return out
+        say(Issue.REMAP_PENDING, True, f"{gpu} has memory rows waiting to be remapped: {reset}")
 
 
 #: what else found explains a TensorFlow that sees fewer GPUs than given

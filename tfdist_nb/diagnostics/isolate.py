@@ -243,41 +243,17 @@ class Walk:
         return row.variant
 
     def verdict(self) -> str:
-        return Verdict(self).sentence()
-
-    def finding(self) -> Finding:
-        return Verdict(self).finding()
-
-
-def _hypotheses(variant: Variant) -> list[list[Row]]:
-    """The outcomes a variant could have, for the progress line's count: fails or passes (for
-    ``shares``: every task, no task, or one task fails)."""
-    if not variant.shares:
-        return [[Row(variant, o, 0.0)] for o in (Outcome.FAILS, Outcome.PASSES)]
-    tasks = [str(t) for t in variant.spec.tasks]
-    return [[Row(variant, pick(i), 0.0, task=t) for i, t in enumerate(tasks)]
-            for pick in (lambda i: Outcome.FAILS, lambda i: Outcome.PASSES,
-                         lambda i: Outcome.FAILS if i == len(tasks) - 1 else Outcome.PASSES)]
-
-
-class Verdict:
-    """The one sentence a walk's outcomes support, with the evidence in brackets."""
-
-    def __init__(self, walk: Walk) -> None:
-        self.walk = walk
-
-    def sentence(self) -> str:
-        w = self.walk
+        """The one sentence the outcomes support, with the evidence in brackets."""
         said = self._headline()[1]
-        if w.stopped and w.stopped != "done":
-            said += f" ({w.stopped} after {len(w._done)} variant(s))"
+        if self.stopped and self.stopped != "done":
+            said += f" ({self.stopped} after {len(self._done)} variant(s))"
         return said
 
     def finding(self) -> Finding:
         return self._headline()[0]
 
     def _headline(self) -> tuple[Finding, str]:
-        w, got = self.walk, self.walk.outcome
+        got = self.outcome
         first = got("same")
         if first is None:
             return Finding.NO_ANSWER, "no answer: no variant ran"
@@ -288,21 +264,21 @@ class Verdict:
             return Finding.NOT_REPRODUCED, (
                 f"not reproduced: re-run unchanged in fresh kernels it {first.verb} "
                 f"({self._line('same')}); isolate needs a failure that repeats")
-        if w.tasks == 1:
-            return self._eagerly(eager(same(w.spec)).key, "1 worker")
+        if self.tasks == 1:
+            return self._eagerly(eager(same(self.spec)).key, "1 worker")
         if got("tasks=1") is None:
-            return Finding.UNKNOWN, f"fails again with {w.spec}; {self._unknown()}"
+            return Finding.UNKNOWN, f"fails again with {self.spec}; {self._unknown()}"
         if got("tasks=1") is not Outcome.FAILS:
-            return self._distributed()
-        return self._one_task()
+            return self._distributed_verdict()
+        return self._one_task_verdict()
 
-    def _distributed(self) -> tuple[Finding, str]:
-        w, got = self.walk, self.walk.outcome
-        needs = w.needs() or w.tasks
+    def _distributed_verdict(self) -> tuple[Finding, str]:
+        got = self.outcome
+        needs = self.needs() or self.tasks
         one = got("tasks=1") or Outcome.PASSES  # only called once it ran
         with_one = "passes" if one is Outcome.PASSES else f"{one.verb} ({self._line('tasks=1')})"
         alone_said = ""
-        task = w.failing_alone()
+        task = self.failing_alone()
         if task is not None:  # run before anything distributed (Walk._distributed)
             alone = got(share_alone_key(task))
             if alone is Outcome.FAILS:
@@ -317,23 +293,23 @@ class Verdict:
         head = f"needs {needs} or more workers: a distributed bug (with 1 worker it {with_one}"
         if got("mirrored") is Outcome.FAILS:
             return Finding.PER_REPLICA, (
-                f"needs {w.tasks} replicas, also in one process without multi-worker collectives: "
-                "the per-replica code (how the batch is split, code run in the replica context) "
-                f"(with 1 worker it {with_one}; MirroredStrategy on {w.tasks} CPU devices fails "
-                f"the same way{alone_said})")
+                f"needs {self.tasks} replicas, also in one process without multi-worker "
+                "collectives: the per-replica code (how the batch is split, code run in the "
+                f"replica context) (with 1 worker it {with_one}; MirroredStrategy on {self.tasks} "
+                f"CPU devices fails the same way{alone_said})")
         if got("mirrored") is Outcome.PASSES:
-            head += f"; the {w.tasks} replicas in one process pass: it is in how the tasks work "\
-                    "together"
-        at = same(w.spec) if needs == w.tasks else fewer(w.spec, needs)
+            head += (f"; the {self.tasks} replicas in one process pass: it is in how the tasks "
+                     "work together")
+        at = same(self.spec) if needs == self.tasks else fewer(self.spec, needs)
         if got(eager(at).key) is Outcome.PASSES:
             return Finding.TRACES_DIFFER, (
                 f"needs {needs} or more workers and passes eagerly: the tasks trace different "
                 f"functions or collectives (with 1 worker it {with_one}{alone_said})")
-        other = w._other_implementation()
+        other = self._other_implementation()
         if other and got(implementation(at, other).key) is Outcome.PASSES:
             return Finding.COLLECTIVE_IMPLEMENTATION, (
                 f"needs {needs} or more workers and passes with implementation={other.upper()}: "
-                f"the collective implementation {(w.implementation_used or 'auto').upper()}"
+                f"the collective implementation {(self.implementation_used or 'auto').upper()}"
                 f"{' (RING on GPUs)' if other == 'nccl' else ''} (with 1 worker it "
                 f"{with_one}{alone_said})")
         return Finding.DISTRIBUTED, head + alone_said + ")"
@@ -341,21 +317,20 @@ class Verdict:
     def _task_alone(self, task: str, with_one: str) -> tuple[Finding, str]:
         """One task's share fails alone though 1 worker (task 0) does not: its data, as when
         one share of several fails (``_one_task``)."""
-        w = self.walk
-        own = [str(t) for t in w.spec.tasks if str(t) in w.failure.on_its_own]
+        own = [str(t) for t in self.spec.tasks if str(t) in self.failure.on_its_own]
         who = (f"only {task} failed on its own" if own == [task]
                else f"{', '.join(own)} failed on their own")
         return Finding.TASK_DATA, (
             f"fails on {task}'s share alone: that task's data (or its own code path); in your "
-            f"run {who}, and with 1 worker (as {w.spec.tasks[0]}) it {with_one}")
+            f"run {who}, and with 1 worker (as {self.spec.tasks[0]}) it {with_one}")
 
-    def _one_task(self) -> tuple[Finding, str]:
-        w, got = self.walk, self.walk.outcome
-        shared = w._done.get("shares")
+    def _one_task_verdict(self) -> tuple[Finding, str]:
+        got = self.outcome
+        shared = self._done.get("shares")
         if shared is None:
             return Finding.UNKNOWN, (f"fails with 1 worker too: not a distributed bug; "
                                      f"{self._unknown()}")
-        failing = w.failing_shares()
+        failing = self.failing_shares()
         if failing and len(failing) < len(shared):
             names = ", ".join(f"{r.task}'s" for r in failing)
             others = "; ".join(f"{r.task}'s {r.outcome}" + (f" ({r.error})" if r.error and
@@ -366,10 +341,10 @@ class Verdict:
                 f"fails on {names} share alone: that task's data (or its own code path); alone, "
                 f"{others}")
         if failing:
-            alone = eager(share_alone(w.spec, str(failing[0].task))).key
+            alone = eager(share_alone(self.spec, str(failing[0].task))).key
             return self._eagerly(alone, "each task's share alone")
-        if got(eager(fewer(w.spec, 1)).key) is Outcome.PASSES:
-            return self._eagerly(eager(fewer(w.spec, 1)).key, "1 worker")
+        if got(eager(fewer(self.spec, 1)).key) is Outcome.PASSES:
+            return self._eagerly(eager(fewer(self.spec, 1)).key, "1 worker")
         if got("mirrored") is Outcome.FAILS:
             return Finding.DATA_AS_A_WHOLE, (
                 "fails on one task with MirroredStrategy and all the data, but on no task's "
@@ -380,7 +355,7 @@ class Verdict:
             "the multi-worker strategy's own code path")
 
     def _eagerly(self, key: str, where: str) -> tuple[Finding, str]:
-        got = self.walk.outcome(key)
+        got = self.outcome(key)
         if got is Outcome.PASSES:
             return Finding.TRACED_FUNCTION, (
                 f"passes eagerly: a difference in the traced function (fails on {where} as a "
@@ -394,8 +369,19 @@ class Verdict:
         return Finding.UNKNOWN, f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
 
     def _line(self, key: str) -> str:
-        rows = self.walk._done.get(key, [])
+        rows = self._done.get(key, [])
         return next((r.error for r in rows if r.error), "no error line")
 
     def _unknown(self) -> str:
         return "the next variant did not run"
+
+
+def _hypotheses(variant: Variant) -> list[list[Row]]:
+    """The outcomes a variant could have, for the progress line's count: fails or passes (for
+    ``shares``: every task, no task, or one task fails)."""
+    if not variant.shares:
+        return [[Row(variant, o, 0.0)] for o in (Outcome.FAILS, Outcome.PASSES)]
+    tasks = [str(t) for t in variant.spec.tasks]
+    return [[Row(variant, pick(i), 0.0, task=t) for i, t in enumerate(tasks)]
+            for pick in (lambda i: Outcome.FAILS, lambda i: Outcome.PASSES,
+                         lambda i: Outcome.FAILS if i == len(tasks) - 1 else Outcome.PASSES)]

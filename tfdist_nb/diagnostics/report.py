@@ -4,10 +4,22 @@ task(s) and the cause, the evidence as a DataFrame, and each kind's own fields."
 from __future__ import annotations
 
 import html
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+
+K = TypeVar("K")
+V = TypeVar("V", bound=Hashable)
+
+
+def grouped(values: Mapping[K, V]) -> dict[V, list[K]]:
+    """The keys that have each value, in the mapping's order."""
+    groups: dict[V, list[K]] = {}
+    for key, value in values.items():
+        groups.setdefault(value, []).append(key)
+    return groups
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.diagnostics.report import CheckReport, grouped
 from tfdist_nb.diagnostics.sharding_policy import OverlapCause as OverlapCause
 from tfdist_nb.diagnostics.sharding_policy import (
     overlap_cause,
@@ -34,7 +34,7 @@ def describe_problem(described: Mapping[str, Described | Failure]) -> CheckRepor
     kinds = {t: d.get("kind") for t, d in described.items() if "error" not in d}
     if failed:
         errors = [f"{t}: {failed[t]}" for t in sorted(failed, key=task_order)]
-        summary = "; ".join(f"{name_tasks(ts)}: {text}" for text, ts in _grouped(failed).items())
+        summary = "; ".join(f"{name_tasks(ts)}: {text}" for text, ts in grouped(failed).items())
     elif len(set(kinds.values())) > 1:
         text = "the tasks disagree about the expression: " + ", ".join(
             f"{t} has a {'distributed dataset' if k == 'distributed' else 'tf.data.Dataset'}"
@@ -113,7 +113,7 @@ def _failures(failed: dict[str, str],
                       "waits forever: %tfdist_restart gives working collectives again"]
                      if any(r.get("released") for r in reads.values()) else [])
     summary = "; ".join(f"{name_tasks(ts)} could not read the dataset: {e}"
-                        for e, ts in _grouped(causes).items())
+                        for e, ts in grouped(causes).items())
     released = sorted(set(failed) - set(causes), key=task_order)
     if all(ABORTED in e for e in causes.values()):
         summary += ("; the collectives were aborted (by an earlier failed read or an "
@@ -251,14 +251,6 @@ def _problems(reading: _Reading, overlap: pd.DataFrame, missing: pd.DataFrame | 
 #: TensorFlow's own error text for a collective aborted under it (by this check's runner, an
 #: earlier failed read or an interrupt): the one way to tell from a task's error
 ABORTED = "Collective ops is aborted by"
-
-
-def _grouped(errors: Mapping[str, str]) -> dict[str, list[str]]:
-    """The tasks that gave each error text."""
-    by_text: dict[str, list[str]] = {}
-    for t, text in errors.items():
-        by_text.setdefault(text, []).append(t)
-    return by_text
 
 
 def _short(error: str) -> str:

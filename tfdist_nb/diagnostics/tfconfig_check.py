@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.diagnostics.report import CheckReport, grouped
 from tfdist_nb.topology import validate_tf_config
 from tfdist_nb.worker.ops import PortState
 from tfdist_nb.worker.replies import Failure, TfConfigView
@@ -82,11 +82,8 @@ def analyse(views: Mapping[str, TfConfigView | Failure],
                      "own_port": ", ".join(f"{a} {s}" for a, s in
                                            (view.get("ports") or {}).items()) or None})
     if len(set(clusters.values())) > 1:
-        groups: dict[str, list[str]] = {}
-        for who, c in clusters.items():
-            groups.setdefault(c, []).append(who)
         sides = " vs ".join(f"{', '.join(ws)} see {_brief(json.loads(c))}"
-                            for c, ws in groups.items())
+                            for c, ws in grouped(clusters).items())
         errors.append(f"tasks disagree about the cluster: {sides}")
     summary = (f"{len(views)} TF_CONFIG(s) valid and consistent" if not errors else
                f"{len(errors)} problem(s): {errors[0]}" + (" ..." if len(errors) > 1 else ""))

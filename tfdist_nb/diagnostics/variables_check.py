@@ -18,7 +18,7 @@ from typing import Any, TypedDict
 
 import pandas as pd
 
-from tfdist_nb.diagnostics.report import CheckReport
+from tfdist_nb.diagnostics.report import CheckReport, grouped
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import name_tasks, task_order
 from tfdist_nb.worker.replies import Checksums, Failure, VariableRow
@@ -83,8 +83,13 @@ def _floats(values: list[float | str]) -> list[float]:
     return [float(v) for v in values]  # "nan" / "inf" / "-inf" came as text
 
 
-def _compare(rows: dict[str, VariableRow], atol: float, rtol: float) -> Verdict:
-    """One variable across tasks: verdict, max abs difference (exact or bounds) and why."""
+def _compare(rows: dict[str, VariableRow], good: list[str], atol: float, rtol: float
+             ) -> Verdict:
+    """One variable across tasks: verdict, max abs difference (exact or bounds) and why;
+    diverged when it is missing on some task that answered."""
+    if absent := [t for t in good if t not in rows]:
+        return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
+                "why": (VariableCause.MISSING, f"missing on {name_tasks(absent)}")}
     tasks = sorted(rows, key=task_order)
     first = rows[tasks[0]]
     settled = _by_bytes(rows, tasks)
@@ -180,31 +185,20 @@ def _pair_bounds(ra: VariableRow, rb: VariableRow) -> tuple[float, float]:
     return lo, hi
 
 
-def _verdict(rows: dict[str, VariableRow], good: list[str], atol: float,
-             rtol: float) -> Verdict:
-    """``_compare``, or diverged when the variable is missing on some task that answered."""
-    absent = [t for t in good if t not in rows]
-    if absent:
-        return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
-                "why": (VariableCause.MISSING, f"missing on {name_tasks(absent)}")}
-    return _compare(rows, atol, rtol)
-
-
 def _record(name: str, rows: Mapping[str, VariableRow], got: Verdict,
             good: list[str]) -> dict[str, object]:
     """The variable's row of the table: what it is, its verdict, each task's hash."""
-    mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
     first = rows[sorted(rows, key=task_order)[0]]
-    record: dict[str, object] = {"variable": name}
-    record.update(shape=str(tuple(first["shape"])), dtype=first["dtype"],
-                  mirrored=_mirrored_text(mirrored))
-    record.update(verdict=got["verdict"],
-                  max_abs_diff=got["max_abs_diff"] if got["exact"] else None,
-                  bound=("" if got["exact"] or "bound" not in got else
-                         f">= {got['bound'][0]:.3g}, <= {got['bound'][1]:.3g}"))
-    for t in good:
-        record[f"sha {t}"] = rows[t]["sha"] if t in rows else ""
-    return record
+    return {"variable": name, "shape": str(tuple(first["shape"])), "dtype": first["dtype"],
+            "mirrored": _mirrored_text(_mirrored(rows)), "verdict": got["verdict"],
+            "max_abs_diff": got["max_abs_diff"] if got["exact"] else None,
+            "bound": ("" if got["exact"] or "bound" not in got else
+                      f">= {got['bound'][0]:.3g}, <= {got['bound'][1]:.3g}"),
+            **{f"sha {t}": rows[t]["sha"] if t in rows else "" for t in good}}
+
+
+def _mirrored(rows: Mapping[str, VariableRow]) -> dict[str, bool]:
+    return {t: bool(r.get("mirrored")) for t, r in rows.items()}
 
 
 @dataclass
@@ -228,8 +222,7 @@ class _Tally:
             self.diverged[name] = float(value) if value is not None else math.nan
             if not got["exact"] and "bound" in got:
                 self.bounds[name] = got["bound"]
-            mirrored = {t: bool(r.get("mirrored")) for t, r in rows.items()}
-            self.kinds[name], self.causes[name] = got["why"] or _cause(mirrored,
+            self.kinds[name], self.causes[name] = got["why"] or _cause(_mirrored(rows),
                                                                        self.strategies)
             self.odd_tasks.update(_odd_ones(rows, self.good))
         elif got["verdict"] == "within tolerance":
@@ -246,33 +239,27 @@ def analyse(answers: Mapping[str, Checksums | Failure], atol: float = ATOL,
     good = list(found)
     fields: dict[str, Any] = {"errors": errors, "diverged": {}, "within_tolerance": [],
                               "atol": atol, "rtol": rtol}
-    if not good:
-        return CheckReport("variables", False, errors[0] if errors else "no task answered",
-                           details=errors, fields=fields)
     by_name = _by_name(found)
     tally = _Tally(good, {t: a.get("strategy") for t, a in found.items()})
     for name, rows in by_name.items():
-        tally.add(name, rows, _verdict(rows, good, atol, rtol))
+        tally.add(name, rows, _compare(rows, good, atol, rtol))
     table = pd.DataFrame(tally.records).set_index("variable") if tally.records else pd.DataFrame()
     details = [*errors, *_within_note(tally.within, atol, rtol)]
     fields.update(diverged=tally.diverged, within_tolerance=tally.within, bounds=tally.bounds,
                   causes=tally.causes, cause_kinds=tally.kinds,
-                  mirrored={name: {t: bool(r.get("mirrored")) for t, r in rows.items()}
-                            for name, rows in by_name.items()})
+                  mirrored={name: _mirrored(rows) for name, rows in by_name.items()})
     if not by_name:
-        return CheckReport("variables", not errors, (errors[0] if errors else
-                           "no variables found in the expression on " + name_tasks(good)),
-                           table, details=details, fields=fields)
-    if tally.diverged:
+        summary = (errors[0] if errors else "no task answered" if not good
+                   else "no variables found in the expression on " + name_tasks(good))
+    elif tally.diverged:
         summary = _diverged_summary(tally, len(by_name), errors)
         details += _diverged_lines(tally)
-        return CheckReport("variables", False, summary, table, details=details, fields=fields)
-    summary = (f"all {len(by_name)} variable(s) are the same on {name_tasks(good)}"
-               + (" (some only within the tolerance)" if tally.within else " (bitwise)"))
-    if errors:
-        return CheckReport("variables", False, f"{errors[0]}; on the others: {summary}", table,
-                           details=details, fields=fields)
-    return CheckReport("variables", True, summary, table, details=details, fields=fields)
+    else:
+        summary = (f"all {len(by_name)} variable(s) are the same on {name_tasks(good)}"
+                   + (" (some only within the tolerance)" if tally.within else " (bitwise)"))
+        summary = f"{errors[0]}; on the others: {summary}" if errors else summary
+    return CheckReport("variables", bool(good) and not errors and not tally.diverged, summary,
+                       table, details=details, fields=fields)
 
 
 def _by_name(answers: Mapping[str, Checksums]) -> dict[str, dict[str, VariableRow]]:
@@ -360,9 +347,7 @@ def _odd_ones(rows: Mapping[str, VariableRow], good: list[str]) -> list[str]:
     """The tasks outside the largest group of equal hashes (none to name for two tasks)."""
     if len(good) < 3:
         return list(good)
-    groups: dict[str, list[str]] = {}
-    for t in good:
-        groups.setdefault(rows[t]["sha"] if t in rows else "", []).append(t)
+    groups = grouped({t: rows[t]["sha"] if t in rows else "" for t in good})
     biggest = max(groups.values(), key=len)
     if len(biggest) * 2 <= len(good):
         return list(good)
