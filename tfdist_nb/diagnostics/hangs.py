@@ -60,8 +60,11 @@ def collective(row: dict[str, Any]) -> Collective:
                       called_at=row.get("called_at") or None)
 
 
-def _waits(rows: Mapping[str, dict[str, Any]], now: float
-           ) -> tuple[dict[str, str], dict[str, Collective]]:
+#: what each waiter waited in: in words (with how long), and typed
+_Waits = tuple[dict[str, str], dict[str, Collective]]
+
+
+def _waits(rows: Mapping[str, dict[str, Any]], now: float) -> _Waits:
     """What each waiter (task -> the row it waits in) waited in: in words (with how long), and
     typed; in task order."""
     order = sorted(rows, key=task_order)
@@ -93,13 +96,12 @@ def judge(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
     ``busy``: the tasks still running the cell; ``ledgers``: every task's; ``members``: the
     tasks MWMS groups together (chief and workers); ``absent``: members not running this cell.
     """
-    for rule in (_failed_or_finished, _absent, _diverged):
-        found = rule(ended, busy, ledgers, members, absent, steps, now)
-        if found is not None:
-            found.frozen = {w for w in found.waiting if w in busy and any(
-                r.get("kind") == "startup" for r in busy[w].open_rows())}
-            return found
-    return None
+    found = (_failed_or_finished(ended, busy, ledgers, members, steps, now)
+             or _absent(busy, ledgers, members, absent, now) or _diverged(busy, now))
+    if found is not None:
+        found.frozen = {w for w in found.waiting if w in busy and any(
+            r.get("kind") == "startup" for r in busy[w].open_rows())}
+    return found
 
 
 def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: set[str]) -> bool:
@@ -133,7 +135,7 @@ def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None
 
 
 def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
-                        ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
+                        ledgers: Mapping[str, LedgerView], members: set[str],
                         steps: dict[str, int], now: float) -> Hang | None:
     # a task that ended with what a released collective raises was released (by a peer's
     # abort or death), not the cause: the others are judged first
@@ -151,9 +153,11 @@ def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
                     break
         if not stuck:
             continue
+        waiters = sorted(stuck, key=task_order)
+        waits = _waits({w: r for w, (r, _) in stuck.items()}, now)
         if end.status in (TaskStatus.ERROR, TaskStatus.CRASHED):
-            return _failed(end, stuck, ledgers, now)
-        return _finished(end, stuck, ledgers, steps, now)
+            return _failed(end, waiters, stuck[waiters[0]], ledgers, waits)
+        return _finished(end, waiters, stuck[waiters[0]][0], ledgers, steps, waits)
     return None
 
 
@@ -236,13 +240,12 @@ def hang_said(hang: Hang, r: TaskResult) -> str:
     return said
 
 
-def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
-            ledgers: Mapping[str, LedgerView], now: float) -> Hang:
+def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
+            ledgers: Mapping[str, LedgerView], waits: _Waits) -> Hang:
     how = "crashed" if end.status is TaskStatus.CRASHED else "failed"
     what = f" ({end.error})" if end.error else ""
     at = f" at {end.where}" if end.where else ""
-    waiters = sorted(stuck, key=task_order)
-    row, entered = stuck[waiters[0]]
+    row, entered = stuck
     if row.get("kind") in BARRIER_KINDS:
         cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited for it in "
                  f"{describe_row(row)}, which {end.task} {entered}")
@@ -263,18 +266,15 @@ def _failed(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
                   "size or data); every task must reduce tensors of the same shape")
     else:
         advice = f"fix {end.task}'s error; the other tasks only waited for it"
-    waiting, waited_in = _waits({w: r for w, (r, _) in stuck.items()}, now)
-    return Hang(HangRule.FAILED, end.task, cause, waiting, advice, likely, waited_in,
+    return Hang(HangRule.FAILED, end.task, cause, waits[0], advice, likely, waits[1],
                 culprit_error=end.error, culprit_at=end.where,
                 culprit_in=collective(mine) if mine is not None else None)
 
 
-def _finished(end: Ended, stuck: dict[str, tuple[dict[str, Any], str]],
-              ledgers: Mapping[str, LedgerView], steps: dict[str, int], now: float) -> Hang:
-    waiters = sorted(stuck, key=task_order)
-    row, _ = stuck[waiters[0]]
+def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
+              ledgers: Mapping[str, LedgerView], steps: dict[str, int], waits: _Waits) -> Hang:
     group = row.get("group")
-    waiting, waited_in = _waits({w: r for w, (r, _) in stuck.items()}, now)
+    waiting, waited_in = waits
     if row.get("kind") == "check":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
                  f"reach tf.function '{row.get('function')}' at {row.get('where')}, which "
@@ -349,9 +349,8 @@ def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],
         "drop_remainder=True for the last partial batch")
 
 
-def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
-            ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
-            steps: dict[str, int], now: float) -> Hang | None:
+def _absent(busy: Mapping[str, LedgerView], ledgers: Mapping[str, LedgerView],
+            members: set[str], absent: set[str], now: float) -> Hang | None:
     for name in sorted(absent, key=task_order):
         for waiter, view in sorted(busy.items(), key=lambda kv: task_order(kv[0])):
             for row in view.open_rows():
@@ -369,9 +368,7 @@ def _absent(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
     return None
 
 
-def _diverged(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
-              ledgers: Mapping[str, LedgerView], members: set[str], absent: set[str],
-              steps: dict[str, int], now: float) -> Hang | None:
+def _diverged(busy: Mapping[str, LedgerView], now: float) -> Hang | None:
     slots: dict[tuple[str, int], dict[str, dict[str, Any]]] = collections.defaultdict(dict)
     for task, view in busy.items():
         for row in view.open_rows():

@@ -133,15 +133,11 @@ def signature(tasks: Iterable[TaskResult]) -> tuple[str, str]:
     for r in results:
         if r.status is TaskStatus.ERROR and r.error is not None:
             return r.error.ename, r.error.short(200)
-    for r in results:
-        if r.status is TaskStatus.CRASHED:
-            return "crashed", f"{r.task} crashed"
-    for r in results:
-        if r.status in (TaskStatus.STALLED, TaskStatus.TIMEOUT, TaskStatus.ABORTED):
-            return HANG, f"{r.task} {r.status}"
-    for r in results:
-        if r.status is TaskStatus.INTERRUPTED:
-            return "interrupted", f"{r.task} interrupted"
+    for sig, ended in (("crashed", {TaskStatus.CRASHED}),
+                       (HANG, {TaskStatus.STALLED, TaskStatus.TIMEOUT, TaskStatus.ABORTED}),
+                       ("interrupted", {TaskStatus.INTERRUPTED})):
+        if said := next((f"{r.task} {r.status}" for r in results if r.status in ended), None):
+            return sig, said
     return "ok", ""
 
 

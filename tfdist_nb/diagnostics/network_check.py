@@ -29,19 +29,16 @@ def analyse(reach: Mapping[str, Mapping[str, PeerReach]],
     tasks = sorted({*reach, *stand_ins}, key=task_order)
     latency = pd.DataFrame(index=tasks, columns=tasks + ([OUTSIDE] if outbound else []),
                            dtype="float64")
-    failures: list[tuple[str, str, str]] = []
-    for src, row in reach.items():
-        for dst, got in row.items():
-            if got["ok"] and got["ms"] is not None:
-                latency.loc[src, dst] = round(got["ms"], 3)
-            else:
-                failures.append((src, dst, str(got["error"])))
-    cut_off = []
-    for src, got in (outbound or {}).items():
+    paths = [(src, dst, got) for src, row in reach.items() for dst, got in row.items()]
+    paths += [(src, OUTSIDE, got) for src, got in (outbound or {}).items()]
+    failed: list[tuple[str, str, str]] = []
+    for src, dst, got in paths:
         if got["ok"] and got["ms"] is not None:
-            latency.loc[src, OUTSIDE] = round(got["ms"], 3)
+            latency.loc[src, dst] = round(got["ms"], 3)
         else:
-            cut_off.append((src, str(got["error"])))
+            failed.append((src, dst, str(got["error"])))
+    failures = [f for f in failed if f[1] != OUTSIDE]
+    cut_off = [(src, why) for src, dst, why in failed if dst == OUTSIDE]
     latency.index.name = "from \\ to"
     details = [f"{src} -> {dst}: {why}" for src, dst, why in failures]
     if cut_off:
