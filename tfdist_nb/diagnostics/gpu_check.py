@@ -114,14 +114,9 @@ def analyse(readings: Mapping[str, GpuReadings | Failure],
     tasks = sorted(readings, key=task_order)
     answered = {t: r for t in tasks if "error" not in (r := readings[t])}
     no_gpu = {t: cause for t, r in answered.items() if (cause := no_gpu_cause(t, r))}
-    findings: list[GpuFinding] = []
-    for task, reading in answered.items():
-        if task not in no_gpu:
-            findings += _task_findings(task, reading)
-    findings += _sharing(answered)
     timings, said = _allreduce(allreduce or {})
-    findings += said
-    findings = _merged(findings)
+    per_task = [f for t, r in answered.items() if t not in no_gpu for f in _task_findings(t, r)]
+    findings = _merged([*per_task, *_sharing(answered), *said])
     problems = [f for f in findings if f.problem]
     silent = {t: r["error"] for t in tasks if "error" in (r := readings[t])}
     details = [f"{t}: did not answer ({why})" for t, why in silent.items()]

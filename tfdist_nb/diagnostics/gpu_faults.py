@@ -5,6 +5,7 @@ each cause chosen from evidence: the error, the task's output, every task's last
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -185,9 +186,7 @@ def _memory_causes(mine: list[dict[str, Any]], shared: list[str], env: dict[str,
         causes.append("NCCL's own buffers: NCCL_BUFFSIZE=2097152 makes them smaller")
     if tensor is not None and tensor.group(1):
         dims = [int(d) for d in tensor.group(1).replace(" ", "").split(",") if d]
-        size = DTYPE_BYTES.get(tensor.group(2) or "", 4)
-        for d in dims:
-            size *= d
+        size = DTYPE_BYTES.get(tensor.group(2) or "", 4) * math.prod(dims)
         causes.append(f"the tensor it could not allocate, {tensor.group(2)}"
                       f"[{','.join(map(str, dims))}] ({size / 2**20:.0f} MB), grows with the "
                       "batch per replica (the global batch / the number of replicas): a "
@@ -199,10 +198,8 @@ def _memory_causes(mine: list[dict[str, Any]], shared: list[str], env: dict[str,
 
 
 def _xid(mine: list[dict[str, Any]]) -> str | None:
-    for g in mine:
-        for code in g.get("xid") or ():
-            return f"GPU {g.get('index')} ({g.get('uuid')}) reported {describe_xid(code)}"
-    return None
+    return next((f"GPU {g.get('index')} ({g.get('uuid')}) reported {describe_xid(code)}"
+                 for g in mine for code in g.get("xid") or ()), None)
 
 
 def _system(text: str) -> str:

@@ -318,12 +318,8 @@ def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
             if r.get("index") is not None and str(r.get("group")) == str(group):
                 line = r.get("called_at") or r["where"]
                 per_line[line][t] = per_line[line].get(t, 0) + 1
-    out = []
-    for where, per in per_line.items():
-        full = {t: per.get(t, 0) for t in tasks}
-        if len(set(full.values())) > 1:
-            out.append((where, full))
-    return out
+    full = {where: {t: per.get(t, 0) for t in tasks} for where, per in per_line.items()}
+    return [(where, per) for where, per in full.items() if len(set(per.values())) > 1]
 
 
 def _advice_for_uneven(done: str, waiter: str, steps: dict[str, int],

@@ -41,6 +41,8 @@ from tfdist_nb.diagnostics.isolate_variants import (
 )
 from tfdist_nb.topology import ClusterSpec
 
+NOT_RUN = "the next variant did not run"  # why a verdict is unknown
+
 
 # ---------------------------------------------------------------------------- the walk
 @dataclass
@@ -82,9 +84,8 @@ class Walk:
 
     def needs(self) -> int | None:
         """The fewest tasks with which it was seen to fail, if any."""
-        failing = [n for n in range(1, self.tasks + 1)
-                   if self.outcome("same" if n == self.tasks else f"tasks={n}") is Outcome.FAILS]
-        return min(failing) if failing else None
+        return next((n for n in range(1, self.tasks + 1) if self.outcome(
+            "same" if n == self.tasks else f"tasks={n}") is Outcome.FAILS), None)
 
     def failing_shares(self) -> list[Row]:
         return [r for r in self._done.get("shares", []) if r.outcome is Outcome.FAILS]
@@ -267,7 +268,7 @@ class Walk:
         if self.tasks == 1:
             return self._eagerly(eager(same(self.spec)).key, "1 worker")
         if got("tasks=1") is None:
-            return Finding.UNKNOWN, f"fails again with {self.spec}; {self._unknown()}"
+            return Finding.UNKNOWN, f"fails again with {self.spec}; {NOT_RUN}"
         if got("tasks=1") is not Outcome.FAILS:
             return self._distributed_verdict()
         return self._one_task_verdict()
@@ -328,8 +329,7 @@ class Walk:
         got = self.outcome
         shared = self._done.get("shares")
         if shared is None:
-            return Finding.UNKNOWN, (f"fails with 1 worker too: not a distributed bug; "
-                                     f"{self._unknown()}")
+            return Finding.UNKNOWN, f"fails with 1 worker too: not a distributed bug; {NOT_RUN}"
         failing = self.failing_shares()
         if failing and len(failing) < len(shared):
             names = ", ".join(f"{r.task}'s" for r in failing)
@@ -365,16 +365,12 @@ class Walk:
                 f"fails on {where} without multi-worker collectives, also eagerly: a bug in the "
                 "model or the input pipeline, not in distribution")
         if got is None:
-            return Finding.UNKNOWN, f"fails on {where}; {self._unknown()}"
+            return Finding.UNKNOWN, f"fails on {where}; {NOT_RUN}"
         return Finding.UNKNOWN, f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
 
     def _line(self, key: str) -> str:
         rows = self._done.get(key, [])
         return next((r.error for r in rows if r.error), "no error line")
-
-    def _unknown(self) -> str:
-        return "the next variant did not run"
-
 
 def _hypotheses(variant: Variant) -> list[list[Row]]:
     """The outcomes a variant could have, for the progress line's count: fails or passes (for

@@ -11,6 +11,7 @@ within ``atol + rtol * max|a|``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,10 +80,6 @@ class Verdict(_Verdict, total=False):
     bound: tuple[float, float]
 
 
-def _floats(values: list[float | str]) -> list[float]:
-    return [float(v) for v in values]  # "nan" / "inf" / "-inf" came as text
-
-
 def _compare(rows: dict[str, VariableRow], good: list[str], atol: float, rtol: float
              ) -> Verdict:
     """One variable across tasks: verdict, max abs difference (exact or bounds) and why;
@@ -97,7 +94,8 @@ def _compare(rows: dict[str, VariableRow], good: list[str], atol: float, rtol: f
         return settled
     tol = _tolerance(rows, atol, rtol)
     if all("values" in r for r in rows.values()):
-        diff = _max_abs_diff([_floats(rows[t]["values"]) for t in tasks])
+        # "nan" / "inf" / "-inf" came as text
+        diff = _max_abs_diff([[float(v) for v in rows[t]["values"]] for t in tasks])
         return {"verdict": "within tolerance" if diff <= tol else "diverged",
                 "max_abs_diff": diff, "exact": True, "why": None}
     if any(r.get("nonfinite", 0) for r in rows.values()):
@@ -161,10 +159,9 @@ def _bounds(rows: dict[str, VariableRow], tasks: list[str]) -> tuple[float, floa
     """Lower and upper bounds of the max abs difference from the summaries, over every pair of
     tasks (module docstring)."""
     lo, hi = 0.0, 0.0
-    for i, a in enumerate(tasks):
-        for b in tasks[i + 1:]:
-            pair_lo, pair_hi = _pair_bounds(rows[a], rows[b])
-            lo, hi = max(lo, pair_lo), max(hi, pair_hi)
+    for a, b in itertools.combinations(tasks, 2):
+        pair_lo, pair_hi = _pair_bounds(rows[a], rows[b])
+        lo, hi = max(lo, pair_lo), max(hi, pair_hi)
     return lo, hi
 
 
