@@ -44,22 +44,17 @@ def loop_bound(code: str, before: Iterable[str] = ()) -> LoopBound | None:
     except SyntaxError:
         return None
     names = _int_names([*before, code])
-    found: list[LoopBound] = []
+    written: list[tuple[ast.expr, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.For) and _is_range(node.iter):
-            arg = node.iter.args[0]  # type: ignore[attr-defined]
-            value = _int_value(arg, names)
-            if value is not None and value >= 2:
-                found.append(_bound(arg, value, "range"))
-    if found:
-        return max(found, key=lambda b: (b.value, -b.line))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            for kw in node.keywords:
-                if kw.arg in ("steps_per_epoch", "epochs"):
-                    value = _int_value(kw.value, names)
-                    if value is not None and value >= 2:
-                        found.append(_bound(kw.value, value, kw.arg))
+            written.append((node.iter.args[0], "range"))  # type: ignore[attr-defined]
+        elif isinstance(node, ast.Call):
+            written += [(kw.value, kw.arg) for kw in node.keywords
+                        if kw.arg in ("steps_per_epoch", "epochs")]
+    found = [_bound(node, value, what) for node, what in written
+             if (value := _int_value(node, names)) is not None and value >= 2]
+    if ranges := [b for b in found if b.what == "range"]:
+        return max(ranges, key=lambda b: (b.value, -b.line))
     # epochs first: with it, steps_per_epoch is not the number of steps the task ran
     return min(found, key=lambda b: b.what) if found else None
 

@@ -350,9 +350,8 @@ def _absent(busy: Mapping[str, LedgerView], ledgers: Mapping[str, LedgerView],
     for name in sorted(absent, key=task_order):
         for waiter, view in sorted(busy.items(), key=lambda kv: task_order(kv[0])):
             for row in view.open_rows():
-                if not _needs(row, name, ledgers.get(name), members):
-                    continue
-                if _never_entered(row, ledgers.get(name)) is None:
+                ledger = ledgers.get(name)
+                if not _needs(row, name, ledger, members) or _never_entered(row, ledger) is None:
                     continue
                 cause = (f"{waiter} waits in {describe_row(row)} for {name}, which is not "
                          "running this cell")

@@ -164,11 +164,6 @@ def judge(failure: Failure, tasks: Iterable[TaskResult], timed_out: bool) -> tup
 
 
 # ---------------------------------------------------------------------------- the variants
-def sized(spec: ClusterSpec, tasks: int) -> ClusterSpec:
-    """``spec`` with ``tasks`` tasks: the chief stays, workers go."""
-    return ClusterSpec(workers=tasks - spec.chief, chief=spec.chief)
-
-
 def count_title(spec: ClusterSpec, tasks: int) -> str:
     if spec.chief:
         return f"{tasks} task{'s' if tasks > 1 else ''} (chief and {tasks - 1} worker(s))"
@@ -180,7 +175,9 @@ def same(spec: ClusterSpec) -> Variant:
 
 
 def fewer(spec: ClusterSpec, tasks: int) -> Variant:
-    return Variant(f"tasks={tasks}", count_title(spec, tasks), sized(spec, tasks))
+    # the chief stays, workers go
+    return Variant(f"tasks={tasks}", count_title(spec, tasks),
+                   ClusterSpec(workers=tasks - spec.chief, chief=spec.chief))
 
 
 def shares(spec: ClusterSpec) -> Variant:

@@ -86,12 +86,8 @@ def analyse(described: Mapping[str, Described | Failure], reads: Mapping[str, Re
     fields.update(overlap=overlap, missing=missing, per_task=reading.per_task,
                   imbalance=reading.imbalance(), extra=extra, cut=cut)
     fields["overlap_cause"] = overlap_cause(found, effective)[0] if len(overlap) else None
-    problems = _problems(reading, overlap, missing, found, effective)
-    if failure is not None:
-        problems.insert(0, failure)
-    if problems:
-        return CheckReport("sharding", False, "; ".join(problems), table, details=details,
-                           fields=fields)
+    problems = [failure] if failure else []
+    problems += _problems(reading, overlap, missing, found, effective)
     per_task = reading.per_task
     split = "/".join(str(per_task[t]) for t in good)
     text = (f"{sum(per_task.values())} element(s) split {split} across {name_tasks(good)} "
@@ -99,7 +95,8 @@ def analyse(described: Mapping[str, Described | Failure], reads: Mapping[str, Re
             + f" (sharding: {effective})")
     if cut:
         text += f"; cut short by a bound on {name_tasks(list(cut))}"
-    return CheckReport("sharding", True, text, table, details=details, fields=fields)
+    return CheckReport("sharding", not problems, "; ".join(problems) or text, table,
+                       details=details, fields=fields)
 
 
 def _failures(failed: dict[str, str],
