@@ -263,8 +263,8 @@ class Walk:
                                    "unchanged in fresh kernels")
         if first is not Outcome.FAILS:
             return Finding.NOT_REPRODUCED, (
-                f"not reproduced: re-run unchanged in fresh kernels it {first.verb} "
-                f"({self._line('same')}); isolate needs a failure that repeats")
+                f"not reproduced: re-run unchanged in fresh kernels it {self._said('same')}; "
+                "isolate needs a failure that repeats")
         if self.tasks == 1:
             return self._eagerly(eager(same(self.spec)).key, "1 worker")
         if got("tasks=1") is None:
@@ -276,8 +276,7 @@ class Walk:
     def _distributed_verdict(self) -> tuple[Finding, str]:
         got = self.outcome
         needs = self.needs() or self.tasks
-        one = got("tasks=1") or Outcome.PASSES  # only called once it ran
-        with_one = "passes" if one is Outcome.PASSES else f"{one.verb} ({self._line('tasks=1')})"
+        with_one = self._said("tasks=1")  # only called once it ran
         alone_said = ""
         task = self.failing_alone()
         if task is not None:  # run before anything distributed (Walk._distributed)
@@ -289,8 +288,7 @@ class Walk:
                 return Finding.UNKNOWN, (
                     f"with 1 worker it {with_one}; {task} failed on its own in your run: the "
                     f"next variant, its share alone, {ended}")
-            alone_said = f"; {task}'s share alone {alone.verb}" + (
-                "" if alone is Outcome.PASSES else f" ({self._line(share_alone_key(task))})")
+            alone_said = f"; {task}'s share alone {self._said(share_alone_key(task))}"
         head = f"needs {needs} or more workers: a distributed bug (with 1 worker it {with_one}"
         if got("mirrored") is Outcome.FAILS:
             return Finding.PER_REPLICA, (
@@ -366,11 +364,16 @@ class Walk:
                 "model or the input pipeline, not in distribution")
         if got is None:
             return Finding.UNKNOWN, f"fails on {where}; {NOT_RUN}"
-        return Finding.UNKNOWN, f"fails on {where}; eagerly it {got.verb} ({self._line(key)})"
+        return Finding.UNKNOWN, f"fails on {where}; eagerly it {self._said(key)}"
 
-    def _line(self, key: str) -> str:
-        rows = self._done.get(key, [])
-        return next((r.error for r in rows if r.error), "no error line")
+    def _said(self, key: str) -> str:
+        """How variant ``key`` ended, in a sentence: its outcome's verb, and its first error
+        line unless it passed."""
+        got = self.outcome(key) or Outcome.PASSES
+        if got is Outcome.PASSES:
+            return got.verb
+        line = next((r.error for r in self._done.get(key, []) if r.error), "no error line")
+        return f"{got.verb} ({line})"
 
 def _hypotheses(variant: Variant) -> list[list[Row]]:
     """The outcomes a variant could have, for the progress line's count: fails or passes (for
