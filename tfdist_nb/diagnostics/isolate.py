@@ -370,10 +370,8 @@ class Walk:
         """How variant ``key`` ended, in a sentence: its outcome's verb, and its first error
         line unless it passed."""
         got = self.outcome(key) or Outcome.PASSES
-        if got is Outcome.PASSES:
-            return got.verb
         line = next((r.error for r in self._done.get(key, []) if r.error), "no error line")
-        return f"{got.verb} ({line})"
+        return got.verb if got is Outcome.PASSES else f"{got.verb} ({line})"
 
 def _hypotheses(variant: Variant) -> list[list[Row]]:
     """The outcomes a variant could have, for the progress line's count: fails or passes (for
