@@ -19,9 +19,7 @@ def env_frame(reports: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
     a column per task, and a bool ``mismatch`` column. A property one task lacks reads as
     empty there and counts as a difference."""
     tasks = list(reports)
-    props: list[str] = []
-    for rep in reports.values():
-        props += [k for k in rep.get("props", {}) if k not in props]
+    props = dict.fromkeys(k for rep in reports.values() for k in rep.get("props", {}))
     rows = {p: [reports[t].get("props", {}).get(p) for t in tasks] for p in props}
     names = sorted({n for rep in reports.values() for n in rep.get("packages", {})})
     for name in names:

@@ -287,11 +287,10 @@ def _allreduce(answers: Mapping[str, Mapping[str, Bandwidth | Failure]]
     collective) and what they say: a failed collective, or NCCL worth asking for."""
     rows, said, best = [], [], {}
     for impl, per_task in answers.items():
-        failed = {t: a for t, a in per_task.items() if "error" in a and not a.get("released")}
-        for task, a in failed.items():
-            said.append(GpuFinding((task,), Issue.ALLREDUCE_FAILED, True,
-                                   f"the {impl} all-reduce failed: {a['error']}; the cluster's "
-                                   "collectives fail until its tasks restart (%tfdist_restart)"))
+        said += [GpuFinding((task,), Issue.ALLREDUCE_FAILED, True,
+                            f"the {impl} all-reduce failed: {a['error']}; the cluster's "
+                            "collectives fail until its tasks restart (%tfdist_restart)")
+                 for task, a in per_task.items() if "error" in a and not a.get("released")]
         first = next((a for a in per_task.values() if "error" not in a and a.get("rows")),
                      None)
         if first is None:

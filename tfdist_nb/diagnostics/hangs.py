@@ -246,16 +246,15 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
     what = f" ({end.error})" if end.error else ""
     at = f" at {end.where}" if end.where else ""
     row, entered = stuck
-    if row.get("kind") in BARRIER_KINDS:
-        cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited for it in "
-                 f"{describe_row(row)}, which {end.task} {entered}")
-    else:
-        cause = (f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited in a "
-                 f"collective that {end.task} {entered}: {describe_row(row)}")
+    head = f"{end.task} {how}{what}{at} while {', '.join(waiters)} waited"
+    cause = (f"{head} for it in {describe_row(row)}, which {end.task} {entered}"
+             if row.get("kind") in BARRIER_KINDS else
+             f"{head} in a collective that {end.task} {entered}: {describe_row(row)}")
     theirs = ledgers.get(end.task)
     mine = theirs.at(row.get("group"), row["index"]) if theirs and row.get("index") is not None \
         else None
-    likely = LikelyCause.CULPRIT_ERROR
+    likely, advice = (LikelyCause.CULPRIT_ERROR,
+                      f"fix {end.task}'s error; the other tasks only waited for it")
     if mine is not None and not _same(mine, row):
         likely = LikelyCause.SHAPE_PER_TASK
         advice = (f"the tensors differ: {waiters[0]} "
@@ -264,8 +263,6 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
                   f"{describe_tensor(mine.get('dtype', '?'), mine.get('shape'))} at "
                   f"{mine.get('where')}: a shape that depends on the task (a per-task batch "
                   "size or data); every task must reduce tensors of the same shape")
-    else:
-        advice = f"fix {end.task}'s error; the other tasks only waited for it"
     return Hang(HangRule.FAILED, end.task, cause, waits[0], advice, likely, waits[1],
                 culprit_error=end.error, culprit_at=end.where,
                 culprit_in=collective(mine) if mine is not None else None)

@@ -63,13 +63,12 @@ def analyse(views: Mapping[str, TfConfigView | Failure],
             continue
         cfg, problems = structure_errors(view.get("tf_config"), who)
         errors += problems
-        for host, said in (view.get("resolve") or {}).items():
-            if said != "ok":
-                errors.append(f"{who}: host {host!r} {said} on {view.get('host')}")
-        for addr, state in (view.get("ports") or {}).items():
-            if state == PortState.IN_USE:
-                errors.append(f"{who}: {addr} is in use on {view.get('host')} by another "
-                              "process: TensorFlow's server cannot bind it")
+        errors += [f"{who}: host {host!r} {said} on {view.get('host')}"
+                   for host, said in (view.get("resolve") or {}).items() if said != "ok"]
+        errors += [f"{who}: {addr} is in use on {view.get('host')} by another process: "
+                   "TensorFlow's server cannot bind it"
+                   for addr, state in (view.get("ports") or {}).items()
+                   if state == PortState.IN_USE]
         me = None
         if cfg is not None and isinstance(cfg.get("task"), dict):
             me = f"{cfg['task'].get('type')}:{cfg['task'].get('index')}"
