@@ -126,9 +126,8 @@ class _Reading:
 
     def __init__(self, good: list[str], reads: Mapping[str, Read]) -> None:
         self.good, self.reads = good, reads
-        self.previews: dict[str, str] = {}
-        for t in good:
-            self.previews.update(reads[t].get("previews") or {})
+        self.previews = {fp: text for t in good
+                         for fp, text in (reads[t].get("previews") or {}).items()}
         self.counts = {t: dict(reads[t].get("counts") or {}) for t in good}
         self.per_task = {t: int(reads[t].get("examples", sum(self.counts[t].values())))
                          for t in good}

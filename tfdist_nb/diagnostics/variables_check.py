@@ -119,8 +119,7 @@ def _by_bytes(rows: dict[str, VariableRow], tasks: list[str]) -> Verdict | None:
         return {"verdict": "diverged", "max_abs_diff": math.inf, "exact": True,
                 "why": (VariableCause.SHAPE_DTYPE, "shape/dtype differ: " + ", ".join(
                     f"{t} {dtypes[t]}{list(shapes[t])}" for t in tasks))}
-    shas = {t: r["sha"] for t, r in rows.items()}
-    if len(set(shas.values())) == 1:
+    if len({r["sha"] for r in rows.values()}) == 1:
         return {"verdict": "equal", "max_abs_diff": 0.0, "exact": True, "why": None}
     if "sum" not in first and "values" not in first:
         return {"verdict": "diverged", "max_abs_diff": None, "exact": False,
