@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import exposure, report, software, task_settings
+from tfdist_nb.cluster import exposure, report, task_settings
 from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.export import ExportError, restart_times
@@ -253,9 +253,22 @@ class Diagnose:
             cells=self.rundir.cells(), show_env=show_env)
 
     def _keras_summary(self) -> str:
-        """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
-        the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
-        return software.keras_summary([rt.info for rt in self.tasks.values()], self.spec)
+        """Which TensorFlow and Keras the tasks run (from each task's start-up
+        self-description), for the ``%%tfcluster`` ready line, with the ``fit`` caveat for
+        Keras 3 under the strategy this cluster's shape is for (ps tasks:
+        ParameterServerStrategy; docs/design.md, Facts, "Keras 3 and MWMS")."""
+        infos = [rt.info for rt in self.tasks.values()]
+        flavours = sorted({str(info.get("keras_flavour")) for info in infos})
+        tf = sorted({str(info.get("tensorflow")) for info in infos})
+        text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
+        if "keras 3" not in flavours:
+            return text
+        if self.spec.ps:
+            text += (": model.fit under ParameterServerStrategy (DatasetCreator, "
+                     "ClusterCoordinator) runs on tf_keras: TF_USE_LEGACY_KERAS=1")
+        elif self.spec.workers + self.spec.chief > 1:
+            text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
+        return text
 
     def tf_exposure(self) -> dict[str, int]:
         """The tasks whose TensorFlow gRPC port listens on every interface of this host now
@@ -283,7 +296,10 @@ class Diagnose:
         return self.rundir.trouble() if self.rundir else None
 
     def _warn_mismatch(self) -> None:
-        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""
-        if said := software.mismatch({rt.name: rt.info for rt in self.tasks.values()}):
+        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once: a
+        multi-worker job breaks outright then."""
+        if len(self.tasks) > 1 and (said := env_check.critical_mismatch(env_check.env_frame(
+                {rt.name: {"props": {k: rt.info.get(k) for k in env_check.CRITICAL}}
+                 for rt in self.tasks.values()}))):
             self._note("cluster", f"environment mismatch: {said} (%tfdist_env shows all)",
                        "WARNING")

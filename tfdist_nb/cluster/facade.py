@@ -19,7 +19,6 @@ from tfdist_nb.cluster import exposure
 from tfdist_nb.cluster.cells import Cells, InputHandler
 from tfdist_nb.cluster.diagnose_api import Diagnose
 from tfdist_nb.cluster.environment import check_env, resolve_python
-from tfdist_nb.cluster.gpus import place
 from tfdist_nb.cluster.hub import EventHub
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, Isolation
@@ -29,7 +28,7 @@ from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome, spare_count
 from tfdist_nb.cluster.spares import PoolUser
-from tfdist_nb.cluster.start_steps import Setup
+from tfdist_nb.cluster.start_steps import Setup, place
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame, waiting_for_prompt

@@ -1,4 +1,4 @@
-"""What the runner may learn about a busy task (:class:`tfdist_nb.cluster.runner.Inspector`).
+"""What the runner (:func:`tfdist_nb.cluster.runner.run_cell`) may learn about a busy task.
 Stacks and aborts go through each task's inspection subshell, which answers while the main
 thread is blocked inside a TensorFlow op.
 """

@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
-from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.environment import telemetry_env, worker_env
 from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
@@ -28,7 +27,7 @@ from tfdist_nb.cluster.spare import Spare, WarmOutcome, adopt
 from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.start_steps import Setup, StartFailed, late, log_size, unless_it_dies
 from tfdist_nb.cluster.state import TaskEvent
-from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.task import TaskRuntime, end_kernel
 from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.events import CameBack, Restart

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.loop import LoopThread
-from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.task_settings import directory_to_write
 from tfdist_nb.errors import AgentError, TfdistError
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.replies import CaptureState, ProfileSummary

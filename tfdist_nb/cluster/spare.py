@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
-from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.start_steps import Setup, StartFailed, log_size
-from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.task import TaskRuntime, end_kernel
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine

@@ -4,12 +4,12 @@ task's worker agent (docs/reference.md, Magics), each call bounded and said in o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.loop import LoopThread, gather
-from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.errors import SpecError
@@ -18,6 +18,19 @@ from tfdist_nb.worker.inject import KINDS
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 INJECT_CALL_S = 15.0
+
+
+def directory_to_write(path: Path, option: str) -> None:
+    """Make ``path``, a directory the user names for the tasks to write into (``--logdir``,
+    ``--dump``), owner-only; or a SpecError naming ``option`` and why it cannot be written (a
+    file in the way, a read-only mount, no permission), before any task is asked to."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SpecError(f"{option} {path}: cannot make this directory "
+                        f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"{option} {path}: not writable by this user")
 
 
 def check_fault(kind: str, on: Targets) -> None:
