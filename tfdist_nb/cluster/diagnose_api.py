@@ -25,7 +25,7 @@ from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.errors import ClusterNotRunningError, SpecError
 from tfdist_nb.events import Event
-from tfdist_nb.results import RunResult, TaskResult
+from tfdist_nb.results import TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
 
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from tfdist_nb.store.rundir import RunDirectory
     from tfdist_nb.store.tails import LiveStore
     from tfdist_nb.topology import TaskId
-    from tfdist_nb.worker.replies import LastException
 
 INSPECT_CALL_S = 15.0
 CHECK_TIMEOUT_S = 300.0
@@ -68,8 +67,6 @@ class Diagnose:
         extra_env: dict[str, str]
         gpu_plan: GpuPlan
 
-        @property
-        def _last_failure(self) -> tuple[RunResult, str] | None: ...
         def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]: ...
         def _require_loop(self) -> LoopThread: ...
         def _inspector(self) -> Inspector: ...
@@ -141,7 +138,9 @@ class Diagnose:
         SpecError when the task has no exception to debug."""
         name = self._debug_target(on)
         rt = self._runtimes(name)[0]
-        found = self._require_loop().run(self._last_exception(rt), INSPECT_CALL_S)
+        if rt.agent is None:
+            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
+        found = self._require_loop().run(rt.agent.last_exception(), INSPECT_CALL_S)
         if found is None:
             raise SpecError(f"{name} has raised no exception since it started (or restarted): "
                             "nothing to debug; %tfdist_debug --on TASK names a task whose cell "
@@ -158,7 +157,7 @@ class Diagnose:
                 raise SpecError(f"debug one task at a time, not {len(named)}: e.g. "
                                 "%tfdist_debug --on 1")
             return str(named[0])
-        failure = self._last_failure
+        failure = self._cells.last_failure
         first = first_raised(failure[0]) if failure is not None else None
         if first is None:
             raise SpecError("no task raised in a cell of this cluster yet (the last failing cell "
@@ -167,12 +166,6 @@ class Diagnose:
                             "no cell of this cluster has failed yet; name the task, e.g. "
                             "%tfdist_debug --on 1")
         return first
-
-    @staticmethod
-    async def _last_exception(rt: TaskRuntime) -> LastException | None:
-        if rt.agent is None:
-            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
-        return await rt.agent.last_exception()
 
     def env(self) -> pd.DataFrame:
         """Every task's environment read now, side by side: index = property (Python, TF and
@@ -249,7 +242,7 @@ class Diagnose:
         return report.write(
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
-            failure=self._last_failure, logs=self.logs(), live=self.live,
+            failure=self._cells.last_failure, logs=self.logs(), live=self.live,
             cells=self.rundir.cells(), show_env=show_env)
 
     def _keras_summary(self) -> str:

@@ -53,11 +53,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _launcher_type(launcher: str | Launcher) -> type[Launcher]:
-    """The class of ``launcher=`` (a name or a launcher), whose capabilities say what it takes."""
-    return type(launcher) if isinstance(launcher, Launcher) else launcher_class(launcher)
-
-
 class Cluster(Diagnose):
     """A multi-worker TensorFlow cluster whose tasks are ipykernels.
 
@@ -77,7 +72,8 @@ class Cluster(Diagnose):
         if said := platform_refusal():
             raise SpecError(said)
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
-        kind = _launcher_type(launcher)
+        # the class of launcher= (a name or a launcher): its capabilities say what it takes
+        kind = type(launcher) if isinstance(launcher, Launcher) else launcher_class(launcher)
         if hosts is not None and not kind.remote:
             raise SpecError(f"hosts= needs launcher='ssh'; the {kind.name} launcher runs its "
                             "tasks on this machine")
@@ -126,11 +122,6 @@ class Cluster(Diagnose):
     start_timeout = property(lambda self: self.setup.start_timeout)
     #: each task's GPUs, and the line said about them (``.line``; None: nothing placed)
     gpu_plan = property(lambda self: self.setup.gpus)
-
-    @property
-    def _last_failure(self) -> tuple[RunResult, str] | None:
-        """The last run that failed and its cell's code (``%tfdist_report``)."""
-        return self._cells.last_failure
 
     @property
     def passed_cells(self) -> set[int]:

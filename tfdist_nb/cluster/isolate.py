@@ -70,10 +70,6 @@ STOP_RESERVE_S = 3.0
 STEPS_PROBE = "import tfdist_nb.worker as _tw; print('tfdist_isolate_steps', _tw.steps_done())"
 
 
-def prelude_template() -> str:
-    return (importlib.resources.files("tfdist_nb.worker") / "isolate_prelude.py").read_text()
-
-
 class Cluster(Protocol):
     """What isolating uses of the user's cluster and a variant's: the facade's ``Cluster``,
     named by what is used so that this module sits below the facade."""
@@ -148,7 +144,8 @@ class Isolation:
                               if f.get("implementation")),
                              implementation_named([c["code"] for c in self.setup] + [self.code])))
         self.ran: dict[str, Ran] = {}
-        self.template = prelude_template()
+        self.template = (importlib.resources.files("tfdist_nb.worker")
+                         / "isolate_prelude.py").read_text()
 
     # ------------------------------------------------------------------ what is isolated
     def _failing(self, cell: int | None) -> tuple[int, RunResult, str]:

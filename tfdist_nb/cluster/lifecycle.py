@@ -275,14 +275,12 @@ class Lifecycle:
         """Every task, at once (``grace_s`` 0: killed at once, the cluster is being replaced);
         the cluster gives its spare pool back to the session after."""
         await self.exits.close()  # these exits are asked for
-        return await self._end(list(self.tasks.values()), grace_s)
-
-    async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
-        """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""
-        return await self._end(runtimes, STOP_GRACE_S)
+        return await self.stop(list(self.tasks.values()), grace_s)
 
     @staticmethod
-    async def _end(runtimes: list[TaskRuntime], grace_s: float) -> list[StopReport]:
+    async def stop(runtimes: list[TaskRuntime],
+                   grace_s: float = STOP_GRACE_S) -> list[StopReport]:
+        """All at once: shutdown request, ``grace_s``, then SIGKILL (docs/design.md)."""
         ended = await asyncio.gather(*(rt.end(grace_s) for rt in runtimes),
                                      return_exceptions=True)
         for rt, got in zip(runtimes, ended, strict=True):

@@ -294,8 +294,9 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
                else set())
     ends = await asyncio.gather(*(  # each waits for its own idle: at once, not one by one
         _early_result(rt, execs[rt.name], S.ABORTED if hang is not None and rt.name in hang.waiting
-                      else _early_status(reason, rt.name in control.stalled), reason, grace_s,
-                      inspector) for rt in rest))
+                      else S.TIMEOUT if reason is RunEnd.TIMEOUT
+                      else S.STALLED if rt.name in control.stalled else S.INTERRUPTED,
+                      reason, grace_s, inspector) for rt in rest))
     out = {rt.name: r for rt, r in zip(rest, ends, strict=True)}
     if hang is not None and inspector is not None:
         await _released(hang, inspector, {**done, **out}, execs, aborted)
@@ -339,12 +340,6 @@ async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime
         if hang is not None or not inside or time.monotonic() >= deadline:
             return hang
         await asyncio.sleep(POLL_S / 2)
-
-
-def _early_status(reason: RunEnd, stalled: bool) -> TaskStatus:
-    if reason is RunEnd.TIMEOUT:
-        return S.TIMEOUT
-    return S.STALLED if stalled else S.INTERRUPTED
 
 
 async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reason: RunEnd,

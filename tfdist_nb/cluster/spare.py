@@ -281,11 +281,16 @@ async def await_warm(spare: Spare, typical: float, deadline: float) -> None:
 
 
 def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
-    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
-    launcher when there is something to preload, none otherwise."""
+    """Spare kernels for ``warm=`` (docs/reference.md): None is ``$TFDIST_WARM`` (docs/
+    reference.md, Environment; unset or ``auto``: one per task) for the local launcher when
+    there is something to preload, none otherwise."""
     tasks = len(setup.spec.tasks)
     if warm is None:
-        default = default_spares(tasks)
+        raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
+        if raw not in ("", "auto", "off", "false", "no") and not raw.isdigit():
+            raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
+                            "TFDIST_WARM=0)")
+        default = tasks if raw in ("", "auto") else int(raw) if raw.isdigit() else 0
         return default if launcher.spares and setup.preload else 0
     if warm is False or (not isinstance(warm, bool) and warm == 0):
         return 0
@@ -295,17 +300,3 @@ def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> in
                             "(leave warm unset or False)")
         return tasks if warm is True else int(warm)
     raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
-
-
-def default_spares(tasks: int) -> int:
-    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
-    ``warm`` unset; unset or ``auto``: one per task."""
-    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return tasks
-    if raw in ("off", "false", "no"):
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
-                    "TFDIST_WARM=0)")
