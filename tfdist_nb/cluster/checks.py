@@ -47,11 +47,19 @@ Ask = Callable[[AgentClient, float], Awaitable[R]]
 def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
     """A TF_CONFIG checked here, without a cluster: structure, roles, indices, duplicate
     addresses, host names that do not resolve and ports of this host that are in use."""
+    text = _load(config)
+    if isinstance(text, CheckReport):
+        return text
+    return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
+
+
+def _load(config: str | Mapping[str, Any] | Path) -> str | CheckReport:
+    """A TF_CONFIG's JSON text, or the failed check saying why it cannot be read."""
     text, errors = tfconfig_check.load_config(config)
     if errors:
         return CheckReport("tfconfig", False, errors[0], details=errors,
                            fields={"errors": errors})
-    return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
+    return text
 
 
 def outside_address() -> str | None:
@@ -99,10 +107,8 @@ class CheckRunner:
 
     async def run(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
                   **options: Any) -> CheckReport:
-        if kind == "sharding":
-            return await self.sharding(_expression(kind, expr), **options)
-        if kind == "variables":
-            return await self.variables(_expression(kind, expr), **options)
+        if kind in EXPR_KINDS:  # self.sharding, self.variables
+            return await getattr(self, kind)(_expression(kind, expr), **options)
         if options:
             raise SpecError(f"the {kind} check takes no options ({', '.join(options)})")
         if kind == "tfconfig":
@@ -120,12 +126,9 @@ class CheckRunner:
 
     async def tfconfig(self, config: str | Mapping[str, Any] | Path | None = None
                        ) -> CheckReport:
-        text = None
-        if config is not None:
-            text, errors = tfconfig_check.load_config(config)
-            if errors:
-                return CheckReport("tfconfig", False, errors[0], details=errors,
-                                   fields={"errors": errors})
+        text = _load(config) if config is not None else None
+        if isinstance(text, CheckReport):
+            return text
         views = await self._ask(
             lambda agent, limit: agent.tf_config_view(tf_config=text, timeout=limit))
         expected = {rt.name: rt.name for rt in self.targets} if text is None else None
