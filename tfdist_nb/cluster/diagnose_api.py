@@ -1,8 +1,9 @@
 """The ``Cluster``'s tools for looking into and acting on its tasks (docs/reference.md, Python
 API): stacks, the collective ledgers, teaching faults, log levels, the environment, checks,
-numerics, profiles, the post-mortem debugger, the reproducer and the report. A mixin of the
-facade (:class:`tfdist_nb.cluster.facade.Cluster`), which owns the state they read; the
-facade's own module keeps starting, running, restarting, stopping and the views.
+numerics, profiles, the post-mortem debugger, the reproducer and the report; with the helpers
+both use (the targets a call names, the loop, notes). A mixin of the facade
+(:class:`tfdist_nb.cluster.facade.Cluster`), which owns the state they read; the facade's own
+module keeps starting, running, restarting, stopping and the views.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.cluster.inspector import Inspector
+from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.diagnostics import env_check
 from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.report import CheckReport
@@ -31,7 +34,6 @@ from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.hub import EventHub
-    from tfdist_nb.cluster.inspector import Inspector
     from tfdist_nb.cluster.lifecycle import Lifecycle
     from tfdist_nb.cluster.loop import LoopThread
     from tfdist_nb.cluster.profiler import Profiler
@@ -50,6 +52,7 @@ class Diagnose:
     """The facade's inspection and artifact methods; what they read is the facade's."""
 
     id: str
+    running: bool
     tasks: dict[TaskId, TaskRuntime]
     live: LiveStore
     hub: EventHub | None
@@ -67,15 +70,43 @@ class Diagnose:
         extra_env: dict[str, str]
         gpu_plan: GpuPlan
 
-        def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]: ...
-        def _require_loop(self) -> LoopThread: ...
-        def _inspector(self) -> Inspector: ...
-        def _note(self, task: str, text: str, level: str = "INFO") -> None: ...
-        def _default_targets(self) -> str: ...
         def restart(self, on: Targets = None) -> None: ...
         def alerts(self) -> list[str]: ...
         def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
                  level: str | None = None) -> pd.DataFrame: ...
+
+    # ------------------------------------------------------------------ the facade's internals
+    def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
+        if not self.running:
+            raise ClusterNotRunningError("the cluster is not running; start() it first")
+        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
+        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
+        if dead and not allow_dead:
+            raise ClusterNotRunningError(
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
+                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
+                "cluster.restart()")
+        return targets
+
+    def _require_loop(self) -> LoopThread:
+        if self._loop is None:
+            raise ClusterNotRunningError("the cluster is not running")
+        return self._loop
+
+    def _inspector(self) -> Inspector:
+        assert self.hub is not None
+        return Inspector(self.hub, self.tasks)
+
+    def _note(self, task: str, text: str, level: str = "INFO") -> None:
+        if self.hub is not None:
+            self.hub.note(task, text, level)
+
+    def _default_targets(self) -> str:
+        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
+        if self.spec.ps:
+            return "chief:0" if self.spec.chief else ",".join(
+                str(t) for t in self.spec.tasks if t.role == "worker")
+        return "all"
 
     def stacks(self, on: Targets = None) -> dict[str, str]:
         """Python stacks of every thread of each task, also while its main thread is blocked

@@ -54,29 +54,20 @@ class ExitWatch:
                 await asyncio.wait(exits, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
             else:
                 await asyncio.sleep(WATCH_S)
-            for rt in list(self._tasks.values()):
-                await self.check(rt)
-            self.check_network()
-
-    def check_network(self) -> None:
-        """Say a sudden loss of the tasks' outbound network once (again only after a cure)."""
-        with swallowed(logger):
-            trouble = self._network()
-            if trouble is not None and trouble.sudden and trouble != self._trouble_said:
-                self._note("cluster", f"{trouble.cause}; the tasks have no outbound network now "
-                           f"(downloads and DNS fail): {trouble.cure}", "ERROR")
-            self._trouble_said = trouble
-
-    async def check(self, rt: TaskRuntime) -> bool:
-        """Whether ``rt`` was found dead now (an idle task whose process is gone)."""
-        handle = rt.handle
-        if rt.state is not TaskState.IDLE or handle is None:
-            return False
-        code = handle.exited()
-        if code is None:
-            return False
-        rt.transition(TaskEvent.EXITED)
-        what = await asyncio.to_thread(handle.describe_exit, code)
-        self._note(rt.name, f"{rt.name} {what} while no cell was running on it; bring it back "
-                   "with %tfdist_restart (its process log is in the run directory)", "ERROR")
-        return True
+            for rt in list(self._tasks.values()):  # an idle task whose process is gone
+                handle = rt.handle
+                if (rt.state is not TaskState.IDLE or handle is None
+                        or (code := handle.exited()) is None):
+                    continue
+                rt.transition(TaskEvent.EXITED)
+                what = await asyncio.to_thread(handle.describe_exit, code)
+                self._note(rt.name, f"{rt.name} {what} while no cell was running on it; bring it "
+                           "back with %tfdist_restart (its process log is in the run directory)",
+                           "ERROR")
+            # a sudden loss of the tasks' outbound network, said once (again only after a cure)
+            with swallowed(logger):
+                trouble = self._network()
+                if trouble is not None and trouble.sudden and trouble != self._trouble_said:
+                    self._note("cluster", f"{trouble.cause}; the tasks have no outbound network "
+                               f"now (downloads and DNS fail): {trouble.cure}", "ERROR")
+                self._trouble_said = trouble

@@ -20,7 +20,6 @@ from tfdist_nb.cluster.cells import Cells, InputHandler
 from tfdist_nb.cluster.diagnose_api import Diagnose
 from tfdist_nb.cluster.environment import check_env, resolve_python
 from tfdist_nb.cluster.hub import EventHub
-from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, Isolation
 from tfdist_nb.cluster.lifecycle import STOP_GRACE_S, STOP_TIMEOUT_S, Lifecycle, start_error
 from tfdist_nb.cluster.loop import LoopThread
@@ -366,13 +365,6 @@ class Cluster(Diagnose):
             spares=self.spares(), disk_trouble=self.disk_trouble(),
             persistent_mode=self.persistent_mode)
 
-    def _default_targets(self) -> str:
-        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
-        if self.spec.ps:
-            return "chief:0" if self.spec.chief else ",".join(
-                str(t) for t in self.spec.tasks if t.role == "worker")
-        return "all"
-
     @property
     def run_dir(self) -> Path | None:
         return self.rundir.path if self.rundir else None
@@ -385,30 +377,5 @@ class Cluster(Diagnose):
         return f"<p><b>{self!r}</b></p>" + self.status().to_html(index=False, na_rep="")
 
     # ------------------------------------------------------------------ internals
-    def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
-        if not self.running:
-            raise ClusterNotRunningError("the cluster is not running; start() it first")
-        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
-        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
-        if dead and not allow_dead:
-            raise ClusterNotRunningError(
-                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
-                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
-                "cluster.restart()")
-        return targets
-
-    def _require_loop(self) -> LoopThread:
-        if self._loop is None:
-            raise ClusterNotRunningError("the cluster is not running")
-        return self._loop
-
-    def _inspector(self) -> Inspector:
-        assert self.hub is not None
-        return Inspector(self.hub, self.tasks)
-
     def _task_states(self) -> dict[str, tuple[str, str]]:
         return {rt.name: (rt.task.role, rt.state.value) for rt in list(self.tasks.values())}
-
-    def _note(self, task: str, text: str, level: str = "INFO") -> None:
-        if self.hub is not None:
-            self.hub.note(task, text, level)

@@ -177,7 +177,12 @@ class Lifecycle:
             else:  # the others know these addresses: the old processes go first
                 await self._kill(old)
                 came = await self.launch(targets, deadline, spares)
-            await self._port_check(targets)
+            # a TF port found taken at adoption (another program took it meanwhile): the
+            # strategy would fail to bind it (a restart of every task picks new ones)
+            for rt in targets:
+                if rt.info.get("port_free") is False:
+                    self.hub.note(rt.name, f"TF port {rt.address} is taken on its host; restart "
+                                  "every task to move to fresh ports", "WARNING")
         if self.setup.spec.ps:
             await self.serve_parameter_servers(targets)
         return came, moved
@@ -204,14 +209,6 @@ class Lifecycle:
         for rt in runtimes:
             fresh = self.runtime(rt.task, addresses)
             rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
-
-    async def _port_check(self, runtimes: list[TaskRuntime]) -> None:
-        """A TF port found taken at adoption (another program took it meanwhile) is said; the
-        strategy would fail to bind it (a restart of every task picks new ones)."""
-        for rt in runtimes:
-            if rt.info.get("port_free") is False:
-                self.hub.note(rt.name, f"TF port {rt.address} is taken on its host; restart "
-                              "every task to move to fresh ports", "WARNING")
 
     async def _kill(self, old: list[tuple[Any, Any]]) -> None:
         """The old processes of a restart from spares: SIGKILL at once, in parallel."""
