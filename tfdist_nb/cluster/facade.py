@@ -156,7 +156,7 @@ class Cluster(Diagnose):
                 raise
             raise start_error(exc, self.spec) from exc
         self.running = True
-        self._loop.call_soon(self._lifecycle.exits.start)
+        self._loop.call_soon(self._lifecycle.watch_exits)
         self._state.mark("running")
         SESSION.clusters.set_current(self)
         self._warn_mismatch()
