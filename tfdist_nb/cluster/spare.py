@@ -207,13 +207,6 @@ async def stop_spare(spare: Spare) -> None:
         await end_kernel(spare.handle, spare.channel, 0.0)
 
 
-def log_tail(path: Path, n: int = 3) -> str:
-    with contextlib.suppress(OSError):
-        lines = path.read_text(errors="replace").strip().splitlines()
-        return " | ".join(line.strip() for line in lines[-n:])
-    return ""
-
-
 def copy_start_log(spare: Spare, path: Path) -> None:
     """The spare's start-up output goes into the task's process log first, so the log reads
     like a cold task's."""

@@ -27,7 +27,6 @@ from tfdist_nb.cluster.spare import (
     SpareState,
     WarmOutcome,
     WhyCold,
-    log_tail,
     stop_spare,
     unless_dies,
 )
@@ -361,7 +360,10 @@ class SparePool:
                 self._spares.remove(spare)
             self._failures += 1
             self._retry_at = time.monotonic() + RETRY_AFTER_S
-            tail = log_tail(spare.log_path)
+            tail = ""  # its process log's last lines
+            with contextlib.suppress(OSError):
+                lines = spare.log_path.read_text(errors="replace").strip().splitlines()
+                tail = " | ".join(line.strip() for line in lines[-3:])
             self._say(f"{spare.name} could not be warmed ({type(exc).__name__}: {exc})"
                       + (f"; its process log ends: {tail}" if tail else "")
                       + ("; no more spares for this cluster" if self._failures >= MAX_FAILURES
