@@ -254,8 +254,8 @@ class CheckRunner:
     async def _abort(self, rt: TaskRuntime) -> None:
         assert rt.agent is not None
         with contextlib.suppress(asyncio.TimeoutError, AgentError):
-            await rt.agent.abort_collectives("a task failed while reading the dataset "
-                                             "for the sharding check")
+            await rt.agent.abort_collectives(reason="a task failed while reading the "
+                                             "dataset for the sharding check")
 
     async def env(self) -> pd.DataFrame:
         reports = await self._ask(lambda agent, limit: agent.env_report(timeout=limit))

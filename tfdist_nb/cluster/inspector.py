@@ -150,7 +150,7 @@ class Inspector:
                 return None
             with contextlib.suppress(asyncio.TimeoutError, AgentError):
                 async with self._rpcs:
-                    await rt.agent.abort_collectives(reason)
+                    await rt.agent.abort_collectives(reason=reason)
                 return rt.name
             return None
 

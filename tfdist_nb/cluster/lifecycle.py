@@ -379,7 +379,7 @@ class Lifecycle:
             rt, channel.start(timeout=max(deadline - time.monotonic(), 0.1)), deadline)
         agent = AgentClient(rt.name, channel)
         if not launcher.env_at_launch:
-            await self._until(rt, agent.set_environment(rt.env), deadline)
+            await self._until(rt, agent.set_environment(env=rt.env), deadline)
         rt.info = dict(await self._until(rt, agent.describe(list(self.setup.preload)),
                                          deadline))
         # the handshake's own busy/idle status travels on iopub: it must have arrived

@@ -34,7 +34,7 @@ class Capture:
 async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
     """Start every task's server, then the capture on the first task; returns the capturing
     task."""
-    ports = await asyncio.gather(*(_agent(rt).profiler_server(CALL_TIMEOUT_S)
+    ports = await asyncio.gather(*(_agent(rt).profiler_server(timeout=CALL_TIMEOUT_S)
                                    for rt in targets))
     addrs = [f"grpc://{rt.address.rpartition(':')[0]}:{port}"
              for rt, port in zip(targets, ports, strict=True)]
@@ -42,8 +42,9 @@ async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRun
                       for rt, addr in zip(targets, addrs, strict=True)}
     capture.logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lead = targets[0]
-    said = await _agent(lead).profile_capture(addrs, str(capture.logdir), capture.duration_ms,
-                                              capture.delay_ms, timeout=CALL_TIMEOUT_S)
+    said = await _agent(lead).profile_capture(
+        service_addrs=addrs, logdir=str(capture.logdir), duration_ms=capture.duration_ms,
+        delay_ms=capture.delay_ms, timeout=CALL_TIMEOUT_S)
     if said != "started":
         raise TfdistError(f"{lead.name}: a profile capture is still running")
     return lead
@@ -63,7 +64,8 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> ProfileSummary:
     if state.get("error"):
         raise TfdistError(f"the profile capture failed: {state['error']}")
     try:
-        return await _agent(lead).profile_summary(str(capture.logdir), timeout=CALL_TIMEOUT_S)
+        return await _agent(lead).profile_summary(logdir=str(capture.logdir),
+                                                     timeout=CALL_TIMEOUT_S)
     except (AgentError, asyncio.TimeoutError) as exc:
         return {"run": None, "files": {}, "unreadable": str(exc)}
 

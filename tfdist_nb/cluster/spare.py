@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -177,7 +177,7 @@ class Spare:
         self.state = SpareState.TAKEN
 
 
-async def unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+async def unless_dies(spare: Spare, step: Awaitable[T]) -> T:
     """Await a warm-up step, failing within POLL_S when the spare's process exits."""
     assert spare.handle is not None
     work = asyncio.ensure_future(step)
@@ -243,7 +243,8 @@ async def adopt(rt: TaskRuntime, spare: Spare, log_path: Path, sink: Callable[[l
     spare.hand_over(sink, rt.name)
     set_env, unset_env = env_delta(spare.env, rt.env)
     agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
-    info = await until(agent.adopt(rt.name, set_env, unset_env, str(log_path), preload,
+    info = await until(agent.adopt(task=rt.name, set_env=set_env, unset_env=unset_env,
+                                   log_path=str(log_path), preload=list(preload),
                                    timeout=max(deadline - time.monotonic(), 0.1)))
     rt.info = {k: v for k, v in info.items() if k != "adopted"}  # describe's fields
     rt.agent = agent

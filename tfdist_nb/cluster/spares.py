@@ -386,7 +386,8 @@ class SparePool:
         spare.channel = channel
         await unless_dies(spare, channel.start(timeout=60))
         agent = AgentClient(spare.name, channel)
-        await unless_dies(spare, agent.warm(list(spare.preload), WARM_NICE, WARM_TIMEOUT_S))
+        await unless_dies(spare, agent.warm(
+            preload=list(spare.preload), nice=WARM_NICE, timeout=WARM_TIMEOUT_S))
         await unless_dies(spare, asyncio.wait_for(channel.iopub_alive.wait(), 10))
         spare.subshell = await unless_dies(
             spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))

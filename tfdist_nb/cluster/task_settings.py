@@ -47,7 +47,7 @@ def inject(loop: LoopThread, targets: list[TaskRuntime], kind: str, params: Mapp
     dead task is skipped: a restart brings it back without faults."""
     live = [rt for rt in targets if rt.state is not TaskState.DEAD and rt.agent is not None]
     args = {k: v for k, v in params.items() if v is not None}
-    said = loop.run(gather(*(rt.agent.inject(kind, args) for rt in live if rt.agent)),
+    said = loop.run(gather(*(rt.agent.inject(kind=kind, params=args) for rt in live if rt.agent)),
                     INJECT_CALL_S)
     for rt, text in zip(live, said, strict=True):
         note(rt.name, f"fault injection: {text}", "WARNING" if kind != "clear" else "INFO")
@@ -78,7 +78,7 @@ def cpp_env(cpp: int | None, vmodule: str | None) -> dict[str, str]:
 
 def set_log_level(loop: LoopThread, targets: list[TaskRuntime], level: str) -> str:
     """The Python and TensorFlow logger level on ``targets``; returns what to tell the user."""
-    loop.run(gather(*(rt.agent.set_log_level(level) for rt in targets if rt.agent)), 30)
+    loop.run(gather(*(rt.agent.set_log_level(level=level) for rt in targets if rt.agent)), 30)
     return f"log level {level} on {len(targets)} task(s)"
 
 
@@ -88,7 +88,8 @@ def numerics(loop: LoopThread, targets: list[TaskRuntime], on: bool, root: Path 
     if root is not None and on:
         directory_to_write(root, "--dump")
     said = loop.run(gather(*(
-        rt.agent.set_numerics(on, str(root / rt.task.slug) if root else None, timeout=60)
+        rt.agent.set_numerics(on=on, dump_root=str(root / rt.task.slug) if root else None,
+                              timeout=60)
         for rt in targets if rt.agent)), 120)
     text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
     if root and on:
