@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import exposure, report, task_settings
+from tfdist_nb.cluster import exposure, report
 from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.inspector import Inspector
+from tfdist_nb.cluster.loop import gather
+from tfdist_nb.cluster.profiler import directory_to_write
 from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.diagnostics import env_check
 from tfdist_nb.diagnostics.hangs import where_each_stands
@@ -31,6 +33,7 @@ from tfdist_nb.events import Event
 from tfdist_nb.results import TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
 from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
+from tfdist_nb.worker.inject import KINDS as FAULTS
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.hub import EventHub
@@ -45,6 +48,8 @@ if TYPE_CHECKING:
     from tfdist_nb.topology import TaskId
 
 INSPECT_CALL_S = 15.0
+INJECT_CALL_S = 15.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CHECK_TIMEOUT_S = 300.0
 
 
@@ -136,9 +141,20 @@ class Diagnose:
         Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
         timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
         """
-        task_settings.check_fault(kind, on)
+        if kind != "clear" and kind not in FAULTS:
+            raise SpecError(f"unknown fault {kind!r}; one of {', '.join(FAULTS)} or clear")
+        if kind != "clear" and on is None:
+            raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
         targets = self._runtimes(on, allow_dead=kind == "clear")
-        return task_settings.inject(self._require_loop(), targets, kind, params, self._note)
+        # a dead task is skipped: a restart brings it back without faults
+        live = [rt for rt in targets if rt.state is not TaskState.DEAD and rt.agent is not None]
+        args = {k: v for k, v in params.items() if v is not None}
+        said = self._require_loop().run(gather(*(
+            rt.agent.inject(kind=kind, params=args) for rt in live if rt.agent)), INJECT_CALL_S)
+        for rt, text in zip(live, said, strict=True):
+            self._note(rt.name, f"fault injection: {text}",
+                       "WARNING" if kind != "clear" else "INFO")
+        return {rt.name: text for rt, text in zip(live, said, strict=True)}
 
     def set_log_level(self, level: str, cpp: int | None = None,
                       vmodule: str | None = None) -> str:
@@ -147,16 +163,28 @@ class Diagnose:
         TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
         ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
         """
-        level = task_settings.check_log_level(level, cpp)
+        level = level.upper()
+        if level not in LOG_LEVELS:
+            raise SpecError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
+        if cpp is not None and cpp not in (0, 1, 2, 3):
+            raise SpecError("--cpp is TF_CPP_MIN_LOG_LEVEL: 0 (all), 1 (no INFO), 2 (no "
+                            "WARNING), 3 (no ERROR)")
         said = []
-        if cpp_env := task_settings.cpp_env(cpp, vmodule):
+        cpp_env = {}  # TensorFlow's C++ logging, read once at start-up
+        if cpp is not None:
+            cpp_env["TF_CPP_MIN_LOG_LEVEL"] = str(cpp)
+        if vmodule is not None:
+            cpp_env["TF_CPP_VMODULE"] = vmodule
+        if cpp_env:
             self.extra_env.update(cpp_env)
             assert self._lifecycle is not None
             self._lifecycle.refresh_env()
             self.restart()
             said.append("restarted all tasks so the C++ log settings take effect")
         targets = self._runtimes("all")
-        said.insert(0, task_settings.set_log_level(self._require_loop(), targets, level))
+        self._require_loop().run(gather(*(rt.agent.set_log_level(level=level)
+                                          for rt in targets if rt.agent)), 30)
+        said.insert(0, f"log level {level} on {len(targets)} task(s)")
         return "; ".join(said)
 
     def debug(self, on: Targets = None, *, on_input: InputHandler | None = None,
@@ -227,7 +255,17 @@ class Diagnose:
         ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
         targets = self._runtimes("all")
         root = Path(dump_dir).absolute() if dump_dir else None
-        return task_settings.numerics(self._require_loop(), targets, on, root)
+        if root is not None and on:
+            directory_to_write(root, "--dump")
+        said = self._require_loop().run(gather(*(
+            rt.agent.set_numerics(on=on, dump_root=str(root / rt.task.slug) if root else None,
+                                  timeout=60)
+            for rt in targets if rt.agent)), 120)
+        text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
+        if root and on:
+            text += (f"; Debugger V2 dumps in {root}/<task> (one root per task: open each with "
+                     f"%tensorboard --logdir {root}/worker-0, Debugger V2 tab)")
+        return text
 
     def profile(self, duration_ms: int = 2000, logdir: str | os.PathLike[str] | None = None,
                 now: bool = False, delay_ms: int = 500) -> str:

@@ -6,6 +6,7 @@ armed to start with the next cell is how a notebook profiles a training cell.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,8 +15,7 @@ from pathlib import Path
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.cluster.task_settings import directory_to_write
-from tfdist_nb.errors import AgentError, TfdistError
+from tfdist_nb.errors import AgentError, SpecError, TfdistError
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.replies import CaptureState, ProfileSummary
 
@@ -29,6 +29,19 @@ class Capture:
     delay_ms: int
     traced: dict[str, str] = field(default_factory=dict)
     """Task name by the trace file TensorFlow writes for it (``<host>_<port>.xplane.pb``)."""
+
+
+def directory_to_write(path: Path, option: str) -> None:
+    """Make ``path``, a directory the user names for the tasks to write into (``--logdir``,
+    ``--dump``), owner-only; or a SpecError naming ``option`` and why it cannot be written (a
+    file in the way, a read-only mount, no permission), before any task is asked to."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SpecError(f"{option} {path}: cannot make this directory "
+                        f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"{option} {path}: not writable by this user")
 
 
 async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
