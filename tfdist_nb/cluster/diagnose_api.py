@@ -32,6 +32,7 @@ from tfdist_nb.errors import ClusterNotRunningError, SpecError
 from tfdist_nb.events import Event
 from tfdist_nb.results import TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
+from tfdist_nb.store.logs import check_filters, logs_frame
 from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
 from tfdist_nb.worker.inject import KINDS as FAULTS
 
@@ -76,9 +77,6 @@ class Diagnose:
         gpu_plan: GpuPlan
 
         def restart(self, on: Targets = None) -> None: ...
-        def alerts(self) -> list[str]: ...
-        def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
-                 level: str | None = None) -> pd.DataFrame: ...
 
     # ------------------------------------------------------------------ the facade's internals
     def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
@@ -113,6 +111,23 @@ class Diagnose:
                 str(t) for t in self.spec.tasks if t.role == "worker")
         return "all"
 
+    # ------------------------------------------------------------------ what the cluster said
+    def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
+             level: str | None = None) -> pd.DataFrame:
+        """The merged log of all tasks from the run directory: time, task, stream, level, text;
+        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``)."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not been started")
+        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
+        levels = check_filters(level, grep, tail)
+        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
+                          levels=levels)
+
+    def alerts(self) -> list[str]:
+        """What the cluster warned about, newest last (the dashboard's alerts area)."""
+        return [str(a) for a in self.hub.alerts] if self.hub is not None else []
+
+    # ------------------------------------------------------------------ looking into the tasks
     def stacks(self, on: Targets = None) -> dict[str, str]:
         """Python stacks of every thread of each task, also while its main thread is blocked
         inside a TensorFlow op: they are taken in the task's inspection subshell."""

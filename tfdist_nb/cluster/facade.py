@@ -34,17 +34,16 @@ from tfdist_nb.cluster.views import status_frame, waiting_for_prompt
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.isolate_report import IsolateReport
 from tfdist_nb.diagnostics.straggler import Straggler
-from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError, platform_refusal
+from tfdist_nb.errors import SpecError, TfdistError, platform_refusal
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import launcher_class, make_launcher
 from tfdist_nb.results import RunResult
-from tfdist_nb.store.logs import check_filters, logs_frame
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
 from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
-from tfdist_nb.topology import ClusterSpec, Targets, TaskId, parse_targets
+from tfdist_nb.topology import ClusterSpec, Targets, TaskId
 
 if TYPE_CHECKING:
     from tfdist_nb.display.dashboard import Dashboard
@@ -308,17 +307,6 @@ class Cluster(Diagnose):
         frame.attrs["spares"] = self.spares()
         return frame
 
-    def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
-             level: str | None = None) -> pd.DataFrame:
-        """The merged log of all tasks from the run directory: time, task, stream, level, text;
-        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``)."""
-        if self.rundir is None:
-            raise ClusterNotRunningError("the cluster has not been started")
-        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
-        levels = check_filters(level, grep, tail)
-        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
-                          levels=levels)
-
     def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
                 warm: bool | None = None,
                 on_progress: Callable[[str], None] | None = None) -> IsolateReport:
@@ -329,10 +317,6 @@ class Cluster(Diagnose):
         (default: when it has them). ``on_progress`` gets a line as each variant starts and
         ends. Interrupting ends the variant running and returns what is known."""
         return Isolation(self, type(self), cell, budget_s, warm, on_progress).run()
-
-    def alerts(self) -> list[str]:
-        """What the cluster warned about, newest last (the dashboard's alerts area)."""
-        return [str(a) for a in self.hub.alerts] if self.hub is not None else []
 
     @property
     def _stragglers(self) -> dict[str, Straggler]:
