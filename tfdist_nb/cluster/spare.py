@@ -207,6 +207,18 @@ async def stop_spare(spare: Spare) -> None:
         await end_kernel(spare.handle, spare.channel, 0.0)
 
 
+def copy_start_log(spare: Spare, path: Path) -> None:
+    """The spare's start-up output goes into the task's process log first, so the log reads
+    like a cold task's."""
+    try:
+        text = spare.log_path.read_bytes()
+    except OSError:
+        return
+    with contextlib.suppress(OSError), open_private(path, "a") as f:
+        f.write(f"--- tfdist_nb: process {spare.pid} started as {spare.name} ---\n")
+        f.write(text.decode("utf-8", "replace"))
+
+
 #: a spare still warming when taken is waited for its expected remaining warm-up times this,
 #: plus WARM_SLACK_S
 WARM_PATIENCE = 1.5
@@ -224,12 +236,7 @@ async def adopt(rt: TaskRuntime, spare: Spare, log_path: Path, sink: Callable[[l
         await await_warm(spare, typical_warm_s, deadline)
     assert spare.handle is not None and spare.channel is not None
     rt.log_path = log_path
-    # its start-up output goes into the task's process log first: it reads like a cold task's
-    with contextlib.suppress(OSError):
-        text = spare.log_path.read_bytes()
-        with open_private(log_path, "a") as f:
-            f.write(f"--- tfdist_nb: process {spare.pid} started as {spare.name} ---\n")
-            f.write(text.decode("utf-8", "replace"))
+    copy_start_log(spare, log_path)
     rt.log_offset = log_size(rt)
     spare.handle.task = rt.task
     rt.handle, rt.channel = spare.handle, spare.channel
