@@ -344,7 +344,7 @@ def test_slirp4netns_ending_is_said_once_and_the_next_restart_brings_the_network
             "SIGKILL: it was the tasks' path out of their private network. Fix: "
             "%tfdist_restart (or cluster.restart()) starts a new one.")
         assert f"no outbound network: slirp4netns (pid {pid}) killed by SIGKILL" in c.network()
-        time.sleep(2 * 1.0)  # two more rounds of the watch (exitwatch.WATCH_S): still one alert
+        time.sleep(2 * 1.0)  # two more rounds of the watch (lifecycle.WATCH_S): still one alert
         said = [a for a in c.alerts() if "slirp4netns" in a]
         assert len(said) == 1 and said[0].endswith(
             "the tasks have no outbound network now (downloads and DNS fail): %tfdist_restart "

@@ -17,7 +17,6 @@ from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
-from tfdist_nb.cluster.relay import RUN_DONE, relay
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
 from tfdist_nb.cluster.task import TaskRuntime
@@ -41,6 +40,7 @@ FAILURES_KEPT = 20  # failing cells (result and code) a cluster keeps for %tfdis
 InputHandler = Callable[[str, str, bool], str]
 #: what starts the post-mortem debugger in a task (worker/postmortem.py): constant source
 POST_MORTEM = "__import__('tfdist_nb.worker.postmortem', fromlist=['_']).debug()"
+RUN_DONE = object()  # queued when the run's future completes, so the relay's wait wakes at once
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +223,36 @@ def _check_can_run(targets: list[TaskRuntime]) -> None:
             refused.append(f"{rt.name}: {exc}")
     if refused:
         raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
+
+
+def relay(events: queue.SimpleQueue[Any], on_event: Callable[[Event], None] | None,
+          fut: concurrent.futures.Future[Any], interrupt: Callable[[], None],
+          alive: Callable[[], bool], ask: Callable[[Prompt], None] | None = None) -> None:
+    """Hand a running cell's events, and the tasks' questions in order with them, from the loop
+    thread to this one (the notebook shows output only from the thread running the cell); the
+    user's interrupt here ends the run for every task instead of leaving them behind."""
+    while True:
+        try:
+            batch = events.get(timeout=0.5)
+        except queue.Empty:
+            if fut.done() or not alive():
+                return
+            continue
+        except KeyboardInterrupt:
+            interrupt()
+            continue
+        if batch is RUN_DONE:
+            return
+        if isinstance(batch, Prompt):
+            if ask is not None and batch.open:
+                try:
+                    ask(batch)
+                except KeyboardInterrupt:  # at the question: the cell is interrupted
+                    interrupt()
+            continue
+        if on_event is not None:
+            for one in batch:
+                on_event(one)
 
 
 def _asker(on_input: InputHandler, targets: list[TaskRuntime],

@@ -8,7 +8,7 @@ import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pandas as pd
 
@@ -40,8 +40,6 @@ GPU_PROBE_TIMEOUT_S = 60.0  # TensorFlow's first look at its GPUs initialises CU
 GPU_SIZES_MB = (1.0, 16.0, 256.0)
 
 R = TypeVar("R")
-#: a reply that collectives may be released from (``_ask_each``'s ``release``)
-RR = TypeVar("RR", bound=Released)
 #: one check's call into a task's agent, given the agent and the call's bound in seconds
 Ask = Callable[[AgentClient, float], Awaitable[R]]
 
@@ -49,11 +47,19 @@ Ask = Callable[[AgentClient, float], Awaitable[R]]
 def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
     """A TF_CONFIG checked here, without a cluster: structure, roles, indices, duplicate
     addresses, host names that do not resolve and ports of this host that are in use."""
+    text = _load(config)
+    if isinstance(text, CheckReport):
+        return text
+    return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
+
+
+def _load(config: str | Mapping[str, Any] | Path) -> str | CheckReport:
+    """A TF_CONFIG's JSON text, or the failed check saying why it cannot be read."""
     text, errors = tfconfig_check.load_config(config)
     if errors:
         return CheckReport("tfconfig", False, errors[0], details=errors,
                            fields={"errors": errors})
-    return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
+    return text
 
 
 def outside_address() -> str | None:
@@ -76,20 +82,33 @@ class CheckRunner:
         #: a local launcher: the network check also tries the tasks' way out
         self.launcher = launcher if launcher is not None and not launcher.remote else None
 
-    async def _ask(self, ask: Ask[R],
-                   timeout: float = PROBE_TIMEOUT_S) -> dict[str, R | Failure]:
+    async def _ask(self, ask: Ask[R], timeout: float = PROBE_TIMEOUT_S,
+                   release: bool = False) -> dict[str, R | Failure]:
         """``{task: answer}``, every task at once; a task that fails or does not answer in
-        time is ``{"error": ...}`` (``_answer``)."""
-        answers = await asyncio.gather(*(_answer(ask(_agent(rt), timeout), timeout)
-                                         for rt in self.targets))
-        return {rt.name: a for rt, a in zip(self.targets, answers, strict=True)}
+        time is ``{"error": ...}`` (``_answer``). ``release``: the op runs collectives, so once
+        one task failed, those still running would wait for it forever: their collectives are
+        aborted and their answers say ``"released": True``."""
+        pending = {asyncio.ensure_future(_answer(ask(_agent(rt), timeout), timeout)): rt
+                   for rt in self.targets}
+        answers: dict[str, R | Failure] = {}
+        released: list[TaskRuntime] = []
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                answers[pending.pop(fut).name] = fut.result()
+            if release and not released and _any_failed(answers):
+                # those still reading wait in a collective for the failed one
+                released = [*pending.values(), *(rt for rt in self.targets
+                                                 if _unanswered(answers.get(rt.name)))]
+                await asyncio.gather(*(self._abort(rt) for rt in released))
+        for rt in released:
+            cast("Released", answers[rt.name])["released"] = True
+        return {rt.name: answers[rt.name] for rt in self.targets}
 
     async def run(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
                   **options: Any) -> CheckReport:
-        if kind == "sharding":
-            return await self.sharding(_expression(kind, expr), **options)
-        if kind == "variables":
-            return await self.variables(_expression(kind, expr), **options)
+        if kind in EXPR_KINDS:  # self.sharding, self.variables
+            return await getattr(self, kind)(_expression(kind, expr), **options)
         if options:
             raise SpecError(f"the {kind} check takes no options ({', '.join(options)})")
         if kind == "tfconfig":
@@ -107,12 +126,9 @@ class CheckRunner:
 
     async def tfconfig(self, config: str | Mapping[str, Any] | Path | None = None
                        ) -> CheckReport:
-        text = None
-        if config is not None:
-            text, errors = tfconfig_check.load_config(config)
-            if errors:
-                return CheckReport("tfconfig", False, errors[0], details=errors,
-                                   fields={"errors": errors})
+        text = _load(config) if config is not None else None
+        if isinstance(text, CheckReport):
+            return text
         views = await self._ask(
             lambda agent, limit: agent.tf_config_view(tf_config=text, timeout=limit))
         expected = {rt.name: rt.name for rt in self.targets} if text is None else None
@@ -163,11 +179,11 @@ class CheckRunner:
         plan, not_timed = gpu_check.allreduce_plan(readings)
         timed: dict[str, dict[str, Bandwidth | Failure]] = {}
         for impl in plan:
-            def reduce(rt: TaskRuntime, limit: float, impl: str = impl) -> Awaitable[Bandwidth]:
-                return _agent(rt).allreduce_bandwidth(sizes_mb=list(GPU_SIZES_MB),
-                                                      implementation=impl, timeout=limit)
+            def reduce(agent: AgentClient, limit: float, impl: str = impl) -> Awaitable[Bandwidth]:
+                return agent.allreduce_bandwidth(sizes_mb=list(GPU_SIZES_MB),
+                                                 implementation=impl, timeout=limit)
 
-            got = await self._ask_each(reduce, BANDWIDTH_TIMEOUT_S, release=True)
+            got = await self._ask(reduce, BANDWIDTH_TIMEOUT_S, release=True)
             skipped = next((a["skipped"] for a in got.values()
                             if "error" not in a and "skipped" in a), None)
             if skipped:
@@ -213,13 +229,13 @@ class CheckRunner:
         timeout = 2 * float(max_seconds) + READ_MARGIN_S
         first = self.targets[0].name
 
-        def read(rt: TaskRuntime, limit: float) -> Awaitable[Read]:
-            return _agent(rt).sharding_fingerprints(
+        def read(agent: AgentClient, limit: float) -> Awaitable[Read]:
+            return agent.sharding_fingerprints(
                 expr=expr, max_elements=int(max_elements), max_seconds=float(max_seconds),
-                unbatch=unbatch, reference=reference, with_reference=rt.name == first,
+                unbatch=unbatch, reference=reference, with_reference=agent.task == first,
                 timeout=limit)
 
-        reads = await self._ask_each(read, timeout, release=distributed)
+        reads = await self._ask(read, timeout, release=distributed)
         mine = reads[first]
         ref = mine.pop("reference", None) if "error" not in mine else None
         return sharding_check.analyse(described, reads, ref)
@@ -235,33 +251,11 @@ class CheckRunner:
             VARIABLES_TIMEOUT_S)
         return variables_check.analyse(answers, atol=float(atol), rtol=float(rtol))
 
-    async def _ask_each(self, ask: Callable[[TaskRuntime, float], Awaitable[RR]],
-                        timeout: float, release: bool = False) -> dict[str, RR | Failure]:
-        """Like ``_ask``, with a call per task. ``release``: the op runs collectives, so once
-        one task failed, those still running would wait for it forever: their collectives are
-        aborted and their answers say ``"released": True``."""
-        pending = {asyncio.ensure_future(_answer(ask(rt, timeout), timeout)): rt
-                   for rt in self.targets}
-        answers: dict[str, RR | Failure] = {}
-        released: list[TaskRuntime] = []
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                answers[pending.pop(fut).name] = fut.result()
-            if release and not released and _any_failed(answers):
-                # those still reading wait in a collective for the failed one
-                released = [*pending.values(), *(rt for rt in self.targets
-                                                 if _unanswered(answers.get(rt.name)))]
-                await asyncio.gather(*(self._abort(rt) for rt in released))
-        for rt in released:
-            answers[rt.name]["released"] = True
-        return {rt.name: answers[rt.name] for rt in self.targets}
-
     async def _abort(self, rt: TaskRuntime) -> None:
         assert rt.agent is not None
         with contextlib.suppress(asyncio.TimeoutError, AgentError):
-            await rt.agent.abort_collectives("a task failed while reading the dataset "
-                                             "for the sharding check")
+            await rt.agent.abort_collectives(reason="a task failed while reading the "
+                                             "dataset for the sharding check")
 
     async def env(self) -> pd.DataFrame:
         reports = await self._ask(lambda agent, limit: agent.env_report(timeout=limit))
@@ -309,10 +303,10 @@ async def _answer(call: Awaitable[R], timeout: float) -> R | Failure:
         return {"error": str(exc)}
 
 
-def _any_failed(answers: Mapping[str, Released]) -> bool:
+def _any_failed(answers: Mapping[str, Any]) -> bool:
     return any("error" in a for a in answers.values())
 
 
-def _unanswered(answer: Failure | Released | None) -> bool:
+def _unanswered(answer: Any) -> bool:
     """Whether ``answer`` is ``_answer``'s for a call that did not come back in time."""
     return answer is not None and "error" in answer and answer.get("answered") is False

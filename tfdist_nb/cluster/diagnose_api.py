@@ -1,8 +1,9 @@
 """The ``Cluster``'s tools for looking into and acting on its tasks (docs/reference.md, Python
 API): stacks, the collective ledgers, teaching faults, log levels, the environment, checks,
-numerics, profiles, the post-mortem debugger, the reproducer and the report. A mixin of the
-facade (:class:`tfdist_nb.cluster.facade.Cluster`), which owns the state they read; the
-facade's own module keeps starting, running, restarting, stopping and the views.
+numerics, profiles, the post-mortem debugger, the reproducer and the report; with the helpers
+both use (the targets a call names, the loop, notes). A mixin of the facade
+(:class:`tfdist_nb.cluster.facade.Cluster`), which owns the state they read; the facade's own
+module keeps starting, running, restarting, stopping and the views.
 """
 
 from __future__ import annotations
@@ -15,23 +16,28 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from tfdist_nb.cluster import exposure, report, software, task_settings
+from tfdist_nb.cluster import exposure, report
 from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckRunner
 from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
+from tfdist_nb.cluster.inspector import Inspector
+from tfdist_nb.cluster.loop import gather
+from tfdist_nb.cluster.profiler import directory_to_write
+from tfdist_nb.cluster.state import TaskState
 from tfdist_nb.diagnostics import env_check
 from tfdist_nb.diagnostics.hangs import where_each_stands
 from tfdist_nb.diagnostics.report import CheckReport
 from tfdist_nb.errors import ClusterNotRunningError, SpecError
 from tfdist_nb.events import Event
-from tfdist_nb.results import RunResult, TaskResult
+from tfdist_nb.results import TaskResult
 from tfdist_nb.store.ledger_frame import collectives_frame
+from tfdist_nb.store.logs import check_filters, logs_frame
 from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
+from tfdist_nb.worker.inject import KINDS as FAULTS
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.hub import EventHub
-    from tfdist_nb.cluster.inspector import Inspector
     from tfdist_nb.cluster.lifecycle import Lifecycle
     from tfdist_nb.cluster.loop import LoopThread
     from tfdist_nb.cluster.profiler import Profiler
@@ -41,9 +47,10 @@ if TYPE_CHECKING:
     from tfdist_nb.store.rundir import RunDirectory
     from tfdist_nb.store.tails import LiveStore
     from tfdist_nb.topology import TaskId
-    from tfdist_nb.worker.replies import LastException
 
 INSPECT_CALL_S = 15.0
+INJECT_CALL_S = 15.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CHECK_TIMEOUT_S = 300.0
 
 
@@ -51,6 +58,7 @@ class Diagnose:
     """The facade's inspection and artifact methods; what they read is the facade's."""
 
     id: str
+    running: bool
     tasks: dict[TaskId, TaskRuntime]
     live: LiveStore
     hub: EventHub | None
@@ -68,18 +76,58 @@ class Diagnose:
         extra_env: dict[str, str]
         gpu_plan: GpuPlan
 
-        @property
-        def _last_failure(self) -> tuple[RunResult, str] | None: ...
-        def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]: ...
-        def _require_loop(self) -> LoopThread: ...
-        def _inspector(self) -> Inspector: ...
-        def _note(self, task: str, text: str, level: str = "INFO") -> None: ...
-        def _default_targets(self) -> str: ...
         def restart(self, on: Targets = None) -> None: ...
-        def alerts(self) -> list[str]: ...
-        def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
-                 level: str | None = None) -> pd.DataFrame: ...
 
+    # ------------------------------------------------------------------ the facade's internals
+    def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
+        if not self.running:
+            raise ClusterNotRunningError("the cluster is not running; start() it first")
+        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
+        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
+        if dead and not allow_dead:
+            raise ClusterNotRunningError(
+                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
+                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
+                "cluster.restart()")
+        return targets
+
+    def _require_loop(self) -> LoopThread:
+        if self._loop is None:
+            raise ClusterNotRunningError("the cluster is not running")
+        return self._loop
+
+    def _inspector(self) -> Inspector:
+        assert self.hub is not None
+        return Inspector(self.hub, self.tasks)
+
+    def _note(self, task: str, text: str, level: str = "INFO") -> None:
+        if self.hub is not None:
+            self.hub.note(task, text, level)
+
+    def _default_targets(self) -> str:
+        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
+        if self.spec.ps:
+            return "chief:0" if self.spec.chief else ",".join(
+                str(t) for t in self.spec.tasks if t.role == "worker")
+        return "all"
+
+    # ------------------------------------------------------------------ what the cluster said
+    def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
+             level: str | None = None) -> pd.DataFrame:
+        """The merged log of all tasks from the run directory: time, task, stream, level, text;
+        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``)."""
+        if self.rundir is None:
+            raise ClusterNotRunningError("the cluster has not been started")
+        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
+        levels = check_filters(level, grep, tail)
+        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
+                          levels=levels)
+
+    def alerts(self) -> list[str]:
+        """What the cluster warned about, newest last (the dashboard's alerts area)."""
+        return [str(a) for a in self.hub.alerts] if self.hub is not None else []
+
+    # ------------------------------------------------------------------ looking into the tasks
     def stacks(self, on: Targets = None) -> dict[str, str]:
         """Python stacks of every thread of each task, also while its main thread is blocked
         inside a TensorFlow op: they are taken in the task's inspection subshell."""
@@ -108,9 +156,20 @@ class Diagnose:
         Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
         timer in ``model.fit``); see :mod:`tfdist_nb.worker.inject` for the kinds.
         """
-        task_settings.check_fault(kind, on)
+        if kind != "clear" and kind not in FAULTS:
+            raise SpecError(f"unknown fault {kind!r}; one of {', '.join(FAULTS)} or clear")
+        if kind != "clear" and on is None:
+            raise SpecError("say which task gets the fault: --on 1 (or on='worker:1')")
         targets = self._runtimes(on, allow_dead=kind == "clear")
-        return task_settings.inject(self._require_loop(), targets, kind, params, self._note)
+        # a dead task is skipped: a restart brings it back without faults
+        live = [rt for rt in targets if rt.state is not TaskState.DEAD and rt.agent is not None]
+        args = {k: v for k, v in params.items() if v is not None}
+        said = self._require_loop().run(gather(*(
+            rt.agent.inject(kind=kind, params=args) for rt in live if rt.agent)), INJECT_CALL_S)
+        for rt, text in zip(live, said, strict=True):
+            self._note(rt.name, f"fault injection: {text}",
+                       "WARNING" if kind != "clear" else "INFO")
+        return {rt.name: text for rt, text in zip(live, said, strict=True)}
 
     def set_log_level(self, level: str, cpp: int | None = None,
                       vmodule: str | None = None) -> str:
@@ -119,16 +178,28 @@ class Diagnose:
         TensorFlow reads ``TF_CPP_MIN_LOG_LEVEL`` / ``TF_CPP_VMODULE`` once, at start-up: setting
         ``cpp`` or ``vmodule`` updates every task's environment and restarts all tasks.
         """
-        level = task_settings.check_log_level(level, cpp)
+        level = level.upper()
+        if level not in LOG_LEVELS:
+            raise SpecError(f"unknown log level {level!r}; use one of {', '.join(LOG_LEVELS)}")
+        if cpp is not None and cpp not in (0, 1, 2, 3):
+            raise SpecError("--cpp is TF_CPP_MIN_LOG_LEVEL: 0 (all), 1 (no INFO), 2 (no "
+                            "WARNING), 3 (no ERROR)")
         said = []
-        if cpp_env := task_settings.cpp_env(cpp, vmodule):
+        cpp_env = {}  # TensorFlow's C++ logging, read once at start-up
+        if cpp is not None:
+            cpp_env["TF_CPP_MIN_LOG_LEVEL"] = str(cpp)
+        if vmodule is not None:
+            cpp_env["TF_CPP_VMODULE"] = vmodule
+        if cpp_env:
             self.extra_env.update(cpp_env)
             assert self._lifecycle is not None
             self._lifecycle.refresh_env()
             self.restart()
             said.append("restarted all tasks so the C++ log settings take effect")
         targets = self._runtimes("all")
-        said.insert(0, task_settings.set_log_level(self._require_loop(), targets, level))
+        self._require_loop().run(gather(*(rt.agent.set_log_level(level=level)
+                                          for rt in targets if rt.agent)), 30)
+        said.insert(0, f"log level {level} on {len(targets)} task(s)")
         return "; ".join(said)
 
     def debug(self, on: Targets = None, *, on_input: InputHandler | None = None,
@@ -141,7 +212,9 @@ class Diagnose:
         SpecError when the task has no exception to debug."""
         name = self._debug_target(on)
         rt = self._runtimes(name)[0]
-        found = self._require_loop().run(self._last_exception(rt), INSPECT_CALL_S)
+        if rt.agent is None:
+            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
+        found = self._require_loop().run(rt.agent.last_exception(), INSPECT_CALL_S)
         if found is None:
             raise SpecError(f"{name} has raised no exception since it started (or restarted): "
                             "nothing to debug; %tfdist_debug --on TASK names a task whose cell "
@@ -158,7 +231,7 @@ class Diagnose:
                 raise SpecError(f"debug one task at a time, not {len(named)}: e.g. "
                                 "%tfdist_debug --on 1")
             return str(named[0])
-        failure = self._last_failure
+        failure = self._cells.last_failure
         first = first_raised(failure[0]) if failure is not None else None
         if first is None:
             raise SpecError("no task raised in a cell of this cluster yet (the last failing cell "
@@ -167,12 +240,6 @@ class Diagnose:
                             "no cell of this cluster has failed yet; name the task, e.g. "
                             "%tfdist_debug --on 1")
         return first
-
-    @staticmethod
-    async def _last_exception(rt: TaskRuntime) -> LastException | None:
-        if rt.agent is None:
-            raise ClusterNotRunningError(f"{rt.name} has no worker agent (is it running?)")
-        return await rt.agent.last_exception()
 
     def env(self) -> pd.DataFrame:
         """Every task's environment read now, side by side: index = property (Python, TF and
@@ -203,7 +270,17 @@ class Diagnose:
         ``dump_dir``: also write Debugger V2 dumps, one root per task (``dump_dir/worker-1``)."""
         targets = self._runtimes("all")
         root = Path(dump_dir).absolute() if dump_dir else None
-        return task_settings.numerics(self._require_loop(), targets, on, root)
+        if root is not None and on:
+            directory_to_write(root, "--dump")
+        said = self._require_loop().run(gather(*(
+            rt.agent.set_numerics(on=on, dump_root=str(root / rt.task.slug) if root else None,
+                                  timeout=60)
+            for rt in targets if rt.agent)), 120)
+        text = f"NaN/Inf checking {'on' if on else 'off'} on {len(said)} task(s)"
+        if root and on:
+            text += (f"; Debugger V2 dumps in {root}/<task> (one root per task: open each with "
+                     f"%tensorboard --logdir {root}/worker-0, Debugger V2 tab)")
+        return text
 
     def profile(self, duration_ms: int = 2000, logdir: str | os.PathLike[str] | None = None,
                 now: bool = False, delay_ms: int = 500) -> str:
@@ -249,13 +326,26 @@ class Diagnose:
         return report.write(
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
-            failure=self._last_failure, logs=self.logs(), live=self.live,
+            failure=self._cells.last_failure, logs=self.logs(), live=self.live,
             cells=self.rundir.cells(), show_env=show_env)
 
     def _keras_summary(self) -> str:
-        """Which TensorFlow and Keras the tasks run, with the ``fit`` caveat for Keras 3 under
-        the strategy this cluster's shape is for (ps tasks: ParameterServerStrategy)."""
-        return software.keras_summary([rt.info for rt in self.tasks.values()], self.spec)
+        """Which TensorFlow and Keras the tasks run (from each task's start-up
+        self-description), for the ``%%tfcluster`` ready line, with the ``fit`` caveat for
+        Keras 3 under the strategy this cluster's shape is for (ps tasks:
+        ParameterServerStrategy; docs/design.md, Facts, "Keras 3 and MWMS")."""
+        infos = [rt.info for rt in self.tasks.values()]
+        flavours = sorted({str(info.get("keras_flavour")) for info in infos})
+        tf = sorted({str(info.get("tensorflow")) for info in infos})
+        text = f"TF {'/'.join(tf)}, {'/'.join(flavours)}"
+        if "keras 3" not in flavours:
+            return text
+        if self.spec.ps:
+            text += (": model.fit under ParameterServerStrategy (DatasetCreator, "
+                     "ClusterCoordinator) runs on tf_keras: TF_USE_LEGACY_KERAS=1")
+        elif self.spec.workers + self.spec.chief > 1:
+            text += ": model.fit under MultiWorkerMirroredStrategy needs TF_USE_LEGACY_KERAS=1"
+        return text
 
     def tf_exposure(self) -> dict[str, int]:
         """The tasks whose TensorFlow gRPC port listens on every interface of this host now
@@ -283,7 +373,10 @@ class Diagnose:
         return self.rundir.trouble() if self.rundir else None
 
     def _warn_mismatch(self) -> None:
-        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once."""
-        if said := software.mismatch({rt.name: rt.info for rt in self.tasks.values()}):
+        """A cluster whose tasks run different Python, TensorFlow or Keras is said at once: a
+        multi-worker job breaks outright then."""
+        if len(self.tasks) > 1 and (said := env_check.critical_mismatch(env_check.env_frame(
+                {rt.name: {"props": {k: rt.info.get(k) for k in env_check.CRITICAL}}
+                 for rt in self.tasks.values()}))):
             self._note("cluster", f"environment mismatch: {said} (%tfdist_env shows all)",
                        "WARNING")

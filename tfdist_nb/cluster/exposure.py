@@ -29,21 +29,16 @@ class Scope(StrEnum):
     ONE_ADDRESS = "one address"
 
 
-def scope_of(address: str) -> Scope:
-    """The scope of a listening socket's local address (``0.0.0.0``, ``::1``...)."""
-    ip = ipaddress.ip_address(address)
-    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is loopback too
-    if ip.is_unspecified:
-        return Scope.EVERY_INTERFACE
-    return Scope.LOOPBACK if ip.is_loopback else Scope.ONE_ADDRESS
-
-
 def listening(sockets: Iterable[tuple[str, int]]) -> dict[int, set[Scope]]:
     """Listening TCP ports and how each is bound, ``{20001: {Scope.EVERY_INTERFACE}}``, from
     ``(address, port)`` pairs (:func:`tfdist_nb.host_os.tcp_listeners`)."""
     found: dict[int, set[Scope]] = {}
     for address, port in sockets:
-        found.setdefault(port, set()).add(scope_of(address))
+        ip = ipaddress.ip_address(address)
+        ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:127.0.0.1 is loopback too
+        found.setdefault(port, set()).add(Scope.EVERY_INTERFACE if ip.is_unspecified else
+                                          Scope.LOOPBACK if ip.is_loopback else
+                                          Scope.ONE_ADDRESS)
     return found
 
 
@@ -57,11 +52,6 @@ def exposed(ports: dict[str, int], sockets: Iterable[tuple[str, int]]) -> dict[s
 def describe(open_ports: dict[str, int]) -> str:
     """The one line said about a local cluster's exposed ports (task -> port)."""
     return _line({t: f"port {p}" for t, p in open_ports.items()}, "this host", "you", "your")
-
-
-def describe_remote(open_addresses: dict[str, str]) -> str:
-    """The one line said about remote tasks' TF servers (task -> ``host:port``)."""
-    return _line(open_addresses, "its host", "the user it runs as", "its")
 
 
 def _line(named: dict[str, str], host: str, user: str, whose: str) -> str:
@@ -81,22 +71,6 @@ def open_ports(tasks: Iterable[TaskRuntime]) -> dict[str, int]:
     ports = {rt.name: int(rt.address.rpartition(":")[2]) for rt in mine}
     pids = [rt.pid for rt in mine if rt.pid is not None]
     return exposed(ports, host_os.tcp_listeners(pids)) if ports else {}
-
-
-def remote_servers(tasks: Iterable[TaskRuntime], has_ps: bool,
-                   live: LiveStore | None) -> dict[str, str]:
-    """Remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
-    completed in their ledger (``live``: the cluster's live store), or a parameter-server
-    cluster's ps and workers, which serve from their start."""
-    serving = {}
-    for rt in list(tasks):
-        if rt.handle is None or live is None:
-            continue
-        rows = live.view(rt.name).ledger.recent()
-        if (has_ps and rt.task.role in ("ps", "worker")) or any(
-                r.get("kind") == "startup" and r.get("state") == "done" for r in rows):
-            serving[rt.name] = rt.address
-    return serving
 
 
 class SaidOnce:
@@ -126,8 +100,20 @@ def exposure_line(said: SaidOnce, launcher: Launcher, tasks: Iterable[TaskRuntim
     """The line naming the exposed TF ports of a cluster's tasks the first time ``said`` sees
     this set of them (``live``: the cluster's live store, for remote tasks), else None."""
     if launcher.remote:
-        serving = remote_servers(tasks, has_ps, live)
-        return describe_remote(serving) if said.first_time(serving) else None
+        # remote tasks whose TF server runs (task -> TF_CONFIG address): a strategy's start-up
+        # completed in their ledger, or a parameter-server cluster's ps and workers, which
+        # serve from their start
+        serving = {}
+        for rt in list(tasks):
+            if rt.handle is None or live is None:
+                continue
+            rows = live.view(rt.name).ledger.recent()
+            if (has_ps and rt.task.role in ("ps", "worker")) or any(
+                    r.get("kind") == "startup" and r.get("state") == "done" for r in rows):
+                serving[rt.name] = rt.address
+        if not said.first_time(serving):
+            return None
+        return _line(serving, "its host", "the user it runs as", "its")
     if not said.first_time(open_now := local_exposure(launcher, tasks)):
         return None
     line = describe(open_now)

@@ -19,9 +19,7 @@ from tfdist_nb.cluster import exposure
 from tfdist_nb.cluster.cells import Cells, InputHandler
 from tfdist_nb.cluster.diagnose_api import Diagnose
 from tfdist_nb.cluster.environment import check_env, resolve_python
-from tfdist_nb.cluster.gpus import place
 from tfdist_nb.cluster.hub import EventHub
-from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.isolate import DEFAULT_BUDGET_S, Isolation
 from tfdist_nb.cluster.lifecycle import STOP_GRACE_S, STOP_TIMEOUT_S, Lifecycle, start_error
 from tfdist_nb.cluster.loop import LoopThread
@@ -29,34 +27,28 @@ from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome, spare_count
 from tfdist_nb.cluster.spares import PoolUser
-from tfdist_nb.cluster.start_steps import Setup
+from tfdist_nb.cluster.start_steps import Setup, place
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.cluster.views import status_frame, waiting_for_prompt
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.isolate_report import IsolateReport
 from tfdist_nb.diagnostics.straggler import Straggler
-from tfdist_nb.errors import ClusterNotRunningError, SpecError, TfdistError, platform_refusal
+from tfdist_nb.errors import SpecError, TfdistError, platform_refusal
 from tfdist_nb.events import Event
 from tfdist_nb.launchers.base import Launcher, StopReport
 from tfdist_nb.launchers.registry import launcher_class, make_launcher
 from tfdist_nb.results import RunResult
-from tfdist_nb.store.logs import check_filters, logs_frame
 from tfdist_nb.store.rundir import RunDirectory, new_cluster_id
 from tfdist_nb.store.snapshot import ClusterSnapshot, TaskSnapshot
 from tfdist_nb.store.state import StateFile, state_doc
 from tfdist_nb.store.tails import LiveStore
-from tfdist_nb.topology import ClusterSpec, Targets, TaskId, parse_targets
+from tfdist_nb.topology import ClusterSpec, Targets, TaskId
 
 if TYPE_CHECKING:
     from tfdist_nb.display.dashboard import Dashboard
 
 logger = logging.getLogger(__name__)
-
-
-def _launcher_type(launcher: str | Launcher) -> type[Launcher]:
-    """The class of ``launcher=`` (a name or a launcher), whose capabilities say what it takes."""
-    return type(launcher) if isinstance(launcher, Launcher) else launcher_class(launcher)
 
 
 class Cluster(Diagnose):
@@ -78,7 +70,8 @@ class Cluster(Diagnose):
         if said := platform_refusal():
             raise SpecError(said)
         spec = ClusterSpec(workers=workers, chief=int(chief), ps=ps, evaluator=int(evaluator))
-        kind = _launcher_type(launcher)
+        # the class of launcher= (a name or a launcher): its capabilities say what it takes
+        kind = type(launcher) if isinstance(launcher, Launcher) else launcher_class(launcher)
         if hosts is not None and not kind.remote:
             raise SpecError(f"hosts= needs launcher='ssh'; the {kind.name} launcher runs its "
                             "tasks on this machine")
@@ -129,11 +122,6 @@ class Cluster(Diagnose):
     gpu_plan = property(lambda self: self.setup.gpus)
 
     @property
-    def _last_failure(self) -> tuple[RunResult, str] | None:
-        """The last run that failed and its cell's code (``%tfdist_report``)."""
-        return self._cells.last_failure
-
-    @property
     def passed_cells(self) -> set[int]:
         """Cells that ended ok on every task (``%tfdist_isolate`` re-runs them as set-up)."""
         return self._cells.passed
@@ -167,7 +155,7 @@ class Cluster(Diagnose):
                 raise
             raise start_error(exc, self.spec) from exc
         self.running = True
-        self._loop.call_soon(self._lifecycle.exits.start)
+        self._loop.call_soon(self._lifecycle.watch_exits)
         self._state.mark("running")
         SESSION.clusters.set_current(self)
         self._warn_mismatch()
@@ -319,17 +307,6 @@ class Cluster(Diagnose):
         frame.attrs["spares"] = self.spares()
         return frame
 
-    def logs(self, on: Targets = None, grep: str | None = None, tail: int | None = None,
-             level: str | None = None) -> pd.DataFrame:
-        """The merged log of all tasks from the run directory: time, task, stream, level, text;
-        ``level``: only lines of these levels, comma separated (``"INFO"``, ``"WARNING,ERROR"``)."""
-        if self.rundir is None:
-            raise ClusterNotRunningError("the cluster has not been started")
-        names = None if on is None else {str(t) for t in parse_targets(on, self.spec)}
-        levels = check_filters(level, grep, tail)
-        return logs_frame(self.rundir.iter_events(), on=names, grep=grep, tail=tail,
-                          levels=levels)
-
     def isolate(self, cell: int | None = None, budget_s: float = DEFAULT_BUDGET_S, *,
                 warm: bool | None = None,
                 on_progress: Callable[[str], None] | None = None) -> IsolateReport:
@@ -340,10 +317,6 @@ class Cluster(Diagnose):
         (default: when it has them). ``on_progress`` gets a line as each variant starts and
         ends. Interrupting ends the variant running and returns what is known."""
         return Isolation(self, type(self), cell, budget_s, warm, on_progress).run()
-
-    def alerts(self) -> list[str]:
-        """What the cluster warned about, newest last (the dashboard's alerts area)."""
-        return [str(a) for a in self.hub.alerts] if self.hub is not None else []
 
     @property
     def _stragglers(self) -> dict[str, Straggler]:
@@ -376,13 +349,6 @@ class Cluster(Diagnose):
             spares=self.spares(), disk_trouble=self.disk_trouble(),
             persistent_mode=self.persistent_mode)
 
-    def _default_targets(self) -> str:
-        """Where a cell runs without ``on=``: every task, or the chief when ps tasks serve."""
-        if self.spec.ps:
-            return "chief:0" if self.spec.chief else ",".join(
-                str(t) for t in self.spec.tasks if t.role == "worker")
-        return "all"
-
     @property
     def run_dir(self) -> Path | None:
         return self.rundir.path if self.rundir else None
@@ -395,30 +361,5 @@ class Cluster(Diagnose):
         return f"<p><b>{self!r}</b></p>" + self.status().to_html(index=False, na_rep="")
 
     # ------------------------------------------------------------------ internals
-    def _runtimes(self, on: Targets, allow_dead: bool = False) -> list[TaskRuntime]:
-        if not self.running:
-            raise ClusterNotRunningError("the cluster is not running; start() it first")
-        targets = [self.tasks[t] for t in parse_targets(on, self.spec)]
-        dead = [rt.name for rt in targets if rt.state is TaskState.DEAD]
-        if dead and not allow_dead:
-            raise ClusterNotRunningError(
-                f"{', '.join(dead)} {'is' if len(dead) == 1 else 'are'} dead; bring "
-                f"{'it' if len(dead) == 1 else 'them'} back with %tfdist_restart or "
-                "cluster.restart()")
-        return targets
-
-    def _require_loop(self) -> LoopThread:
-        if self._loop is None:
-            raise ClusterNotRunningError("the cluster is not running")
-        return self._loop
-
-    def _inspector(self) -> Inspector:
-        assert self.hub is not None
-        return Inspector(self.hub, self.tasks)
-
     def _task_states(self) -> dict[str, tuple[str, str]]:
         return {rt.name: (rt.task.role, rt.state.value) for rt in list(self.tasks.values())}
-
-    def _note(self, task: str, text: str, level: str = "INFO") -> None:
-        if self.hub is not None:
-            self.hub.note(task, text, level)

@@ -1,4 +1,4 @@
-"""What the runner may learn about a busy task (:class:`tfdist_nb.cluster.runner.Inspector`).
+"""What the runner (:func:`tfdist_nb.cluster.runner.run_cell`) may learn about a busy task.
 Stacks and aborts go through each task's inspection subshell, which answers while the main
 thread is blocked inside a TensorFlow op.
 """
@@ -130,7 +130,18 @@ class Inspector:
     async def stacks_text(self, targets: list[TaskRuntime]) -> dict[str, str]:
         """Every target's stacks at once, as text by task name (``Cluster.stacks``)."""
         found = await asyncio.gather(*(self.stacks(rt) for rt in targets))
-        return {rt.name: format_stacks(s) for rt, s in zip(targets, found, strict=True)}
+        text = {}
+        for rt, stacks in zip(targets, found, strict=True):
+            if stacks is None:
+                text[rt.name] = "(no answer: the task is dead or did not answer in time)"
+                continue
+            main = stacks["main"]
+            parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
+            if main.get("line") not in (None, "?"):
+                parts.append(f"  the user's line that led there: {main['line']}")
+            parts += [f"--- {name} ---\n{stack}" for name, stack in stacks["threads"].items()]
+            text[rt.name] = "\n".join(parts)
+        return text
 
     async def abort_collectives(self, targets: list[TaskRuntime], reason: str) -> list[str]:
         """Abort the collectives of every target, said in one alert; returns their names."""
@@ -139,7 +150,7 @@ class Inspector:
                 return None
             with contextlib.suppress(asyncio.TimeoutError, AgentError):
                 async with self._rpcs:
-                    await rt.agent.abort_collectives(reason)
+                    await rt.agent.abort_collectives(reason=reason)
                 return rt.name
             return None
 
@@ -172,13 +183,3 @@ def _process_stopped(rt: TaskRuntime) -> bool:
         return False
     return host_os.process_state(rt.pid) == "T"
 
-
-def format_stacks(found: Stacks | None) -> str:
-    if found is None:
-        return "(no answer: the task is dead or did not answer in time)"
-    main = found["main"]
-    parts = [f"main thread: {main.get('kind')} at {main.get('at')}"]
-    if main.get("line") not in (None, "?"):
-        parts.append(f"  the user's line that led there: {main['line']}")
-    parts += [f"--- {name} ---\n{stack}" for name, stack in found["threads"].items()]
-    return "\n".join(parts)

@@ -70,10 +70,6 @@ STOP_RESERVE_S = 3.0
 STEPS_PROBE = "import tfdist_nb.worker as _tw; print('tfdist_isolate_steps', _tw.steps_done())"
 
 
-def prelude_template() -> str:
-    return (importlib.resources.files("tfdist_nb.worker") / "isolate_prelude.py").read_text()
-
-
 class Cluster(Protocol):
     """What isolating uses of the user's cluster and a variant's: the facade's ``Cluster``,
     named by what is used so that this module sits below the facade."""
@@ -133,6 +129,8 @@ class Isolation:
         self.cell, result, self.code = self._failing(cell)
         assert cluster.rundir is not None  # it ran the failing cell
         self.history = cluster.rundir.cells()
+        #: the failing cell's record in the run directory (when and where it ran)
+        self.failed_rec = next((c for c in self.history if c["cell"] == self.cell), {})
         self.setup = self._setup_cells()
         self.failure = failure_of(result)
         self.bound: LoopBound | None = loop_bound(self.code, [c["code"] for c in self.setup])
@@ -148,7 +146,8 @@ class Isolation:
                               if f.get("implementation")),
                              implementation_named([c["code"] for c in self.setup] + [self.code])))
         self.ran: dict[str, Ran] = {}
-        self.template = prelude_template()
+        self.template = (importlib.resources.files("tfdist_nb.worker")
+                         / "isolate_prelude.py").read_text()
 
     # ------------------------------------------------------------------ what is isolated
     def _failing(self, cell: int | None) -> tuple[int, RunResult, str]:
@@ -168,7 +167,7 @@ class Isolation:
         """The cells that set the tasks up: those that passed before the failing cell, since
         every task was last restarted (fresh kernels forgot the cells before)."""
         assert self.cluster.rundir is not None
-        at = next((c["time"] for c in self.history if c["cell"] == self.cell), time.time())
+        at = self.failed_rec.get("time", time.time())
         every = map(str, self.cluster.spec.tasks)
         restarts = [t for t in restart_times(self.cluster.rundir.iter_events(), every) if t < at]
         since = restarts[-1] if restarts else 0.0
@@ -326,7 +325,8 @@ class Isolation:
             code = with_bound(code, self.bound, variant.steps)
         cells: list[dict[str, Any]] = [{"cell": 0, "time": 0.0, "targets": None,
                   "code": prelude_code(self.template, prelude)}]
-        failing = {"cell": self.cell, "code": code, "targets": self._failing_targets()}
+        failing = {"cell": self.cell, "code": code,
+                   "targets": list(self.failed_rec.get("targets") or []) or None}
         for rec in [*self.setup, failing]:
             targets = self._targets_for(variant, rec.get("targets"))
             if targets is False and rec is failing:
@@ -336,12 +336,6 @@ class Isolation:
             cells.append({"cell": rec["cell"], "time": 0.0, "targets": targets,
                           "code": rec["code"]})
         return cells
-
-    def _failing_targets(self) -> list[str] | None:
-        for rec in self.history:
-            if rec["cell"] == self.cell:
-                return list(rec.get("targets") or []) or None
-        return None
 
     def _targets_for(self, variant: Variant, targets: list[str] | None) -> list[str] | bool | None:
         """A cell's targets in ``variant``: None for every task, a list, or False to leave it

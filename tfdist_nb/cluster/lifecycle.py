@@ -12,6 +12,7 @@ nothing waits for the old ones to be freed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -20,19 +21,18 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
-from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.environment import telemetry_env, worker_env
-from tfdist_nb.cluster.exitwatch import ExitWatch
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.spare import Spare, WarmOutcome, adopt
 from tfdist_nb.cluster.spares import SparePool
 from tfdist_nb.cluster.start_steps import Setup, StartFailed, late, log_size, unless_it_dies
-from tfdist_nb.cluster.state import TaskEvent
-from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.state import TaskEvent, TaskState
+from tfdist_nb.cluster.task import TaskRuntime, end_kernel
 from tfdist_nb.cluster.tfconfig import build_tf_config
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.events import CameBack, Restart
-from tfdist_nb.launchers.base import StopReport, TaskLaunch
+from tfdist_nb.launchers.base import NetTrouble, StopReport, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.topology import ClusterSpec, TaskId
 from tfdist_nb.transport.channel import KernelChannel
@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PORT_ATTEMPTS = 3
+WATCH_S = 1.0  # how often the exits of idle tasks are looked for between cells
 STOP_GRACE_S = 1.0
 #: what a whole stop (every task and spare at once) may take, waited for from the caller
 STOP_TIMEOUT_S = 30.0
@@ -69,8 +70,9 @@ class Lifecycle:
         self.hub = hub
         self.tasks = tasks
         self.spares = spares
-        #: finds tasks that die between cells (started once the cluster is up)
-        self.exits = ExitWatch(tasks, hub.note, setup.launcher.network_trouble)
+        #: finds tasks that die between cells (``watch_exits``, once the cluster is up)
+        self._exit_watch: asyncio.Future[None] | None = None
+        self._trouble_said: NetTrouble | None = None
         #: how the last start or restart used spares (why a task started cold); None: no pool
         self.warm: WarmOutcome | None = None
         #: how long the cluster's own start took (what a spare still warming is measured by)
@@ -178,7 +180,12 @@ class Lifecycle:
             else:  # the others know these addresses: the old processes go first
                 await self._kill(old)
                 came = await self.launch(targets, deadline, spares)
-            await self._port_check(targets)
+            # a TF port found taken at adoption (another program took it meanwhile): the
+            # strategy would fail to bind it (a restart of every task picks new ones)
+            for rt in targets:
+                if rt.info.get("port_free") is False:
+                    self.hub.note(rt.name, f"TF port {rt.address} is taken on its host; restart "
+                                  "every task to move to fresh ports", "WARNING")
         if self.setup.spec.ps:
             await self.serve_parameter_servers(targets)
         return came, moved
@@ -205,14 +212,6 @@ class Lifecycle:
         for rt in runtimes:
             fresh = self.runtime(rt.task, addresses)
             rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
-
-    async def _port_check(self, runtimes: list[TaskRuntime]) -> None:
-        """A TF port found taken at adoption (another program took it meanwhile) is said; the
-        strategy would fail to bind it (a restart of every task picks new ones)."""
-        for rt in runtimes:
-            if rt.info.get("port_free") is False:
-                self.hub.note(rt.name, f"TF port {rt.address} is taken on its host; restart "
-                              "every task to move to fresh ports", "WARNING")
 
     async def _kill(self, old: list[tuple[Any, Any]]) -> None:
         """The old processes of a restart from spares: SIGKILL at once, in parallel."""
@@ -275,21 +274,60 @@ class Lifecycle:
     async def stop_all(self, grace_s: float = STOP_GRACE_S) -> list[StopReport]:
         """Every task, at once (``grace_s`` 0: killed at once, the cluster is being replaced);
         the cluster gives its spare pool back to the session after."""
-        await self.exits.close()  # these exits are asked for
-        return await self._end(list(self.tasks.values()), grace_s)
-
-    async def stop(self, runtimes: list[TaskRuntime]) -> list[StopReport]:
-        """All at once: shutdown request, STOP_GRACE_S, then SIGKILL (docs/design.md)."""
-        return await self._end(runtimes, STOP_GRACE_S)
+        watch, self._exit_watch = self._exit_watch, None  # these exits are asked for
+        if watch is not None:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
+                await watch
+        return await self.stop(list(self.tasks.values()), grace_s)
 
     @staticmethod
-    async def _end(runtimes: list[TaskRuntime], grace_s: float) -> list[StopReport]:
+    async def stop(runtimes: list[TaskRuntime],
+                   grace_s: float = STOP_GRACE_S) -> list[StopReport]:
+        """All at once: shutdown request, ``grace_s``, then SIGKILL (docs/design.md)."""
         ended = await asyncio.gather(*(rt.end(grace_s) for rt in runtimes),
                                      return_exceptions=True)
         for rt, got in zip(runtimes, ended, strict=True):
             if isinstance(got, BaseException):
                 logger.debug("%s did not stop cleanly: %r", rt.name, got)
         return [r for r in ended if isinstance(r, StopReport)]
+
+    # ------------------------------------------------------------------ between cells
+    def watch_exits(self) -> None:
+        """Say an idle task's exit as an alert, the task marked dead (during a cell the runner
+        notices an exit itself; between cells nothing else would, and the dashboard would show
+        it idle until the next cell failed on it): waiting on the idle tasks' exit futures and
+        looking again every ``WATCH_S`` for tasks that became idle. The launcher's
+        ``network_trouble`` is looked at as often, so the tasks' outbound network going
+        (slirp4netns ending) is said once. Call on the loop thread."""
+        if self._exit_watch is None or self._exit_watch.done():
+            self._exit_watch = asyncio.ensure_future(self._watch_exits())
+
+    async def _watch_exits(self) -> None:
+        while True:
+            exits = [rt.handle.exit_future() for rt in list(self.tasks.values())
+                     if rt.state is TaskState.IDLE and rt.handle is not None]
+            if exits:
+                await asyncio.wait(exits, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.sleep(WATCH_S)
+            for rt in list(self.tasks.values()):  # an idle task whose process is gone
+                handle = rt.handle
+                if (rt.state is not TaskState.IDLE or handle is None
+                        or (code := handle.exited()) is None):
+                    continue
+                rt.transition(TaskEvent.EXITED)
+                what = await asyncio.to_thread(handle.describe_exit, code)
+                self.hub.note(rt.name, f"{rt.name} {what} while no cell was running on it; "
+                              "bring it back with %tfdist_restart (its process log is in the run "
+                              "directory)", "ERROR")
+            # a sudden loss of the tasks' outbound network, said once (again only after a cure)
+            with swallowed(logger):
+                trouble = self.setup.launcher.network_trouble()
+                if trouble is not None and trouble.sudden and trouble != self._trouble_said:
+                    self.hub.note("cluster", f"{trouble.cause}; the tasks have no outbound "
+                                  f"network now (downloads and DNS fail): {trouble.cure}", "ERROR")
+                self._trouble_said = trouble
 
     # ------------------------------------------------------------------ one task
     async def _launch_or_retry(self, rt: TaskRuntime, deadline: float,
@@ -341,7 +379,7 @@ class Lifecycle:
             rt, channel.start(timeout=max(deadline - time.monotonic(), 0.1)), deadline)
         agent = AgentClient(rt.name, channel)
         if not launcher.env_at_launch:
-            await self._until(rt, agent.set_environment(rt.env), deadline)
+            await self._until(rt, agent.set_environment(env=rt.env), deadline)
         rt.info = dict(await self._until(rt, agent.describe(list(self.setup.preload)),
                                          deadline))
         # the handshake's own busy/idle status travels on iopub: it must have arrived

@@ -6,6 +6,7 @@ armed to start with the next cell is how a notebook profiles a training cell.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,9 +14,8 @@ from pathlib import Path
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.loop import LoopThread
-from tfdist_nb.cluster.outdir import directory_to_write
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.errors import AgentError, TfdistError
+from tfdist_nb.errors import AgentError, SpecError, TfdistError
 from tfdist_nb.topology import TaskId
 from tfdist_nb.worker.replies import CaptureState, ProfileSummary
 
@@ -31,10 +31,23 @@ class Capture:
     """Task name by the trace file TensorFlow writes for it (``<host>_<port>.xplane.pb``)."""
 
 
+def directory_to_write(path: Path, option: str) -> None:
+    """Make ``path``, a directory the user names for the tasks to write into (``--logdir``,
+    ``--dump``), owner-only; or a SpecError naming ``option`` and why it cannot be written (a
+    file in the way, a read-only mount, no permission), before any task is asked to."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise SpecError(f"{option} {path}: cannot make this directory "
+                        f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SpecError(f"{option} {path}: not writable by this user")
+
+
 async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRuntime:
     """Start every task's server, then the capture on the first task; returns the capturing
     task."""
-    ports = await asyncio.gather(*(_agent(rt).profiler_server(CALL_TIMEOUT_S)
+    ports = await asyncio.gather(*(_agent(rt).profiler_server(timeout=CALL_TIMEOUT_S)
                                    for rt in targets))
     addrs = [f"grpc://{rt.address.rpartition(':')[0]}:{port}"
              for rt, port in zip(targets, ports, strict=True)]
@@ -42,8 +55,9 @@ async def start_capture(targets: list[TaskRuntime], capture: Capture) -> TaskRun
                       for rt, addr in zip(targets, addrs, strict=True)}
     capture.logdir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lead = targets[0]
-    said = await _agent(lead).profile_capture(addrs, str(capture.logdir), capture.duration_ms,
-                                              capture.delay_ms, timeout=CALL_TIMEOUT_S)
+    said = await _agent(lead).profile_capture(
+        service_addrs=addrs, logdir=str(capture.logdir), duration_ms=capture.duration_ms,
+        delay_ms=capture.delay_ms, timeout=CALL_TIMEOUT_S)
     if said != "started":
         raise TfdistError(f"{lead.name}: a profile capture is still running")
     return lead
@@ -63,7 +77,8 @@ async def finish_capture(lead: TaskRuntime, capture: Capture) -> ProfileSummary:
     if state.get("error"):
         raise TfdistError(f"the profile capture failed: {state['error']}")
     try:
-        return await _agent(lead).profile_summary(str(capture.logdir), timeout=CALL_TIMEOUT_S)
+        return await _agent(lead).profile_summary(logdir=str(capture.logdir),
+                                                     timeout=CALL_TIMEOUT_S)
     except (AgentError, asyncio.TimeoutError) as exc:
         return {"run": None, "files": {}, "unreadable": str(exc)}
 

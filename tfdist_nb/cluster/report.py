@@ -29,17 +29,6 @@ LEDGER_ROWS = 8
 HIDDEN = "<hidden>"  # an --env value that is no secret, left out unless show_env
 
 
-def env_lines(env: Mapping[str, str], show_env: bool) -> list[str]:
-    """The ``--env`` variables: names always, values only when ``show_env`` and never a
-    secret's."""
-    def shown(name: str, value: str) -> str:
-        if redaction.secret_setting(name, value):
-            return REDACTED
-        return value if show_env else HIDDEN
-
-    return [f"- `{k}={shown(k, v)}`" for k, v in env.items()]
-
-
 def check_target(directory: Path, force: bool) -> None:
     """SpecError, before anything is written, if ``directory`` holds a report this module did
     not write (unless ``force``): it is kept."""
@@ -62,8 +51,12 @@ def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRunti
     ledger = [{"task": name, **row} for name in names
               for row in live.view(name).ledger.recent(LEDGER_ROWS)]
     text = markdown(
-        cluster_id=cluster_id, spec=spec, tasks=task_rows(tasks),
-        tf_configs=tf_config_lines(tasks), env=env, alerts=alerts, failure=failed,
+        cluster_id=cluster_id, spec=spec, tasks=[  # as each said of itself at start-up
+            {"task": rt.name, "host": rt.host, "pid": rt.pid, "state": str(rt.state),
+             "python": rt.info.get("python"), "tensorflow": rt.info.get("tensorflow"),
+             "keras": rt.info.get("keras_flavour")} for rt in tasks],
+        tf_configs={rt.name: json.dumps(json.loads(rt.tf_config), sort_keys=True)
+                    for rt in tasks}, env=env, alerts=alerts, failure=failed,
         failed_code=code, last_lines=last, ledger=ledger, show_env=show_env,
         secrets=redaction.secret_values([c.get("code", "") for c in cells], env))
     try:
@@ -109,7 +102,8 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
     for name, cfg in tf_configs.items():
         out += [f"- {name}: `{cfg}`"]
     out += ["", "## Environment given to every task (`--env`)", ""]
-    out += env_lines(env, show_env) or ["(none)"]
+    out += [f"- `{k}={REDACTED if redaction.secret_setting(k, v) else v if show_env else HIDDEN}`"
+            for k, v in env.items()] or ["(none)"]  # values only with show_env, never secrets
     out += ["", "## Alerts", ""]
     out += [f"- {a}" for a in alerts] or ["(none)"]
     out += ["", f"## The last {LAST_LINES} lines of each task", ""]
@@ -130,18 +124,3 @@ def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
-
-
-def task_rows(runtimes: Iterable[TaskRuntime]) -> list[dict[str, Any]]:
-    """What each task said of itself at start-up, and its state now."""
-    rows = []
-    for rt in runtimes:
-        info = rt.info or {}
-        rows.append({"task": rt.name, "host": rt.host, "pid": rt.pid, "state": str(rt.state),
-                     "python": info.get("python"), "tensorflow": info.get("tensorflow"),
-                     "keras": info.get("keras_flavour")})
-    return rows
-
-
-def tf_config_lines(runtimes: Iterable[TaskRuntime]) -> dict[str, str]:
-    return {rt.name: json.dumps(json.loads(rt.tf_config), sort_keys=True) for rt in runtimes}

@@ -10,9 +10,9 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.cluster.early_words import explain_early, stack_targets, who_waits
 from tfdist_nb.cluster.state import TaskEvent, TaskState
@@ -20,13 +20,15 @@ from tfdist_nb.cluster.task import TaskRuntime
 from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.hangs import Ended, hang_said, judge, ledger_overview, release_waiters
-from tfdist_nb.diagnostics.stall import Progress, StallWatch
+from tfdist_nb.diagnostics.stall import StallWatch
 from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_site
-from tfdist_nb.store.collectives import LedgerView
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
 from tfdist_nb.worker.memory_limits import read_oom_kills
 from tfdist_nb.worker.replies import Stacks
+
+if TYPE_CHECKING:  # what the runner may ask of the cluster about a task while it is busy
+    from tfdist_nb.cluster.inspector import Inspector
 
 POLL_S = 0.2
 _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
@@ -35,33 +37,6 @@ _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
 IDLE_AFTER_REPLY_S = 5.0
 STALL_SLACK_S = 2.0
 CRASH_LEDGER_WAIT_S = 1.0
-
-
-class Inspector(Protocol):
-    """What the runner may ask of the cluster about a task while its main thread is busy."""
-
-    def progress(self, rt: TaskRuntime) -> Progress: ...
-
-    async def stacks(self, rt: TaskRuntime) -> Stacks | None: ...
-
-    async def abort_collectives(self, targets: list[TaskRuntime], reason: str) -> list[str]: ...
-
-    def last_words(self, rt: TaskRuntime) -> tuple[dict[str, Any] | None, list[str]]: ...
-
-    def heartbeat_gap(self, rt: TaskRuntime, busy: list[TaskRuntime],
-                      ended: Mapping[str, str], since: float) -> None: ...
-
-    def cell_steps(self, rt: TaskRuntime) -> int: ...
-
-    def ledger(self, name: str) -> LedgerView: ...
-
-    def members(self) -> set[str]: ...
-
-    def stopped(self, rt: TaskRuntime) -> str | None: ...
-
-    def waits_for_prompt(self, rt: TaskRuntime, prompting: list[str]) -> None: ...
-
-    def hang_named(self, hang: Hang) -> None: ...
 
 
 class RunEnd(StrEnum):
@@ -319,8 +294,9 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
                else set())
     ends = await asyncio.gather(*(  # each waits for its own idle: at once, not one by one
         _early_result(rt, execs[rt.name], S.ABORTED if hang is not None and rt.name in hang.waiting
-                      else _early_status(reason, rt.name in control.stalled), reason, grace_s,
-                      inspector) for rt in rest))
+                      else S.TIMEOUT if reason is RunEnd.TIMEOUT
+                      else S.STALLED if rt.name in control.stalled else S.INTERRUPTED,
+                      reason, grace_s, inspector) for rt in rest))
     out = {rt.name: r for rt, r in zip(rest, ends, strict=True)}
     if hang is not None and inspector is not None:
         await _released(hang, inspector, {**done, **out}, execs, aborted)
@@ -364,12 +340,6 @@ async def _hang_after_crash(inspector: Inspector, by_name: dict[str, TaskRuntime
         if hang is not None or not inside or time.monotonic() >= deadline:
             return hang
         await asyncio.sleep(POLL_S / 2)
-
-
-def _early_status(reason: RunEnd, stalled: bool) -> TaskStatus:
-    if reason is RunEnd.TIMEOUT:
-        return S.TIMEOUT
-    return S.STALLED if stalled else S.INTERRUPTED
 
 
 async def _early_result(rt: TaskRuntime, ex: Execution, status: TaskStatus, reason: RunEnd,

@@ -11,15 +11,14 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
-from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.start_steps import Setup, StartFailed, log_size
-from tfdist_nb.cluster.task import TaskRuntime
+from tfdist_nb.cluster.task import TaskRuntime, end_kernel
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
 from tfdist_nb.events import Event, OutputLine
@@ -178,7 +177,7 @@ class Spare:
         self.state = SpareState.TAKEN
 
 
-async def unless_dies(spare: Spare, step: Coroutine[Any, Any, T] | asyncio.Future[T]) -> T:
+async def unless_dies(spare: Spare, step: Awaitable[T]) -> T:
     """Await a warm-up step, failing within POLL_S when the spare's process exits."""
     assert spare.handle is not None
     work = asyncio.ensure_future(step)
@@ -206,13 +205,6 @@ async def stop_spare(spare: Spare) -> None:
             spare.handle = await asyncio.wait_for(asyncio.shield(spare.starting), 30)
     with swallowed(logger):
         await end_kernel(spare.handle, spare.channel, 0.0)
-
-
-def log_tail(path: Path, n: int = 3) -> str:
-    with contextlib.suppress(OSError):
-        lines = path.read_text(errors="replace").strip().splitlines()
-        return " | ".join(line.strip() for line in lines[-n:])
-    return ""
 
 
 def copy_start_log(spare: Spare, path: Path) -> None:
@@ -251,7 +243,8 @@ async def adopt(rt: TaskRuntime, spare: Spare, log_path: Path, sink: Callable[[l
     spare.hand_over(sink, rt.name)
     set_env, unset_env = env_delta(spare.env, rt.env)
     agent = AgentClient(rt.name, spare.channel, subshell=spare.subshell)
-    info = await until(agent.adopt(rt.name, set_env, unset_env, str(log_path), preload,
+    info = await until(agent.adopt(task=rt.name, set_env=set_env, unset_env=unset_env,
+                                   log_path=str(log_path), preload=list(preload),
                                    timeout=max(deadline - time.monotonic(), 0.1)))
     rt.info = {k: v for k, v in info.items() if k != "adopted"}  # describe's fields
     rt.agent = agent
@@ -282,11 +275,16 @@ async def await_warm(spare: Spare, typical: float, deadline: float) -> None:
 
 
 def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> int:
-    """Spare kernels for ``warm=`` (docs/reference.md): None is one per task for the local
-    launcher when there is something to preload, none otherwise."""
+    """Spare kernels for ``warm=`` (docs/reference.md): None is ``$TFDIST_WARM`` (docs/
+    reference.md, Environment; unset or ``auto``: one per task) for the local launcher when
+    there is something to preload, none otherwise."""
     tasks = len(setup.spec.tasks)
     if warm is None:
-        default = default_spares(tasks)
+        raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
+        if raw not in ("", "auto", "off", "false", "no") and not raw.isdigit():
+            raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
+                            "TFDIST_WARM=0)")
+        default = tasks if raw in ("", "auto") else int(raw) if raw.isdigit() else 0
         return default if launcher.spares and setup.preload else 0
     if warm is False or (not isinstance(warm, bool) and warm == 0):
         return 0
@@ -296,17 +294,3 @@ def spare_count(warm: bool | int | None, launcher: Launcher, setup: Setup) -> in
                             "(leave warm unset or False)")
         return tasks if warm is True else int(warm)
     raise SpecError(f"warm= is True, False, None or a number of spares, not {warm!r}")
-
-
-def default_spares(tasks: int) -> int:
-    """``$TFDIST_WARM`` (docs/reference.md, Environment): the spares of a cluster that leaves
-    ``warm`` unset; unset or ``auto``: one per task."""
-    raw = os.environ.get("TFDIST_WARM", "auto").strip().lower()
-    if raw in ("", "auto"):
-        return tasks
-    if raw in ("off", "false", "no"):
-        return 0
-    if raw.isdigit():
-        return int(raw)
-    raise SpecError(f"TFDIST_WARM={raw!r}: use auto, off or a number of spares (e.g. "
-                    "TFDIST_WARM=0)")

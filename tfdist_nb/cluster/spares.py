@@ -27,7 +27,6 @@ from tfdist_nb.cluster.spare import (
     SpareState,
     WarmOutcome,
     WhyCold,
-    log_tail,
     stop_spare,
     unless_dies,
 )
@@ -162,32 +161,23 @@ class SparePool:
         task's: docs/design.md, Spare kernels), or None and why not."""
         want = KernelKey.of(python, preload, cwd or os.getcwd(), env)
         reasons: list[WhyCold] = []
-        for spare in [s for s in self._spares if s.state == SpareState.READY]:
-            if spare not in self._spares or spare.state != SpareState.READY:
-                continue  # lost or stopped while an earlier one was dropped
-            code = spare.handle.exited() if spare.handle is not None else None
-            if spare.handle is None or code is not None:
-                await self._lost(spare, code)
-                continue
-            why = spare.key.unfit(want)
-            if why:
-                reasons.append(why)
-                continue
-            self._spares.remove(spare)
-            spare.state = SpareState.TAKEN
-            return spare, None
-        for spare in [s for s in self._spares if s.state == SpareState.WARMING]:
-            why = spare.key.unfit(want)
-            if why:
-                reasons.append(why)
-                continue
-            self._spares.remove(spare)  # the restart awaits its warm-up (``typical_warm_s``)
-            spare.state = SpareState.TAKEN
-            return spare, None
+        # a ready spare first, else one still warming (the restart awaits its warm-up:
+        # ``typical_warm_s``)
+        for state in (SpareState.READY, SpareState.WARMING):
+            for spare in [s for s in self._spares if s.state == state]:
+                if spare not in self._spares or spare.state != state:
+                    continue  # lost or stopped while an earlier one was dropped
+                if state == SpareState.READY and not await self._alive(spare):
+                    continue
+                if why := spare.key.unfit(want):
+                    reasons.append(why)
+                    continue
+                self._spares.remove(spare)
+                spare.state = SpareState.TAKEN
+                return spare, None
         if reasons:
             return None, reasons[0]
-        warming = sum(s.state == SpareState.WARMING for s in self._spares)
-        return None, NoSpare(off=self._closed, warming=warming, held=self.skipped)
+        return None, NoSpare(off=self._closed, warming=self._warming(), held=self.skipped)
 
     async def take_all(self, runtimes: Sequence[TaskRuntime], python: str,
                        preload: tuple[str, ...], forked: bool,
@@ -213,7 +203,7 @@ class SparePool:
         spares = list(self._spares)
         return {"count": self.count,
                 "ready": sum(s.state == SpareState.READY for s in spares),
-                "warming": sum(s.state == SpareState.WARMING for s in spares),
+                "warming": self._warming(spares),
                 "pids": [s.pid for s in spares if s.pid],
                 "note": str(self.skipped) if self.skipped is not None else None}
 
@@ -241,8 +231,7 @@ class SparePool:
             now = time.monotonic()
             if len(self._spares) < self.count and not self._busy():
                 # say why none starts (memory first: it holds whatever the CPU does)
-                warming = sum(s.state == SpareState.WARMING for s in self._spares)
-                if not self._memory_allows(pending=warming + self._starting()):
+                if not self._memory_allows(pending=self._warming() + self._starting()):
                     room = False
                 elif not room:
                     self.skipped = NotStarting(Held.CPU, f"waiting for a core to spare "
@@ -262,8 +251,7 @@ class SparePool:
         if self._failures >= MAX_FAILURES or now < self._retry_at:
             return
         while len(self._spares) < self.count:
-            warming = sum(s.state == SpareState.WARMING for s in self._spares)
-            if not self._memory_allows(pending=warming + self._starting()):
+            if not self._memory_allows(pending=self._warming() + self._starting()):
                 return
             spare = self._new_spare()
             # its own task: a handover (cancelling this loop) leaves the warm-up running
@@ -285,10 +273,7 @@ class SparePool:
         for spare in [s for s in self._spares if s.state == SpareState.READY]:
             if spare not in self._spares or spare.state != SpareState.READY:
                 continue  # taken or stopped by an earlier step of this check
-            code = spare.handle.exited() if spare.handle else None
-            if spare.handle is None or code is not None:
-                await self._lost(spare, code)
-            elif why := spare.key.unfit(wanted):
+            if await self._alive(spare) and (why := spare.key.unfit(wanted)):
                 self._spares.remove(spare)
                 self._say(f"{spare.name} no longer fits this cluster ({why}); replacing it")
                 await stop_spare(spare)
@@ -298,13 +283,22 @@ class SparePool:
             self._spares.remove(spare)
             await stop_spare(spare)
 
-    async def _lost(self, spare: Spare, code: int | None) -> None:
+    def _warming(self, spares: list[Spare] | None = None) -> int:
+        return sum(s.state == SpareState.WARMING for s in
+                   (self._spares if spares is None else spares))
+
+    async def _alive(self, spare: Spare) -> bool:
+        """Whether a ready spare's process still runs; one that ended is dropped and said."""
+        code = spare.handle.exited() if spare.handle is not None else None
+        if spare.handle is not None and code is None:
+            return True
         with contextlib.suppress(ValueError):
             self._spares.remove(spare)
         how = spare.handle.describe_exit(code) if spare.handle and code is not None else "is gone"
         self._note(f"{spare.name} (pid {spare.pid}) {how} while idle; it is not handed out and "
                    "a new spare replaces it", "WARNING")
         await stop_spare(spare)
+        return False
 
     def _memory_allows(self, pending: int = 0) -> bool:
         """Whether one more spare leaves room for one TF task, counting ``pending`` spares
@@ -366,7 +360,10 @@ class SparePool:
                 self._spares.remove(spare)
             self._failures += 1
             self._retry_at = time.monotonic() + RETRY_AFTER_S
-            tail = log_tail(spare.log_path)
+            tail = ""  # its process log's last lines
+            with contextlib.suppress(OSError):
+                lines = spare.log_path.read_text(errors="replace").strip().splitlines()
+                tail = " | ".join(line.strip() for line in lines[-3:])
             self._say(f"{spare.name} could not be warmed ({type(exc).__name__}: {exc})"
                       + (f"; its process log ends: {tail}" if tail else "")
                       + ("; no more spares for this cluster" if self._failures >= MAX_FAILURES
@@ -389,7 +386,8 @@ class SparePool:
         spare.channel = channel
         await unless_dies(spare, channel.start(timeout=60))
         agent = AgentClient(spare.name, channel)
-        await unless_dies(spare, agent.warm(list(spare.preload), WARM_NICE, WARM_TIMEOUT_S))
+        await unless_dies(spare, agent.warm(
+            preload=list(spare.preload), nice=WARM_NICE, timeout=WARM_TIMEOUT_S))
         await unless_dies(spare, asyncio.wait_for(channel.iopub_alive.wait(), 10))
         spare.subshell = await unless_dies(
             spare, channel.create_subshell(timeout=SUBSHELL_TIMEOUT_S))

@@ -1,21 +1,24 @@
-"""What every task is started with (``Setup``), and one task's start-up steps, each bounded and
-watched so that a dead or broken kernel fails the step at once, not at the deadline.
+"""What every task is started with (``Setup``, its GPUs placed by :func:`place`), and one task's
+start-up steps, each bounded and watched so that a dead or broken kernel fails the step at once,
+not at the deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tfdist_nb.cluster.task import TaskRuntime
-from tfdist_nb.errors import AgentError
-from tfdist_nb.gpu_plan import GpuPlan
+from tfdist_nb.errors import AgentError, SpecError
+from tfdist_nb.gpu_plan import CVD, GpuPlan, GpuRequest, Placement, gpu_request, plan_gpus
 from tfdist_nb.launchers.base import Launcher
 from tfdist_nb.topology import ClusterSpec
+from tfdist_nb.worker.gpu import host_devices
 
 POLL_S = 0.2
 #: What a kernel writes to its process log when it cannot bind a channel (it may not exit).
@@ -33,8 +36,30 @@ class Setup:
     preload: tuple[str, ...]
     extra_env: dict[str, str] = field(default_factory=dict)
     start_timeout: float = 120.0
-    #: each task's GPUs (cluster/gpus.py), under ``extra_env``: a user's variable wins
+    #: each task's GPUs (``place``), under ``extra_env``: a user's variable wins
     gpus: GpuPlan = field(default_factory=GpuPlan)
+
+
+def place(gpus: str | Sequence[str | int], per_task: int | None, spec: ClusterSpec,
+          launcher: Launcher, env: Mapping[str, str]) -> tuple[GpuRequest, GpuPlan]:
+    """Where a cluster's GPUs go (docs/reference.md, GPU placement): the request ``gpus=`` /
+    ``gpus_per_task=`` make, and the plan for ``spec``'s tasks. The launcher says who places
+    them, NVML here says which there are, :mod:`tfdist_nb.gpu_plan` decides; made with the
+    ``Cluster``, so a request that cannot be met is a SpecError before anything starts."""
+    request = gpu_request(gpus, per_task)
+    where = launcher.gpu_placement
+    env_cvd = env.get(CVD)
+    if (where is Placement.SCHEDULER and request.per_task and env_cvd is None
+            and not launcher.ask_gpus(request.per_task)):
+        raise SpecError(f"--gpus-per-task {request.per_task}: the {launcher.name} launcher's "
+                        "tasks get their GPUs from whoever started them; ask there (e.g. "
+                        "srun --gpus-per-task=1)")
+    asks_nvml = where is Placement.HERE and env_cvd is None and request.choice != "none"
+    base = launcher.base_environment()
+    return request, plan_gpus(
+        request, spec.tasks, where=where, seen=host_devices() if asks_nvml else None,
+        notebook_cvd=(os.environ if base is None else base).get(CVD), env_cvd=env_cvd,
+        hosts=launcher.task_hosts(spec.tasks))
 
 
 class StartFailed(Exception):

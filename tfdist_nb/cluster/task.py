@@ -10,14 +10,28 @@ from pathlib import Path
 from typing import Any
 
 from tfdist_nb.cluster.agent_client import AgentClient
-from tfdist_nb.cluster.ending import end_kernel
 from tfdist_nb.cluster.state import TaskEvent, TaskState, next_state
+from tfdist_nb.debuglog import swallowed
 from tfdist_nb.gpu_plan import CVD
 from tfdist_nb.launchers.base import StopReport, TaskHandle
 from tfdist_nb.topology import TaskId
 from tfdist_nb.transport.channel import KernelChannel
 
 logger = logging.getLogger(__name__)
+
+
+async def end_kernel(handle: TaskHandle | None, channel: KernelChannel | None,
+                     grace_s: float) -> StopReport | None:
+    """The one way a kernel this package started ends (a task, a restart's old process, a
+    spare): ``channel`` closed first, so nothing waits for a reply on a socket about to go and
+    a channel that fails to close never keeps the process alive; then ``handle`` stopped
+    within ``grace_s``. None without a process."""
+    if channel is not None:
+        with swallowed(logger):
+            await channel.close()
+    if handle is None:
+        return None
+    return await handle.stop(grace_s)
 
 
 @dataclass
@@ -92,7 +106,7 @@ class TaskRuntime:
         return self.handle.host if self.handle else self.address.rpartition(":")[0]
 
     async def end(self, grace_s: float) -> StopReport | None:
-        """End this task's process (``ending.end_kernel``) and forget it; None if none ran.
+        """End this task's process (``end_kernel``) and forget it; None if none ran.
         A stop that raised keeps the handle, so the cluster's teardown tries again."""
         report = await end_kernel(self.handle, self.channel, grace_s)
         self.handle, self.channel, self.agent = None, None, None
