@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker.dataset_graph import dataset_graph
-from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.hooks import instrument
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
     import tensorflow as tf
@@ -89,7 +89,4 @@ def patch_distribute_lib(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb.worker import state
-
-    after_import((DISTRIBUTE_LIB,), patch_distribute_lib,
-                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))
+    instrument(PART, STOPS, {DISTRIBUTE_LIB: patch_distribute_lib})

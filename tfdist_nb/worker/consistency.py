@@ -48,16 +48,6 @@ def evaluate(expr: str) -> object:
     return eval(expr, _user_ns())
 
 
-def _graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef | None:
-    """The dataset's GraphDef, or None when it cannot be serialized: the pipeline is then
-    described as unknown. External state (a py_function) is ignored: only the ops are read."""
-    try:
-        return dataset_graph(dataset, external_state="IGNORE")
-    except Exception:
-        logger.debug("the graph of %r could not be read", dataset, exc_info=True)
-        return None
-
-
 def _const_strings(node: tf.compat.v1.NodeDef | None) -> int | None:
     """How many strings a Const node holds (a file list), None when it is not one."""
     if node is None or node.op != "Const" or "value" not in node.attr:
@@ -71,9 +61,13 @@ def _const_strings(node: tf.compat.v1.NodeDef | None) -> int | None:
 def describe_pipeline(dataset: tf.data.Dataset) -> Pipeline:
     """What the dataset's graph says: batched at the end, its own ``shard()`` calls (each with
     whether an unseeded shuffle comes before it), whether its output passed an unseeded
-    shuffle, and whether (and from how many files) it reads files."""
-    graph = _graph(dataset)
-    if graph is None:
+    shuffle, and whether (and from how many files) it reads files. A graph that cannot be
+    serialized is described as unknown; external state (a py_function) is ignored: only the ops
+    are read."""
+    try:
+        graph = dataset_graph(dataset, external_state="IGNORE")
+    except Exception:
+        logger.debug("the graph of %r could not be read", dataset, exc_info=True)
         return {"graph": False, "batched": None, "shards": [], "unseeded_shuffle": None,
                 "file_based": None, "files": None, "readers": []}
     nodes = {n.name: n for n in graph.node}
@@ -254,11 +248,12 @@ def _preview(parts: list[Any]) -> str:
 
 
 class _Tally:
-    def __init__(self, max_elements: int) -> None:
+    def __init__(self, max_elements: int, max_seconds: float) -> None:
         self.counts: dict[str, int] = {}
         self.previews: dict[str, str] = {}
         self.examples = 0
         self.max_elements = max_elements
+        self.max_seconds = max_seconds
         self.started = time.monotonic()
 
     def add(self, components: list[Any], unbatch: bool) -> None:
@@ -272,8 +267,13 @@ class _Tally:
                 self.previews[fp] = _preview(parts)
         self.examples += n
 
-    def full(self) -> bool:
-        return self.examples >= self.max_elements
+    def bound(self) -> str | None:
+        """The bound this reading reached (elements before time), if any."""
+        if self.examples >= self.max_elements:
+            return f"element bound ({self.max_elements})"
+        if time.monotonic() - self.started > self.max_seconds:
+            return f"time bound ({self.max_seconds:g} s)"
+        return None
 
     def read(self, steps: int, cut: str | None) -> Read:
         return {"examples": self.examples, "steps": steps, "counts": self.counts,
@@ -285,17 +285,13 @@ def _read_plain(dataset: tf.data.Dataset, unbatch: bool, max_elements: int,
                 max_seconds: float) -> Read:
     import tensorflow as tf
 
-    tally = _Tally(max_elements)
+    tally = _Tally(max_elements, max_seconds)
     cut = None
     steps = 0
     for element in dataset:
         tally.add(tf.nest.flatten(element), unbatch)
         steps += 1
-        if tally.full():
-            cut = f"element bound ({max_elements})"
-            break
-        if time.monotonic() - tally.started > max_seconds:
-            cut = f"time bound ({max_seconds:g} s)"
+        if cut := tally.bound():
             break
     return tally.read(steps, cut)
 
@@ -316,7 +312,7 @@ def _read_distributed(dist: tf.distribute.DistributedDataset, strategy: tf.distr
         got = strategy.experimental_local_results(strategy.run(reduce))[0].numpy()
         return bool(got[0] > 0), bool(got[1] > 0)
 
-    tally = _Tally(max_elements)
+    tally = _Tally(max_elements, max_seconds)
     cut = None
     steps = 0
     iterator = iter(dist)
@@ -333,13 +329,11 @@ def _read_distributed(dist: tf.distribute.DistributedDataset, strategy: tf.distr
                      for c in tf.nest.flatten(element)]
             tally.add(parts, unbatch=True)
         steps += 1
-        over_time = time.monotonic() - tally.started > max_seconds
-        bound, ended = any_task(tally.full() or over_time, False)
+        mine = tally.bound()
+        bound, ended = any_task(mine is not None, False)
         if bound or ended:
-            cut = (f"element bound ({max_elements})" if tally.full() else
-                   f"time bound ({max_seconds:g} s)" if over_time else
-                   "another task's bound" if bound else
-                   "another task ran out of data first (uneven shards; no get_next_as_optional)")
+            cut = mine or ("another task's bound" if bound else "another task ran out of data "
+                           "first (uneven shards; no get_next_as_optional)")
             break
     return tally.read(steps, cut)
 

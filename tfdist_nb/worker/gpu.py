@@ -40,7 +40,9 @@ class GpuSampler:
 
                 self._nvml = pynvml
             self._nvml.nvmlInit()
-            devices = _visible(self._nvml)
+            # the devices CUDA_VISIBLE_DEVICES lets this task use (indices, UUIDs and their
+            # prefixes, MIG instances), mapped onto NVML's by UUID
+            devices = select(os.environ.get(CVD), read_devices(self._nvml))
             self._handles = [(d.index, device_handle(self._nvml, d)) for d in devices] or None
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver missing ...
             self.reason = f"no GPU ({type(exc).__name__}: {exc})"
@@ -97,29 +99,20 @@ def host_devices() -> list[Device] | None:
         import pynvml
 
         pynvml.nvmlInit()
+        try:
+            return read_devices(pynvml)
+        finally:
+            with contextlib.suppress(Exception):
+                pynvml.nvmlShutdown()
     except Exception:
-        logger.debug("NVML not available", exc_info=True)
+        logger.debug("NVML not available, or it could not list the GPUs", exc_info=True)
         return None
-    try:
-        return read_devices(pynvml)
-    except Exception:
-        logger.debug("NVML could not list the GPUs", exc_info=True)
-        return None
-    finally:
-        with contextlib.suppress(Exception):
-            pynvml.nvmlShutdown()
 
 
 def given() -> str | None:
     """The GPUs this task was given, as its environment says: CUDA_VISIBLE_DEVICES, else
     what SLURM set for the step (None: nothing set, e.g. a host without GPUs)."""
     return os.environ.get(CVD, os.environ.get("SLURM_STEP_GPUS"))
-
-
-def _visible(nvml: Nvml) -> list[Device]:
-    """The devices CUDA_VISIBLE_DEVICES lets this task use (indices, UUIDs and their prefixes,
-    MIG instances), mapped onto NVML's by UUID."""
-    return select(os.environ.get(CVD), read_devices(nvml))
 
 
 def device_handle(nvml: Nvml, device: Device) -> object:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import gpu_probe
-from tfdist_nb.worker.agent import dist_version, keras_flavour, port_free
+from tfdist_nb.worker.agent import own_address, port_free, versions
 from tfdist_nb.worker.ops import PortState
 from tfdist_nb.worker.replies import Bandwidth, BandwidthRow, EnvReport, PeerReach, TfConfigView
 
@@ -87,11 +87,7 @@ def tf_config_view(tf_config: str | None = None) -> TfConfigView:
         return view  # the analysis reports what is malformed
     hosts = {p[0] for a in addresses if (p := _split(a))}
     view["resolve"] = {h: _resolve(h) for h in sorted(hosts)}
-    try:
-        own = cluster[cfg["task"]["type"]][cfg["task"]["index"]]
-        mine = [own]
-    except (KeyError, IndexError, TypeError):
-        mine = []
+    mine = [own] if (own := own_address(text)) is not None else []
     if tf_config is not None:  # a config given to check: every address of this host
         local = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
         mine = [a for a in addresses if (p := _split(a)) and p[0] in local]
@@ -103,11 +99,8 @@ def tf_config_view(tf_config: str | None = None) -> TfConfigView:
 def open_stand_in() -> str:
     """Listen on this task's TF port if TensorFlow does not serve it yet, so that the others
     can test the path to it; ``served``, ``listening`` or why it could not."""
-    try:
-        cfg = json.loads(os.environ["TF_CONFIG"])
-        parsed = _split(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]])
-    except (KeyError, ValueError, IndexError, TypeError):
-        return "no TF_CONFIG address"
+    own = own_address(os.environ.get("TF_CONFIG"))
+    parsed = _split(own) if own is not None else None
     if parsed is None:
         return "no TF_CONFIG address"
     if _listening_here(parsed[1]):
@@ -242,15 +235,8 @@ def env_report() -> EnvReport:
     interpreter, TensorFlow and its CUDA/cuDNN build, Keras flavour, numpy, GPUs and driver,
     OS, host, every TF_/CUDA_/NCCL_/XLA_ variable, and every installed distribution."""
     import importlib.metadata
-    import platform
 
-    props: dict[str, Any] = {
-        "host": socket.gethostname(), "python": platform.python_version(),
-        "executable": sys.executable, "os": platform.platform(),
-        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
-        "keras": dist_version("keras"), "tf_keras": dist_version("tf-keras"),
-        "numpy": dist_version("numpy"), "keras_flavour": keras_flavour(),
-    }
+    props: dict[str, Any] = dict(versions())
     if "tensorflow" in sys.modules:  # what the TF build expects (no import just for this)
         with swallowed(logger):  # a CPU-only or unusual build: nothing to say
             info = dict(sys.modules["tensorflow"].sysconfig.get_build_info())

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.worker import state
 from tfdist_nb.worker.memory_limits import CgroupMemory
 
 if TYPE_CHECKING:
@@ -186,7 +187,7 @@ class Telemetry:
                 ledger = self.ledger.drain() if self.ledger is not None else None
                 more = more or bool(ledger and ledger["more"])
                 self.seq += 1
-                errors = _instrumentation_errors()
+                errors = dict(state.instrumentation_errors)
                 self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
                             **resources, "step": count, "total_steps": self.total_steps,
                             "steps": steps, **({"notes": notes} if notes else {}),
@@ -298,12 +299,6 @@ def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) 
     host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
             else "")
     return f"ran out of memory ({ename}) with no memory limit of its own{host}"
-
-
-def _instrumentation_errors() -> dict[str, str]:
-    from tfdist_nb.worker import state
-
-    return dict(state.instrumentation_errors)
 
 
 def _rlimit_as_mb() -> float | None:
