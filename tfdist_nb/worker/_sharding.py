@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.worker.dataset_graph import dataset_graph
+from tfdist_nb.worker.consistency import dataset_graph
 from tfdist_nb.worker.hooks import instrument
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does

@@ -16,8 +16,7 @@ from typing import Any
 
 from tfdist_nb.gpu_plan import GROWTH, Device, resolve
 from tfdist_nb.strenum import StrEnum
-from tfdist_nb.worker.gpu import device_handle, given, read_devices
-from tfdist_nb.worker.gpu_readings import Nvml, maybe
+from tfdist_nb.worker.gpu import Nvml, device_handle, given, maybe, read_devices
 from tfdist_nb.worker.replies import GivenGpu, GpuReadings, NvmlView, TfGpuView
 
 logger = logging.getLogger(__name__)

@@ -229,7 +229,7 @@ class Telemetry:
         WARNING (``Finding.GPU_XID``): the errors that follow it are the GPU's, not the code's
         (docs/reference.md, "GPU readings")."""
         from tfdist_nb.events import Finding
-        from tfdist_nb.worker.gpu_readings import PROGRAM_XIDS, describe_xid
+        from tfdist_nb.worker.gpu import PROGRAM_XIDS, describe_xid
 
         for gpu in gpus or ():
             for code in gpu.get("xid") or ():
