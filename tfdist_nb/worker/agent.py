@@ -20,6 +20,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.portpick import bindable
 from tfdist_nb.worker import kernel_internals, state
 from tfdist_nb.worker.replies import Stacks, TaskInfo, Versions, Where
 
@@ -45,17 +46,6 @@ def keras_flavour() -> str:
         return "tf_keras"
     keras = dist_version("keras") or ""
     return "keras 3" if keras.startswith("3") else (f"keras {keras}" if keras else "none")
-
-
-def port_free(port: int) -> bool:
-    """Whether TensorFlow's gRPC server will be able to bind its port (it binds all addresses)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def own_address(tf_config: str | None) -> str | None:
@@ -105,7 +95,8 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
         "task": list(task) if (task := state.get_task()) else None,
         "tf_config": os.environ.get("TF_CONFIG"),
         "port": port,
-        "port_free": port_free(port) if port else None,
+        # whether TensorFlow's gRPC server will be able to bind it (it binds all addresses)
+        "port_free": bindable(port) if port else None,
         "gpus": given(),  # the GPUs it was given (docs/reference.md, GPUs)
         "imported": imported,
         # parts of the TensorFlow/Keras instrumentation that could not be installed so far
@@ -324,9 +315,8 @@ def set_environment(env: dict[str, str]) -> str:
     """TF_CONFIG and ``env=`` for an attached worker, whose process the scheduler started;
     early enough before any cell: TensorFlow reads TF_CONFIG when a strategy is made."""
     os.environ.update(env)
-    if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
-        role, _, index = env["TFDIST_TASK"].partition(":")
-        state.set_task((role, int(index)))
+    if ":" in env.get("TFDIST_TASK", ""):
+        state.set_task(state.task_from_env())
     return "ok"
 
 

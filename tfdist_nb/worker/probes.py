@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.portpick import bindable
 from tfdist_nb.worker import gpu_probe
-from tfdist_nb.worker.agent import own_address, port_free, versions
+from tfdist_nb.worker.agent import own_address, versions
 from tfdist_nb.worker.ops import PortState
 from tfdist_nb.worker.replies import Bandwidth, BandwidthRow, EnvReport, PeerReach, TfConfigView
 
@@ -71,7 +72,7 @@ def port_state(port: int, own: bool = True) -> PortState:
     this host."""
     if own and _listening_here(port):
         return PortState.SERVED
-    return PortState.FREE if port_free(port) else PortState.IN_USE
+    return PortState.FREE if bindable(port) else PortState.IN_USE
 
 
 def tf_config_view(tf_config: str | None = None) -> TfConfigView:
@@ -211,14 +212,12 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
         def reduce(v: tf.Tensor = value) -> tf.Tensor:
             return tf.distribute.get_replica_context().all_reduce("sum", v, options=options)
 
-        best = None
+        best = float("inf")
         for _ in range(repeats + 1):  # the first run warms the collective up
             started = time.perf_counter()
             out = strategy.run(reduce)
             _ = strategy.experimental_local_results(out)[0].numpy()[:1]
-            took = time.perf_counter() - started
-            best = took if best is None or took < best else best
-        assert best is not None
+            best = min(best, time.perf_counter() - started)
         algbw = mb / 1024 / best  # GB/s
         rows.append({"size_mb": mb, "time_ms": best * 1000, "algbw_gb_s": algbw,
                      "busbw_gb_s": algbw * 2 * (n - 1) / n if n > 1 else algbw})

@@ -68,26 +68,18 @@ def _name(var: object, fallback: str) -> str:
     return fallback
 
 
-def _local(var: object) -> tuple[Any, bool]:
-    """This task's own copy of ``var`` (no collective: a mirrored or sync-on-read variable's
-    first local component) and whether it is a distributed variable (made in a strategy's
-    scope)."""
-    import tensorflow as tf
-
-    inner = getattr(var, "_value", None) if not isinstance(var, tf.Variable) else var
-    inner = var if inner is None else inner
-    if isinstance(inner, tf.distribute.DistributedValues):
-        return inner.values[0], True
-    return inner, False
-
-
 def _summary(name: str, var: object, budget: list[int], full_values: int) -> VariableRow:
+    """``summarise`` of this task's own copy of ``var`` (no collective: a mirrored or
+    sync-on-read variable's first local component), and whether it is a distributed variable
+    (made in a strategy's scope)."""
     import numpy as np
     import tensorflow as tf
 
-    local, mirrored = _local(var)
+    inner: Any = var if isinstance(var, tf.Variable) else getattr(var, "_value", None)
+    inner = var if inner is None else inner  # a Keras 3 variable holds its tf.Variable
+    mirrored = isinstance(inner, tf.distribute.DistributedValues)
+    local = inner.values[0] if mirrored else inner
     arr = np.asarray(local.numpy() if hasattr(local, "numpy") else local)
-    inner = var if isinstance(var, tf.Variable) else getattr(var, "_value", var)
     out = summarise(name, arr, budget, full_values)
     out.update({"mirrored": mirrored, "variable_type": type(inner).__name__})
     return out
