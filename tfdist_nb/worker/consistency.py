@@ -113,24 +113,18 @@ def describe_pipeline(dataset: tf.data.Dataset) -> Pipeline:
 
     out = next((n for n in graph.node if n.op == "_Retval"), None)
     output = out.input[0] if out is not None and out.input else None
-    batched: bool | None = False
-    for node in chain(output) if output else ():
-        if node.op in BATCH_OPS:
-            batched = True
-            break
-        if node.op in UNBATCH_OPS:
-            break
+    # batched at the end: going up from the output, a batch comes before any unbatch
+    batched = next((n.op in BATCH_OPS for n in (chain(output) if output else ())
+                    if n.op in BATCH_OPS | UNBATCH_OPS), False)
     shards: list[ShardCall] = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
                "after_unseeded_shuffle": unseeded_upstream(n.input[0])}
               for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
     unseeded = bool(output and unseeded_upstream(output))
     every = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     readers = sorted({n.op for n in every if n.op in READER_OPS})
-    files = None
-    if readers:
-        counts = [c for n in graph.node if n.op in READER_OPS | {"TensorSliceDataset"}
-                  and n.input for c in [_const_strings(source(n.input[0]))] if c is not None]
-        files = max(counts) if counts else None
+    files = max((c for n in graph.node if readers and n.input
+                 and n.op in READER_OPS | {"TensorSliceDataset"}
+                 if (c := _const_strings(source(n.input[0]))) is not None), default=None)
     return {"graph": True, "batched": batched, "shards": shards, "unseeded_shuffle": unseeded,
             "file_based": bool(readers), "files": files, "readers": readers}
 
@@ -165,11 +159,9 @@ def _resolve_dataset(obj: object) -> dict[str, Any]:
                                 "replicas": getattr(strategy, "num_replicas_in_sync", None)}
         original = getattr(obj, "_original_dataset", None)
         if isinstance(original, tf.data.Dataset):
-            info.update(made_by="experimental_distribute_dataset", source=original)
-            return info
-        fn = getattr(obj, "_dataset_fn", None)
-        info.update(made_by="distribute_datasets_from_function", source=None, dataset_fn=fn)
-        return info
+            return {**info, "made_by": "experimental_distribute_dataset", "source": original}
+        return {**info, "made_by": "distribute_datasets_from_function", "source": None,
+                "dataset_fn": getattr(obj, "_dataset_fn", None)}
     raise TypeError(f"{type(obj).__module__}.{type(obj).__name__} is neither a tf.data.Dataset "
                     "nor a distributed dataset (strategy.experimental_distribute_dataset / "
                     "distribute_datasets_from_function)")

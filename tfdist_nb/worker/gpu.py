@@ -214,15 +214,13 @@ class GpuSampler:
 
     def __init__(self, nvml: Nvml | None = None) -> None:
         self._nvml = nvml
-        self._handles: list[tuple[int, object]] | None = None
+        self._handles: list[tuple[int, object]] | None = None  # None: not opened yet
         self._readers: list[GpuReader] = []  # one per handle, made at the first reading
-        self._opened = False
         self.reason: str | None = None
 
-    def _open(self) -> None:
+    def _open(self) -> list[tuple[int, object]]:
         """Opened at the first reading, not when made: a spare kernel gets its task's
         CUDA_VISIBLE_DEVICES at adoption, and its telemetry starts only then (worker/adopt.py)."""
-        self._opened = True
         try:
             if self._nvml is None:
                 import pynvml
@@ -232,24 +230,24 @@ class GpuSampler:
             # the devices CUDA_VISIBLE_DEVICES lets this task use (indices, UUIDs and their
             # prefixes, MIG instances), mapped onto NVML's by UUID
             devices = select(os.environ.get(CVD), read_devices(self._nvml))
-            self._handles = [(d.index, device_handle(self._nvml, d)) for d in devices] or None
+            handles = [(d.index, device_handle(self._nvml, d)) for d in devices]
         except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver missing ...
             self.reason = f"no GPU ({type(exc).__name__}: {exc})"
-            self._handles = None
-            return
-        if not self._handles:
+            return []
+        if not handles:
             self.reason = "no GPU (none visible to this task)"
+        return handles
 
     @property
     def available(self) -> bool:
-        if not self._opened:
-            self._open()
+        if self._handles is None:
+            self._handles = self._open()
         return bool(self._handles)
 
     def sample(self) -> list[dict[str, Any]] | None:
         if not self.available:
             return None
-        assert self._handles is not None and self._nvml is not None
+        assert self._handles is not None and self._nvml is not None  # opened
         if len(self._readers) != len(self._handles):
             self._readers = [GpuReader(self._nvml, index, handle)
                              for index, handle in self._handles]
