@@ -54,7 +54,7 @@ def make_step_timer(keras: ModuleType | None = None, **kwargs: object,
             params = getattr(self, "params", None) or {}
             steps, epochs = params.get("steps"), params.get("epochs")
             if steps and epochs and state.telemetry is not None:  # the progress bar
-                state.telemetry.set_total(state.steps + int(steps) * int(epochs))
+                state.telemetry.total_steps = state.steps + int(steps) * int(epochs)
             import tensorflow as tf
 
             # With a ClusterCoordinator, fit only schedules the steps on the workers: the time

@@ -129,14 +129,13 @@ def start(kernel: TaskKernel) -> None:
 
     ordered_output.install()  # before any cell: every write numbered and stamped
 
-    def send(content: dict[str, Any]) -> None:
-        kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,
-                            ident=MSG_TYPE.encode())
-
     try:
         interval = telemetry_interval(os.environ.get(INTERVAL_ENV))
     except ValueError:  # set on a remote host behind the controller's back: the default
         interval = 1.0
+    # each message signed with the kernel's key, on its own iopub socket
+    send = functools.partial(kernel.session.send, kernel.iopub_socket, MSG_TYPE,
+                             ident=MSG_TYPE.encode())
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     telemetry.drained = functools.partial(_iopub_drained, kernel)
     state.telemetry = telemetry  # before the instrumentation, so its failures can be said

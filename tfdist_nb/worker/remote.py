@@ -156,8 +156,8 @@ class _Lifeline:
     def finish(self) -> int:
         assert self.proc is not None
         code = self.proc.wait()
-        self.signal(signal.SIGKILL)  # whatever the user's code left in the kernel's session
         with contextlib.suppress(ProcessLookupError, PermissionError):
+            # whatever the user's code left in the kernel's session
             os.killpg(self.proc.pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
         return code

@@ -54,7 +54,7 @@ def telemetry_interval(text: str | None) -> float:
 
 
 class Telemetry:
-    def __init__(self, send: Callable[[dict[str, Any]], None], interval_s: float = 1.0,
+    def __init__(self, send: Callable[[dict[str, Any]], object], interval_s: float = 1.0,
                  gpu: GpuSampler | None = None) -> None:
         self._send = send
         self.interval_s = interval_s
@@ -114,9 +114,6 @@ class Telemetry:
             self._notes.append({"text": text, "level": level,
                                 **({"finding": finding} if finding else {}),
                                 **({"facts": facts} if facts else {})})
-
-    def set_total(self, total: int | None) -> None:
-        self.total_steps = total
 
     def _main(self) -> None:
         """A sample every ``interval_s``; with a memory limit the thread also looks at the
