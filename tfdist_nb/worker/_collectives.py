@@ -130,10 +130,8 @@ def _dims(shape: tf.TensorShape | None) -> tuple[int | None, ...] | None:
 
 
 def _int(value: tf.Tensor | int) -> int | None:
-    if isinstance(value, int):
-        return value
     try:
-        return int(value)  # an eager scalar tensor
+        return int(value)  # an int, or an eager scalar tensor
     except (TypeError, ValueError):
         return None
 

@@ -239,11 +239,8 @@ def stacks() -> Stacks:
     main_id = threading.main_thread().ident
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    out = {}
-    for ident in sorted(frames, key=lambda i: (i != main_id, names.get(i, ""))):
-        if ident == me:
-            continue
-        out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
+    out = {names.get(i, f"thread {i}"): "".join(traceback.format_stack(frames[i]))
+           for i in sorted(frames, key=lambda i: (i != main_id, names.get(i, ""))) if i != me}
     in_tf = [names.get(i, str(i)) for i, f in frames.items() if i != me and _inside_tf(f)]
     main = frames.get(main_id) if main_id is not None else None
     return {"threads": out, "main": _where(main), "in_tf": in_tf}
