@@ -13,7 +13,7 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from tfdist_nb.worker.probes import _user_ns, find_strategy
@@ -219,12 +219,10 @@ def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -
         rows = [r.numpy() if hasattr(r, "numpy") else np.asarray(r) for r in value]
         return rows if unbatch else [np.asarray(value.to_list(), dtype=object)]
     arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-    if unbatch and arr.ndim >= 1:
-        return list(arr)
-    return [arr]
+    return list(arr) if unbatch and arr.ndim >= 1 else [arr]
 
 
-def _fingerprint(parts: list[Any]) -> str:
+def _fingerprint(parts: Sequence[Any]) -> str:
     import numpy as np
 
     h = hashlib.blake2b(digest_size=8)
@@ -240,7 +238,7 @@ def _fingerprint(parts: list[Any]) -> str:
     return h.hexdigest()
 
 
-def _preview(parts: list[Any]) -> str:
+def _preview(parts: Sequence[Any]) -> str:
     import numpy as np
 
     def one(p: object) -> str:
@@ -265,15 +263,13 @@ class _Tally:
         self.started = time.monotonic()
 
     def add(self, components: list[Any], unbatch: bool) -> None:
-        rows = [_rows(c, unbatch) for c in components]
-        n = min((len(r) for r in rows), default=0)
-        for i in range(n):
-            parts = [r[i] for r in rows]
+        # one example per position, as far as the shortest component goes
+        for parts in zip(*(_rows(c, unbatch) for c in components), strict=False):
             fp = _fingerprint(parts)
             self.counts[fp] = self.counts.get(fp, 0) + 1
             if fp not in self.previews and len(self.previews) < PREVIEWS:
                 self.previews[fp] = _preview(parts)
-        self.examples += n
+            self.examples += 1
 
     def bound(self) -> str | None:
         """The bound this reading reached (elements before time), if any."""
