@@ -173,8 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     connection_file = directory / f"{slug}.json"
     sidecar = directory / f"{slug}{SIDECAR_SUFFIX}"
     for stale in (sidecar, connection_file):  # a previous worker of this task that was killed
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+        stale.unlink(missing_ok=True)
 
     import psutil
 
