@@ -34,10 +34,8 @@ def patch_strategy(module: ModuleType) -> bool:
         def initialize_multi_worker(self: tf.distribute.StrategyExtended, *args: object,
                                     **kwargs: object) -> object:
             rows = _enter()
-            if rows is None:
-                made = method(self, *args, **kwargs)
-            else:
-                made = LEDGER.run(rows, method, self, *args, **kwargs)
+            made = (method(self, *args, **kwargs) if rows is None
+                    else LEDGER.run(rows, method, self, *args, **kwargs))
             _observed(self)
             return made
         return initialize_multi_worker

@@ -77,7 +77,6 @@ def check(graph: tf.Graph, name: str, ops: list[Op],
 
     row = LEDGER.enter([Op("check", len(everyone), None, "", None, None,
                            cellmap.main_thread_site())], name, members=others, check=key)
-    theirs: dict[str, list[Any]] = {}
     try:
         theirs = _collect(ctx, key, others)
     except BaseException:
