@@ -26,18 +26,12 @@ def _collect(obj: object, prefix: str = "") -> list[tuple[str, Any]]:
     or one variable."""
     import tensorflow as tf
 
-    if isinstance(obj, dict):
-        out = []
-        for key, value in obj.items():
-            out += _collect(value, f"{prefix}{key}") if not _is_variable(value) else [
-                (f"{prefix}{key}", value)]
-        return out
-    if isinstance(obj, list | tuple):
-        out = []
-        for i, value in enumerate(obj):
-            out += _collect(value, f"{prefix}[{i}]") if not _is_variable(value) else [
-                (_name(value, f"{prefix}[{i}]"), value)]
-        return out
+    if isinstance(obj, dict):  # a variable by its key; anything else by what it holds
+        return [found for key, value in obj.items()
+                for found in ([(f"{prefix}{key}", value)] if _is_variable(value)
+                              else _collect(value, f"{prefix}{key}"))]
+    if isinstance(obj, list | tuple):  # a variable by its own name, else its position
+        return [found for i, value in enumerate(obj) for found in _collect(value, f"{prefix}[{i}]")]
     if _is_variable(obj):
         return [(_name(obj, prefix or "variable"), obj)]
     weights = getattr(obj, "weights", None)  # Keras 3 and tf_keras models and layers
