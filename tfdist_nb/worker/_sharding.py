@@ -10,10 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.worker.consistency import dataset_graph
 from tfdist_nb.worker.hooks import instrument, replace_method
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
@@ -24,6 +23,22 @@ logger = logging.getLogger(__name__)
 DISTRIBUTE_LIB = "tensorflow.python.distribute.distribute_lib"
 FIX = ("set options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA (or FILE), "
        "or shard it yourself with dataset.shard(num_workers, worker_index)")
+
+#: a ``tf.data.experimental.ExternalStatePolicy`` member's name
+ExternalState = Literal["WARN", "IGNORE", "FAIL"]
+
+
+def dataset_graph(dataset: tf.data.Dataset, *, external_state: ExternalState,
+                  ) -> tf.compat.v1.GraphDef:
+    """``dataset``'s ``GraphDef``, or what its serialization raises. ``external_state``: what
+    TensorFlow does about ops with outside state (a ``py_function``): ``WARN`` (its default)
+    logs, ``IGNORE`` does not, ``FAIL`` raises; the graph is the same either way."""
+    import tensorflow as tf
+
+    policy = getattr(tf.data.experimental.ExternalStatePolicy, external_state)
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph(external_state_policy=policy).numpy())
+    return graph
 
 
 def unsharded_reason(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> str | None:

@@ -14,8 +14,9 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.worker._sharding import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
 from tfdist_nb.worker.replies import Described, Failure, Pipeline, Read, ShardCall, Skipped
 
@@ -40,23 +41,6 @@ UNBATCH_OPS = frozenset({"UnbatchDataset", "ExperimentalUnbatchDataset"})
 SHUFFLE_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
                          "ShuffleAndRepeatDatasetV2"})
 POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
-
-
-#: a ``tf.data.experimental.ExternalStatePolicy`` member's name
-ExternalState = Literal["WARN", "IGNORE", "FAIL"]
-
-
-def dataset_graph(dataset: tf.data.Dataset, *, external_state: ExternalState,
-                  ) -> tf.compat.v1.GraphDef:
-    """``dataset``'s ``GraphDef``, or what its serialization raises. ``external_state``: what
-    TensorFlow does about ops with outside state (a ``py_function``): ``WARN`` (its default)
-    logs, ``IGNORE`` does not, ``FAIL`` raises; the graph is the same either way."""
-    import tensorflow as tf
-
-    policy = getattr(tf.data.experimental.ExternalStatePolicy, external_state)
-    graph = tf.compat.v1.GraphDef()
-    graph.ParseFromString(dataset._as_serialized_graph(external_state_policy=policy).numpy())
-    return graph
 
 
 def evaluate(expr: str) -> object:
