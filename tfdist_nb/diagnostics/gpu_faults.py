@@ -12,7 +12,7 @@ from typing import Any
 
 from tfdist_nb.results import TaskResult, TaskStatus
 from tfdist_nb.strenum import StrEnum
-from tfdist_nb.worker.gpu_readings import describe_xid
+from tfdist_nb.worker.gpu import describe_xid
 
 NCCL_FIX = ("tf.distribute.MultiWorkerMirroredStrategy(communication_options="
             "tf.distribute.experimental.CommunicationOptions(implementation="

@@ -57,7 +57,7 @@ def steps_done() -> int:
 def set_total_steps(total: int | None) -> None:
     """Tell the dashboard how many steps to expect, for a progress bar."""
     if _state.telemetry is not None:
-        _state.telemetry.set_total(total)
+        _state.telemetry.total_steps = total
 
 
 @contextlib.contextmanager

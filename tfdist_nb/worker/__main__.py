@@ -129,16 +129,10 @@ def _kernel_app_class() -> type[IPKernelApp]:
 
     class AttachedKernelApp(IPKernelApp):
         def write_connection_file(self, **kwargs: object) -> None:
-            info: dict[str, Any] = {
-                "ip": self.ip, "transport": self.transport, "key": self.session.key.decode(),
-                "signature_scheme": self.session.signature_scheme, "kernel_name": "",
-                "shell_port": self.shell_port, "iopub_port": self.iopub_port,
-                "stdin_port": self.stdin_port, "control_port": self.control_port,
-                "hb_port": self.hb_port}
-            if self.curve_publickey is not None:
-                info["curve_publickey"] = self.curve_publickey.decode("ascii")
-                info["curve_secretkey"] = (self.curve_secretkey or b"").decode("ascii")
-            write_private(Path(self.abs_connection_file), info)
+            # jupyter_client's fields (the CurveZMQ keys too, when set), the key as text
+            write_private(Path(self.abs_connection_file), {
+                **self.get_connection_info(), "key": self.session.key.decode(),
+                "kernel_name": ""})
 
     return AttachedKernelApp
 
@@ -173,8 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     connection_file = directory / f"{slug}.json"
     sidecar = directory / f"{slug}{SIDECAR_SUFFIX}"
     for stale in (sidecar, connection_file):  # a previous worker of this task that was killed
-        with contextlib.suppress(FileNotFoundError):
-            stale.unlink()
+        stale.unlink(missing_ok=True)
 
     import psutil
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.worker import cellmap
-from tfdist_nb.worker.hooks import after_import, replace_method
+from tfdist_nb.worker.hooks import instrument, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
@@ -130,10 +130,8 @@ def _dims(shape: tf.TensorShape | None) -> tuple[int | None, ...] | None:
 
 
 def _int(value: tf.Tensor | int) -> int | None:
-    if isinstance(value, int):
-        return value
     try:
-        return int(value)  # an eager scalar tensor
+        return int(value)  # an int, or an eager scalar tensor
     except (TypeError, ValueError):
         return None
 
@@ -236,8 +234,5 @@ def patch_concrete_function(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb.worker import state
-
-    on_error = functools.partial(state.instrumentation_failed, PART, STOPS)
-    after_import((COLLECTIVE_OPS,), patch_collective_ops, on_error=on_error)
-    after_import((CONCRETE_FUNCTION,), patch_concrete_function, on_error=on_error)
+    instrument(PART, STOPS, {COLLECTIVE_OPS: patch_collective_ops,
+                             CONCRETE_FUNCTION: patch_concrete_function})

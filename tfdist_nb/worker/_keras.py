@@ -7,14 +7,13 @@ imports no Keras.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tfdist_nb.worker.hooks import after_import, replace_method
+from tfdist_nb.worker.hooks import instrument, replace_method
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
     import tensorflow as tf
@@ -55,7 +54,7 @@ def make_step_timer(keras: ModuleType | None = None, **kwargs: object,
             params = getattr(self, "params", None) or {}
             steps, epochs = params.get("steps"), params.get("epochs")
             if steps and epochs and state.telemetry is not None:  # the progress bar
-                state.telemetry.set_total(state.steps + int(steps) * int(epochs))
+                state.telemetry.total_steps = state.steps + int(steps) * int(epochs)
             import tensorflow as tf
 
             # With a ClusterCoordinator, fit only schedules the steps on the workers: the time
@@ -114,7 +113,4 @@ def patch_fit(keras: ModuleType) -> bool:
 
 def install() -> None:
     """Patch Keras now if it is loaded, and whenever it is imported later."""
-    from tfdist_nb.worker import state
-
-    after_import(KERAS_PACKAGES, patch_fit,
-                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))
+    instrument(PART, STOPS, dict.fromkeys(KERAS_PACKAGES, patch_fit))

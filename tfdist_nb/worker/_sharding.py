@@ -7,15 +7,13 @@ examples and nothing fails. Both facts are in the dataset (its options and graph
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tfdist_nb.debuglog import swallowed
-from tfdist_nb.worker.dataset_graph import dataset_graph
-from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.hooks import instrument, replace_method
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
     import tensorflow as tf
@@ -25,6 +23,22 @@ logger = logging.getLogger(__name__)
 DISTRIBUTE_LIB = "tensorflow.python.distribute.distribute_lib"
 FIX = ("set options.experimental_distribute.auto_shard_policy = AutoShardPolicy.DATA (or FILE), "
        "or shard it yourself with dataset.shard(num_workers, worker_index)")
+
+#: a ``tf.data.experimental.ExternalStatePolicy`` member's name
+ExternalState = Literal["WARN", "IGNORE", "FAIL"]
+
+
+def dataset_graph(dataset: tf.data.Dataset, *, external_state: ExternalState,
+                  ) -> tf.compat.v1.GraphDef:
+    """``dataset``'s ``GraphDef``, or what its serialization raises. ``external_state``: what
+    TensorFlow does about ops with outside state (a ``py_function``): ``WARN`` (its default)
+    logs, ``IGNORE`` does not, ``FAIL`` raises; the graph is the same either way."""
+    import tensorflow as tf
+
+    policy = getattr(tf.data.experimental.ExternalStatePolicy, external_state)
+    graph = tf.compat.v1.GraphDef()
+    graph.ParseFromString(dataset._as_serialized_graph(external_state_policy=policy).numpy())
+    return graph
 
 
 def unsharded_reason(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset) -> str | None:
@@ -52,7 +66,6 @@ def unsharded_reason(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset)
 def _checked(method: Callable[..., object]) -> Callable[..., object]:
     from tfdist_nb.worker import state
 
-    @functools.wraps(method)
     def distribute_and_check(self: tf.distribute.Strategy, dataset: tf.data.Dataset,
                              *args: object, **kwargs: object) -> object:
         reason = None
@@ -62,7 +75,6 @@ def _checked(method: Callable[..., object]) -> Callable[..., object]:
             state.note(f"input not sharded: {reason}", "WARNING")
         return method(self, dataset, *args, **kwargs)
 
-    distribute_and_check._tfdist_shard_check = True  # type: ignore[attr-defined]
     return distribute_and_check
 
 
@@ -73,23 +85,15 @@ STOPS = "the check for a dataset distributed without sharding"
 def patch_distribute_lib(module: ModuleType) -> bool:
     """Check every dataset a strategy distributes. Raises AttributeError when no strategy class
     of ``distribute_lib`` defines ``experimental_distribute_dataset`` any more."""
-    defined = False
-    for cls_name in ("StrategyBase", "Strategy"):
-        cls = getattr(module, cls_name, None)
-        if cls is None or "experimental_distribute_dataset" not in vars(cls):
-            continue
-        defined = True
-        method = cls.experimental_distribute_dataset
-        if not getattr(method, "_tfdist_shard_check", False):
-            cls.experimental_distribute_dataset = _checked(method)
+    defined = [name for name in ("StrategyBase", "Strategy")
+               if "experimental_distribute_dataset" in vars(getattr(module, name, object))]
     if not defined:
         raise AttributeError(f"{module.__name__}.StrategyBase.experimental_distribute_dataset "
                              "not found")
+    for name in defined:
+        replace_method(module, name, "experimental_distribute_dataset", _checked)
     return True
 
 
 def install() -> None:
-    from tfdist_nb.worker import state
-
-    after_import((DISTRIBUTE_LIB,), patch_distribute_lib,
-                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))
+    instrument(PART, STOPS, {DISTRIBUTE_LIB: patch_distribute_lib})

@@ -7,13 +7,12 @@ GIL, so its ``startup`` row is sent before the call: no thread could send it dur
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tfdist_nb.worker import agreement, cellmap
-from tfdist_nb.worker.hooks import after_import, replace_method
+from tfdist_nb.worker import agreement, cellmap, state
+from tfdist_nb.worker.hooks import instrument, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
@@ -35,10 +34,8 @@ def patch_strategy(module: ModuleType) -> bool:
         def initialize_multi_worker(self: tf.distribute.StrategyExtended, *args: object,
                                     **kwargs: object) -> object:
             rows = _enter()
-            if rows is None:
-                made = method(self, *args, **kwargs)
-            else:
-                made = LEDGER.run(rows, method, self, *args, **kwargs)
+            made = (method(self, *args, **kwargs) if rows is None
+                    else LEDGER.run(rows, method, self, *args, **kwargs))
             _observed(self)
             return made
         return initialize_multi_worker
@@ -50,7 +47,7 @@ def patch_strategy(module: ModuleType) -> bool:
 def _enter() -> list[dict[str, Any]] | None:
     """A ``startup`` row naming the tasks this one waits for; None outside a multi-task
     TF_CONFIG that names this task (nothing to wait for)."""
-    everyone, mine = agreement.members(), agreement.me()
+    everyone, mine = agreement.members(), state.task_name()
     if mine not in everyone or len(everyone) < 2:
         return None
     nth = _made[0]
@@ -61,8 +58,6 @@ def _enter() -> list[dict[str, Any]] | None:
     op = Op("startup", len(everyone), None, "", None, None, site)
     rows = LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
                         check=f"tfdist/startup/{nth}")
-    from tfdist_nb.worker import state
-
     if state.telemetry is not None:  # the wait holds the GIL: nothing is sent during it
         state.telemetry.deliver_ledger()
     return rows
@@ -73,7 +68,6 @@ def _second_strategy(nth: int, site: str) -> None:
     once per process, so this one's collectives can be aborted (``Delete called on non-empty
     BufRendezvous``) or meet the first one's state; said with the fix."""
     from tfdist_nb.events import Finding
-    from tfdist_nb.worker import state
 
     where = f" ({site})" if site else ""
     state.note(f"MultiWorkerMirroredStrategy number {nth + 1} in the same task process{where}: "
@@ -89,7 +83,6 @@ def _observed(extended: tf.distribute.StrategyExtended) -> None:
     (``Finding.STRATEGY``) whose facts the controller's advice reads (with AUTO, MWMS runs RING
     on GPUs too: docs/reference.md, "GPU advice"). Silent where TensorFlow renamed them."""
     from tfdist_nb.events import Finding
-    from tfdist_nb.worker import state
 
     options = getattr(extended, "_communication_options", None)
     implementation = getattr(getattr(options, "implementation", None), "name", None)
@@ -103,7 +96,4 @@ def _observed(extended: tf.distribute.StrategyExtended) -> None:
 
 
 def install() -> None:
-    from tfdist_nb.worker import state
-
-    after_import((STRATEGY_MODULE,), patch_strategy,
-                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))
+    instrument(PART, STOPS, {STRATEGY_MODULE: patch_strategy})

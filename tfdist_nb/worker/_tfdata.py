@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from types import ModuleType
 
-from tfdist_nb.worker.hooks import after_import
+from tfdist_nb.worker.hooks import instrument
 
 INPUT_LIB = "tensorflow.python.distribute.input_lib"
 _METHODS = ("get_next_as_optional_list", "get_next_as_list")
@@ -62,7 +62,4 @@ def patch_input_lib(module: ModuleType) -> bool:
 
 
 def install() -> None:
-    from tfdist_nb.worker import state
-
-    after_import((INPUT_LIB,), patch_input_lib,
-                 on_error=functools.partial(state.instrumentation_failed, PART, STOPS))
+    instrument(PART, STOPS, {INPUT_LIB: patch_input_lib})

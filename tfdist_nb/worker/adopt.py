@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from tfdist_nb import host_os
-from tfdist_nb.worker import state
+from tfdist_nb.worker import agent, state
 from tfdist_nb.worker.replies import Adopted, HowAdopted, Warmed
 
 #: Nice value of the thread that imports ``preload`` in a spare (Linux: nice is per thread).
@@ -39,9 +39,7 @@ def warm(preload: list[str], nice: int = WARM_NICE) -> Warmed:
             with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
         try:
-            for name in preload:
-                mod = __import__(name)
-                imported[name] = getattr(mod, "__version__", None)
+            imported.update(agent.import_all(preload))
         except BaseException as exc:  # re-raised on the kernel's thread, named in the reply
             failed.append(exc)
 
@@ -64,8 +62,6 @@ def adopt(task: str, set_env: dict[str, str], unset_env: list[str], log_path: st
     """Become ``task`` (``worker:1``): its environment, identity, log tag, process log and
     telemetry; answers what :func:`tfdist_nb.worker.agent.describe` answers at a cold start,
     plus ``adopted`` (how the spare was warmed, and threads whose priority stayed low)."""
-    from tfdist_nb.worker import agent
-
     if not state.is_spare():
         raise RuntimeError("this kernel is not a spare (or was adopted already)")
     role, sep, index = task.partition(":")

@@ -17,12 +17,12 @@ import socket
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.portpick import bindable
 from tfdist_nb.worker import kernel_internals, state
-from tfdist_nb.worker.replies import Stacks, TaskInfo, Where
+from tfdist_nb.worker.replies import Stacks, TaskInfo, Versions, Where
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult
@@ -48,32 +48,42 @@ def keras_flavour() -> str:
     return "keras 3" if keras.startswith("3") else (f"keras {keras}" if keras else "none")
 
 
-def port_free(port: int) -> bool:
-    """Whether TensorFlow's gRPC server will be able to bind its port (it binds all addresses)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
-def own_port() -> int | None:
+def own_address(tf_config: str | None) -> str | None:
+    """This task's own address in ``tf_config`` (TF_CONFIG's text), None when it names none."""
     try:
-        cfg = json.loads(os.environ["TF_CONFIG"])
-        addr = cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
-        return int(addr.rpartition(":")[2])
+        cfg = json.loads(tf_config or "")
+        return cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]]
     except (KeyError, ValueError, IndexError, TypeError):
         return None
 
 
+def own_port() -> int | None:
+    address = own_address(os.environ.get("TF_CONFIG"))
+    try:
+        return int(address.rpartition(":")[2]) if address else None
+    except (ValueError, AttributeError):
+        return None
+
+
+def versions() -> Versions:
+    """This task's host, interpreter, system and the versions of what it trains with."""
+    return {
+        "host": socket.gethostname(), "python": platform.python_version(),
+        "executable": sys.executable, "os": platform.platform(),
+        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
+        "keras": dist_version("keras"), "tf_keras": dist_version("tf-keras"),
+        "numpy": dist_version("numpy"), "keras_flavour": keras_flavour(),
+    }
+
+
+def import_all(preload: list[str] | tuple[str, ...]) -> dict[str, str | None]:
+    """Import each of ``preload``: its version by name."""
+    return {name: getattr(__import__(name), "__version__", None) for name in preload}
+
+
 def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
     """Who and where this task is, after importing ``preload`` (e.g. tensorflow)."""
-    imported = {}
-    for name in preload:
-        mod = __import__(name)
-        imported[name] = getattr(mod, "__version__", None)
+    imported = import_all(preload)
     from tfdist_nb.worker import forked
     from tfdist_nb.worker.gpu import given
 
@@ -81,19 +91,12 @@ def describe(preload: list[str] | tuple[str, ...] = ()) -> TaskInfo:
     port = own_port()
     return {
         "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "python": platform.python_version(),
-        "executable": sys.executable,
+        **versions(),
         "task": list(task) if (task := state.get_task()) else None,
         "tf_config": os.environ.get("TF_CONFIG"),
-        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
-        "keras": dist_version("keras"),
-        "tf_keras": dist_version("tf-keras"),
-        "keras_flavour": keras_flavour(),
-        "numpy": dist_version("numpy"),
-        "os": platform.platform(),
         "port": port,
-        "port_free": port_free(port) if port else None,
+        # whether TensorFlow's gRPC server will be able to bind it (it binds all addresses)
+        "port_free": bindable(port) if port else None,
         "gpus": given(),  # the GPUs it was given (docs/reference.md, GPUs)
         "imported": imported,
         # parts of the TensorFlow/Keras instrumentation that could not be installed so far
@@ -126,14 +129,13 @@ def start(kernel: TaskKernel) -> None:
 
     ordered_output.install()  # before any cell: every write numbered and stamped
 
-    def send(content: dict[str, Any]) -> None:
-        kernel.session.send(kernel.iopub_socket, MSG_TYPE, content=content,
-                            ident=MSG_TYPE.encode())
-
     try:
         interval = telemetry_interval(os.environ.get(INTERVAL_ENV))
     except ValueError:  # set on a remote host behind the controller's back: the default
         interval = 1.0
+    # each message signed with the kernel's key, on its own iopub socket
+    send = functools.partial(kernel.session.send, kernel.iopub_socket, MSG_TYPE,
+                             ident=MSG_TYPE.encode())
     telemetry = Telemetry(send, interval_s=interval, gpu=GpuSampler())
     telemetry.drained = functools.partial(_iopub_drained, kernel)
     state.telemetry = telemetry  # before the instrumentation, so its failures can be said
@@ -144,10 +146,7 @@ def start(kernel: TaskKernel) -> None:
     cellmap.install(kernel)
     kernel.shell.events.register("pre_run_cell", lambda *_: ABORT.clear())
     for module in (_keras, _tfdata, _sharding, _collectives, _startup):
-        try:
-            module.install()
-        except Exception as exc:  # say it (once) instead of losing the detection silently
-            state.instrumentation_failed(module.PART, module.STOPS, exc)
+        module.install()  # what fails is said once instead of losing the detection silently
     if not state.is_spare():  # a spare starts its telemetry when it is adopted as a task
         telemetry.start()
     # The steps of a cell go out at its end, on iopub before its idle status, so when the
@@ -240,11 +239,8 @@ def stacks() -> Stacks:
     main_id = threading.main_thread().ident
     names = {t.ident: t.name for t in threading.enumerate()}
     me = threading.get_ident()
-    out = {}
-    for ident in sorted(frames, key=lambda i: (i != main_id, names.get(i, ""))):
-        if ident == me:
-            continue
-        out[names.get(ident, f"thread {ident}")] = "".join(traceback.format_stack(frames[ident]))
+    out = {names.get(i, f"thread {i}"): "".join(traceback.format_stack(frames[i]))
+           for i in sorted(frames, key=lambda i: (i != main_id, names.get(i, ""))) if i != me}
     in_tf = [names.get(i, str(i)) for i, f in frames.items() if i != me and _inside_tf(f)]
     main = frames.get(main_id) if main_id is not None else None
     return {"threads": out, "main": _where(main), "in_tf": in_tf}
@@ -256,52 +252,17 @@ _TF_PARTS = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}
 def _where(frame: FrameType | None) -> Where:
     """Where a main thread stands: ``at`` the innermost frame outside the standard library (a
     thread pool's wait is looked through), ``line`` the user's own cell line that led there
-    (inside TensorFlow ``at`` alone helps nobody)."""
-    if frame is None:
-        return {"kind": "unknown", "at": ""}
-    is_cell = _cell_file_test()
-    f: FrameType | None = frame
-    while f is not None and not is_cell(f.f_code.co_filename):
-        f = f.f_back
-    if f is None:
-        return {"kind": "idle", "at": _at(frame)}
+    (inside TensorFlow ``at`` alone helps nobody); idle when no cell of this kernel's is on
+    its stack (the cell files IPython's compiler cached: docs/design.md)."""
     from tfdist_nb.worker import cellmap
 
+    if frame is None:
+        return {"kind": "unknown", "at": ""}
+    frames = list(cellmap.python_frames(frame))
+    if not any(cellmap.cell_of(filename) is not None for filename, _ in frames):
+        return {"kind": "idle", "at": _at(frame)}
     kind = "tensorflow" if _inside_tf(frame) else "python"
-    return {"kind": kind, "at": _at(_innermost_own(frame)),
-            "line": cellmap.site(cellmap.python_frames(frame))}
-
-
-def _cell_file_test() -> Callable[[str], bool]:
-    """Is a code file name one of this kernel's cells? ipykernel's cell files live under
-    ``gettempdir()`` (not /tmp where ``TMPDIR`` is set, as on SLURM nodes) or are named by
-    ``$IPYKERNEL_CELL_NAME``; IPython's compiler knows the rest (docs/design.md)."""
-    prefixes: list[str] = []
-    try:
-        from ipykernel import compiler
-
-        prefixes.append(compiler.get_tmp_directory() + os.sep)
-    except Exception:  # another kernel (or an older ipykernel): the same rule by hand
-        logger.debug("no ipykernel cell directory", exc_info=True)
-        import tempfile
-
-        prefixes.append(os.path.join(tempfile.gettempdir(), f"ipykernel_{os.getpid()}") + os.sep)
-    named = os.environ.get("IPYKERNEL_CELL_NAME")
-    compiled: Any = {}
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-        compiled = getattr(getattr(shell, "compile", None), "_filename_map", None) or {}
-    except Exception:  # no IPython: the file-name rules alone
-        logger.debug("no IPython compiler to ask", exc_info=True)
-        compiled = {}
-
-    def is_cell(filename: str) -> bool:
-        return (filename.startswith(tuple(prefixes)) or filename == named
-                or "<ipython-input" in filename or filename in compiled)
-
-    return is_cell
+    return {"kind": kind, "at": _at(_innermost_own(frame)), "line": cellmap.site(frames)}
 
 
 def _inside_tf(frame: FrameType) -> bool:
@@ -350,9 +311,8 @@ def set_environment(env: dict[str, str]) -> str:
     """TF_CONFIG and ``env=`` for an attached worker, whose process the scheduler started;
     early enough before any cell: TensorFlow reads TF_CONFIG when a strategy is made."""
     os.environ.update(env)
-    if "TFDIST_TASK" in env and ":" in env["TFDIST_TASK"]:
-        role, _, index = env["TFDIST_TASK"].partition(":")
-        state.set_task((role, int(index)))
+    if ":" in env.get("TFDIST_TASK", ""):
+        state.set_task(state.task_from_env())
     return "ok"
 
 

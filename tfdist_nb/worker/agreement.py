@@ -44,17 +44,13 @@ def members() -> list[str]:
             for i in range(len(cluster.get(role, [])))]
 
 
-def me() -> str | None:
-    return state.task_name()
-
-
 def check(graph: tf.Graph, name: str, ops: list[Op],
           owner: tf.types.experimental.PolymorphicFunction | None = None) -> None:
     """Compare ``ops`` (the manifest of ``name`` at its first run) with the other tasks';
     raises CollectiveMismatchError on a difference. Only the first trace of ``owner`` (the
     ``tf.function``) is compared: a retrace (a short last batch) can happen on one task alone,
     and waiting for the others' would stall a healthy run."""
-    everyone, mine = members(), me()
+    everyone, mine = members(), state.task_name()
     if _disabled or mine not in everyone or len(everyone) < 2:
         return
     if not any(op.group_size and op.group_size > 1 for op in ops):
@@ -81,7 +77,6 @@ def check(graph: tf.Graph, name: str, ops: list[Op],
 
     row = LEDGER.enter([Op("check", len(everyone), None, "", None, None,
                            cellmap.main_thread_site())], name, members=others, check=key)
-    theirs: dict[str, list[Any]] = {}
     try:
         theirs = _collect(ctx, key, others)
     except BaseException:

@@ -13,10 +13,10 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfdist_nb.worker.dataset_graph import dataset_graph
+from tfdist_nb.worker._sharding import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
 from tfdist_nb.worker.replies import Described, Failure, Pipeline, Read, ShardCall, Skipped
 
@@ -48,16 +48,6 @@ def evaluate(expr: str) -> object:
     return eval(expr, _user_ns())
 
 
-def _graph(dataset: tf.data.Dataset) -> tf.compat.v1.GraphDef | None:
-    """The dataset's GraphDef, or None when it cannot be serialized: the pipeline is then
-    described as unknown. External state (a py_function) is ignored: only the ops are read."""
-    try:
-        return dataset_graph(dataset, external_state="IGNORE")
-    except Exception:
-        logger.debug("the graph of %r could not be read", dataset, exc_info=True)
-        return None
-
-
 def _const_strings(node: tf.compat.v1.NodeDef | None) -> int | None:
     """How many strings a Const node holds (a file list), None when it is not one."""
     if node is None or node.op != "Const" or "value" not in node.attr:
@@ -71,9 +61,13 @@ def _const_strings(node: tf.compat.v1.NodeDef | None) -> int | None:
 def describe_pipeline(dataset: tf.data.Dataset) -> Pipeline:
     """What the dataset's graph says: batched at the end, its own ``shard()`` calls (each with
     whether an unseeded shuffle comes before it), whether its output passed an unseeded
-    shuffle, and whether (and from how many files) it reads files."""
-    graph = _graph(dataset)
-    if graph is None:
+    shuffle, and whether (and from how many files) it reads files. A graph that cannot be
+    serialized is described as unknown; external state (a py_function) is ignored: only the ops
+    are read."""
+    try:
+        graph = dataset_graph(dataset, external_state="IGNORE")
+    except Exception:
+        logger.debug("the graph of %r could not be read", dataset, exc_info=True)
         return {"graph": False, "batched": None, "shards": [], "unseeded_shuffle": None,
                 "file_based": None, "files": None, "readers": []}
     nodes = {n.name: n for n in graph.node}
@@ -103,24 +97,18 @@ def describe_pipeline(dataset: tf.data.Dataset) -> Pipeline:
 
     out = next((n for n in graph.node if n.op == "_Retval"), None)
     output = out.input[0] if out is not None and out.input else None
-    batched: bool | None = False
-    for node in chain(output) if output else ():
-        if node.op in BATCH_OPS:
-            batched = True
-            break
-        if node.op in UNBATCH_OPS:
-            break
+    # batched at the end: going up from the output, a batch comes before any unbatch
+    batched = next((n.op in BATCH_OPS for n in (chain(output) if output else ())
+                    if n.op in BATCH_OPS | UNBATCH_OPS), False)
     shards: list[ShardCall] = [{"num_shards": const_int(n.input[1]), "index": const_int(n.input[2]),
                "after_unseeded_shuffle": unseeded_upstream(n.input[0])}
               for n in graph.node if n.op == "ShardDataset" and len(n.input) >= 3]
     unseeded = bool(output and unseeded_upstream(output))
     every = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
     readers = sorted({n.op for n in every if n.op in READER_OPS})
-    files = None
-    if readers:
-        counts = [c for n in graph.node if n.op in READER_OPS | {"TensorSliceDataset"}
-                  and n.input for c in [_const_strings(source(n.input[0]))] if c is not None]
-        files = max(counts) if counts else None
+    files = max((c for n in graph.node if readers and n.input
+                 and n.op in READER_OPS | {"TensorSliceDataset"}
+                 if (c := _const_strings(source(n.input[0]))) is not None), default=None)
     return {"graph": True, "batched": batched, "shards": shards, "unseeded_shuffle": unseeded,
             "file_based": bool(readers), "files": files, "readers": readers}
 
@@ -155,11 +143,9 @@ def _resolve_dataset(obj: object) -> dict[str, Any]:
                                 "replicas": getattr(strategy, "num_replicas_in_sync", None)}
         original = getattr(obj, "_original_dataset", None)
         if isinstance(original, tf.data.Dataset):
-            info.update(made_by="experimental_distribute_dataset", source=original)
-            return info
-        fn = getattr(obj, "_dataset_fn", None)
-        info.update(made_by="distribute_datasets_from_function", source=None, dataset_fn=fn)
-        return info
+            return {**info, "made_by": "experimental_distribute_dataset", "source": original}
+        return {**info, "made_by": "distribute_datasets_from_function", "source": None,
+                "dataset_fn": getattr(obj, "_dataset_fn", None)}
     raise TypeError(f"{type(obj).__module__}.{type(obj).__name__} is neither a tf.data.Dataset "
                     "nor a distributed dataset (strategy.experimental_distribute_dataset / "
                     "distribute_datasets_from_function)")
@@ -217,12 +203,10 @@ def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -
         rows = [r.numpy() if hasattr(r, "numpy") else np.asarray(r) for r in value]
         return rows if unbatch else [np.asarray(value.to_list(), dtype=object)]
     arr = value.numpy() if hasattr(value, "numpy") else np.asarray(value)
-    if unbatch and arr.ndim >= 1:
-        return list(arr)
-    return [arr]
+    return list(arr) if unbatch and arr.ndim >= 1 else [arr]
 
 
-def _fingerprint(parts: list[Any]) -> str:
+def _fingerprint(parts: Sequence[Any]) -> str:
     import numpy as np
 
     h = hashlib.blake2b(digest_size=8)
@@ -238,7 +222,7 @@ def _fingerprint(parts: list[Any]) -> str:
     return h.hexdigest()
 
 
-def _preview(parts: list[Any]) -> str:
+def _preview(parts: Sequence[Any]) -> str:
     import numpy as np
 
     def one(p: object) -> str:
@@ -254,26 +238,30 @@ def _preview(parts: list[Any]) -> str:
 
 
 class _Tally:
-    def __init__(self, max_elements: int) -> None:
+    def __init__(self, max_elements: int, max_seconds: float) -> None:
         self.counts: dict[str, int] = {}
         self.previews: dict[str, str] = {}
         self.examples = 0
         self.max_elements = max_elements
+        self.max_seconds = max_seconds
         self.started = time.monotonic()
 
     def add(self, components: list[Any], unbatch: bool) -> None:
-        rows = [_rows(c, unbatch) for c in components]
-        n = min((len(r) for r in rows), default=0)
-        for i in range(n):
-            parts = [r[i] for r in rows]
+        # one example per position, as far as the shortest component goes
+        for parts in zip(*(_rows(c, unbatch) for c in components), strict=False):
             fp = _fingerprint(parts)
             self.counts[fp] = self.counts.get(fp, 0) + 1
             if fp not in self.previews and len(self.previews) < PREVIEWS:
                 self.previews[fp] = _preview(parts)
-        self.examples += n
+            self.examples += 1
 
-    def full(self) -> bool:
-        return self.examples >= self.max_elements
+    def bound(self) -> str | None:
+        """The bound this reading reached (elements before time), if any."""
+        if self.examples >= self.max_elements:
+            return f"element bound ({self.max_elements})"
+        if time.monotonic() - self.started > self.max_seconds:
+            return f"time bound ({self.max_seconds:g} s)"
+        return None
 
     def read(self, steps: int, cut: str | None) -> Read:
         return {"examples": self.examples, "steps": steps, "counts": self.counts,
@@ -285,17 +273,13 @@ def _read_plain(dataset: tf.data.Dataset, unbatch: bool, max_elements: int,
                 max_seconds: float) -> Read:
     import tensorflow as tf
 
-    tally = _Tally(max_elements)
+    tally = _Tally(max_elements, max_seconds)
     cut = None
     steps = 0
     for element in dataset:
         tally.add(tf.nest.flatten(element), unbatch)
         steps += 1
-        if tally.full():
-            cut = f"element bound ({max_elements})"
-            break
-        if time.monotonic() - tally.started > max_seconds:
-            cut = f"time bound ({max_seconds:g} s)"
+        if cut := tally.bound():
             break
     return tally.read(steps, cut)
 
@@ -316,7 +300,7 @@ def _read_distributed(dist: tf.distribute.DistributedDataset, strategy: tf.distr
         got = strategy.experimental_local_results(strategy.run(reduce))[0].numpy()
         return bool(got[0] > 0), bool(got[1] > 0)
 
-    tally = _Tally(max_elements)
+    tally = _Tally(max_elements, max_seconds)
     cut = None
     steps = 0
     iterator = iter(dist)
@@ -333,13 +317,11 @@ def _read_distributed(dist: tf.distribute.DistributedDataset, strategy: tf.distr
                      for c in tf.nest.flatten(element)]
             tally.add(parts, unbatch=True)
         steps += 1
-        over_time = time.monotonic() - tally.started > max_seconds
-        bound, ended = any_task(tally.full() or over_time, False)
+        mine = tally.bound()
+        bound, ended = any_task(mine is not None, False)
         if bound or ended:
-            cut = (f"element bound ({max_elements})" if tally.full() else
-                   f"time bound ({max_seconds:g} s)" if over_time else
-                   "another task's bound" if bound else
-                   "another task ran out of data first (uneven shards; no get_next_as_optional)")
+            cut = mine or ("another task's bound" if bound else "another task ran out of data "
+                           "first (uneven shards; no get_next_as_optional)")
             break
     return tally.read(steps, cut)
 

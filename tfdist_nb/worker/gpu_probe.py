@@ -16,8 +16,7 @@ from typing import Any
 
 from tfdist_nb.gpu_plan import GROWTH, Device, resolve
 from tfdist_nb.strenum import StrEnum
-from tfdist_nb.worker.gpu import device_handle, given, read_devices
-from tfdist_nb.worker.gpu_readings import Nvml, maybe
+from tfdist_nb.worker.gpu import Nvml, device_handle, given, maybe, read_devices
 from tfdist_nb.worker.replies import GivenGpu, GpuReadings, NvmlView, TfGpuView
 
 logger = logging.getLogger(__name__)
@@ -106,6 +105,7 @@ def _device(nv: Nvml, entry: str, device: Device) -> GivenGpu:
     memory = _read(nv, "nvmlDeviceGetMemoryInfo", handle)
     ecc = _read(nv, "nvmlDeviceGetEccMode", gpu)
     remap = _read(nv, "nvmlDeviceGetRemappedRows", gpu)  # (corrected, uncorrected, pending, failed)
+    retired = _read(nv, "nvmlDeviceGetRetiredPagesPendingStatus", gpu)
     return {
         "entry": entry, "found": True, "mig": mig, "uuid": device.uuid, "index": device.index,
         "name": _text(_read(nv, "nvmlDeviceGetName", gpu)),
@@ -121,7 +121,7 @@ def _device(nv: Nvml, entry: str, device: Device) -> GivenGpu:
         "ecc_uncorrected": _read(nv, "nvmlDeviceGetTotalEccErrors", gpu,
                                  getattr(nv, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
                                  getattr(nv, "NVML_VOLATILE_ECC", 0)),
-        "retired_pending": _flag(_read(nv, "nvmlDeviceGetRetiredPagesPendingStatus", gpu)),
+        "retired_pending": None if retired is None else bool(retired),
         "remap_pending": bool(remap[2]) if remap else None,
         "remap_failure": bool(remap[3]) if remap else None,
     }
@@ -169,10 +169,6 @@ def _read(nv: Nvml, name: str, *args: object) -> Any:
     """``nv.name(*args)``, or None where the driver or nvidia-ml-py lacks it or the board does
     not support it (NVML's NotSupported, FunctionNotFound)."""
     return maybe(lambda: getattr(nv, name)(*args), f"no {name}")
-
-
-def _flag(value: object) -> bool | None:
-    return None if value is None else bool(value)
 
 
 def _text(value: object) -> str | None:

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Any
 
 from tfdist_nb.debuglog import swallowed
 
@@ -26,65 +25,51 @@ OnError = Callable[[BaseException], None]
 PATCHED = "_tfdist_patched"
 
 
-def original_method(module: ModuleType, cls_name: str, name: str) -> tuple[Any, Any] | None:
-    """``(class, method)`` of ``module.cls_name.name`` when it is still the library's own;
-    None when tfdist_nb replaced it already. Raises AttributeError, naming what is missing,
-    when this release has no such method (said to the user by the hook's ``on_error``)."""
+def replace_method(module: ModuleType, cls_name: str, name: str,
+                   wrap: Callable[[Callable[..., object]], Callable[..., object]]) -> bool:
+    """Put ``wrap(method)`` (it keeps the method's name and docstring, and is marked as
+    tfdist_nb's) in place of ``module.cls_name.name``: True; False when tfdist_nb replaced it
+    already. Raises AttributeError, naming what is missing, when this release has no such
+    method (said to the user by the hook's ``on_error``)."""
     cls = getattr(module, cls_name, None)
     method = getattr(cls, name, None)
     if method is None:
         raise AttributeError(f"{module.__name__}.{cls_name}.{name} not found")
-    return None if getattr(method, PATCHED, False) else (cls, method)
-
-
-def put_in_place(cls: type, name: str, replacement: Callable[..., object]) -> bool:
-    """Install ``replacement`` (marked as tfdist_nb's) as ``cls.name``; True."""
+    if getattr(method, PATCHED, False):
+        return False
+    replacement = functools.wraps(method)(wrap(method))
     setattr(replacement, PATCHED, True)
     setattr(cls, name, replacement)
     return True
 
 
-def replace_method(module: ModuleType, cls_name: str, name: str,
-                   wrap: Callable[[Callable[..., object]], Callable[..., object]]) -> bool:
-    """Put ``wrap(method)`` (it keeps the method's name and docstring) in place of
-    ``module.cls_name.name``: True; False when tfdist_nb replaced it already. Raises
-    AttributeError, naming what is missing, when this release has no such method."""
-    found = original_method(module, cls_name, name)
-    if found is None:
-        return False
-    cls, method = found
-    return put_in_place(cls, name, functools.wraps(method)(wrap(method)))
-
-
-def _run(hook: Callable[[ModuleType], object], module: ModuleType,
-         on_error: OnError | None) -> None:
+def _run(hook: Callable[[ModuleType], object], module: ModuleType, on_error: OnError) -> None:
     try:
         hook(module)
     except Exception as exc:  # never break the user's import; say it instead
-        if on_error is not None:
-            with swallowed(logger):  # reporting must not break the import either
-                on_error(exc)
+        with swallowed(logger):  # reporting must not break the import either
+            on_error(exc)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``hook(module)`` right after one of ``names`` has been imported."""
+    """Runs ``hook(module)`` right after module ``name`` has been imported."""
 
-    def __init__(self, names: tuple[str, ...], hook: Callable[[ModuleType], object],
-                 on_error: OnError | None) -> None:
-        self.names = names
+    def __init__(self, name: str, hook: Callable[[ModuleType], object],
+                 on_error: OnError) -> None:
+        self.name = name
         self.hook = hook
         self.on_error = on_error
-        self._busy: set[str] = set()
+        self._busy = False
 
     def find_spec(self, name: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
-        if name not in self.names or name in self._busy:
+        if name != self.name or self._busy:
             return None
-        self._busy.add(name)
+        self._busy = True
         try:
             spec = importlib.util.find_spec(name)
         finally:
-            self._busy.discard(name)
+            self._busy = False
         if spec is None or spec.loader is None:
             return None
         spec.loader = _HookedLoader(spec.loader, self.hook, self.on_error)
@@ -93,7 +78,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 class _HookedLoader(importlib.abc.Loader):
     def __init__(self, loader: importlib.abc.Loader, hook: Callable[[ModuleType], object],
-                 on_error: OnError | None) -> None:
+                 on_error: OnError) -> None:
         self._loader = loader
         self._hook = hook
         self._on_error = on_error
@@ -106,13 +91,16 @@ class _HookedLoader(importlib.abc.Loader):
         _run(self._hook, module, self._on_error)
 
 
-def after_import(names: tuple[str, ...], hook: Callable[[ModuleType], object],
-                 on_error: OnError | None = None) -> None:
-    """Call ``hook`` on each of ``names`` now if loaded, and when imported later (once); what
-    it raises goes to ``on_error``."""
-    for name in names:
+def instrument(part: str, stops: str, hooks: dict[str, Callable[[ModuleType], object]]) -> None:
+    """Call each hook on its module now if loaded, and when it is imported later (once); what
+    one raises is said once as ``part`` not instrumented on this task, ``stops`` what is lost
+    (:func:`tfdist_nb.worker.state.instrumentation_failed`)."""
+    from tfdist_nb.worker import state
+
+    on_error = functools.partial(state.instrumentation_failed, part, stops)
+    for name, hook in hooks.items():
         if name in sys.modules:
             _run(hook, sys.modules[name], on_error)
-    if not any(isinstance(f, _AfterImport) and f.names == names and f.hook is hook
-               for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(names, hook, on_error))
+        if not any(isinstance(f, _AfterImport) and f.name == name and f.hook is hook
+                   for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterImport(name, hook, on_error))

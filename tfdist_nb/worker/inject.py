@@ -45,8 +45,7 @@ class InjectedFault(RuntimeError):
 
 def data_ended(steps_done: int) -> bool:
     """The ``uneven`` fault: whether this task's data has run out after ``steps_done`` steps."""
-    fault = _faults.get("uneven")
-    return fault is not None and steps_done >= int(fault.get("at_step") or 0)
+    return _step_reached("uneven", steps_done)
 
 
 def _step_reached(kind: str, step: int) -> bool:

@@ -12,7 +12,6 @@ Private internals (what breaks without them):
 - ``Kernel._execute_sleep`` (``ipykernel.kernelbase``): 0.5 ms less per cell round trip.
 - ``IPKernelApp.poller`` as a ``ParentPollerUnix`` and ``parent_handle``: the parent watch that
   cleans up after a killed controller (:mod:`.lifeline`).
-- ``ipykernel.compiler.get_tmp_directory``: telling a cell's frames from library frames.
 
 Protocol extensions (fields other Jupyter clients ignore):
 

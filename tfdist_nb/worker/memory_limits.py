@@ -14,14 +14,8 @@ V1_UNLIMITED = 2**60  # cgroup v1 says "no limit" with a number near 2**63
 
 def _read_int(path: Path) -> int | None:
     try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    if text == "max":
-        return None
-    try:
-        return int(text)
-    except ValueError:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):  # missing, or "max" (no limit)
         return None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import functools
 import os
 import select
 import sys
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 MARKS = "tfdist_marks"
 READ_BYTES = 65536
-
-_installed: list[OrderedOutput] = []
 
 
 class OrderedOutput:
@@ -183,12 +182,10 @@ class OrderedOutput:
                 self._drain()
 
 
-def install() -> OrderedOutput | None:
-    """Order this kernel's output (once per process); None when its streams are not
-    ipykernel's."""
-    if _installed:
-        return _installed[0]
+@functools.cache
+def install() -> OrderedOutput:
+    """Order this kernel's output (once per process; a stream that is not ipykernel's is left
+    as it is)."""
     ordered = OrderedOutput()
     ordered.install([sys.stdout, sys.stderr])
-    _installed.append(ordered)
     return ordered

@@ -31,15 +31,14 @@ def last_exception() -> LastException | None:
 
 def debug() -> None:
     """pdb post-mortem on the last exception, in this task's main thread; returns on ``q``."""
-    tb = getattr(sys, "last_traceback", None)
-    if tb is None:  # the controller asked first; a restart in between lands here
+    said = last_exception()
+    if said is None:  # the controller asked first; a restart in between lands here
         print("tfdist_nb: no exception to debug in this task (no cell raised since it started)")
         return
-    said = last_exception()
-    print(f"post-mortem of {said['ename'] if said else '?'}: {said['evalue'] if said else ''} "
+    print(f"post-mortem of {said['ename']}: {said['evalue']} "
           f"(p NAME, pp locals(), up, down, l; q quits and leaves the task as it was)",
           flush=True)
-    pdb.post_mortem(tb)
+    pdb.post_mortem(sys.last_traceback)
 
 
 def install() -> None:

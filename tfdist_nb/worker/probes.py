@@ -14,8 +14,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tfdist_nb.debuglog import swallowed
+from tfdist_nb.portpick import bindable
 from tfdist_nb.worker import gpu_probe
-from tfdist_nb.worker.agent import dist_version, keras_flavour, port_free
+from tfdist_nb.worker.agent import own_address, versions
 from tfdist_nb.worker.ops import PortState
 from tfdist_nb.worker.replies import Bandwidth, BandwidthRow, EnvReport, PeerReach, TfConfigView
 
@@ -71,7 +72,7 @@ def port_state(port: int, own: bool = True) -> PortState:
     this host."""
     if own and _listening_here(port):
         return PortState.SERVED
-    return PortState.FREE if port_free(port) else PortState.IN_USE
+    return PortState.FREE if bindable(port) else PortState.IN_USE
 
 
 def tf_config_view(tf_config: str | None = None) -> TfConfigView:
@@ -87,11 +88,7 @@ def tf_config_view(tf_config: str | None = None) -> TfConfigView:
         return view  # the analysis reports what is malformed
     hosts = {p[0] for a in addresses if (p := _split(a))}
     view["resolve"] = {h: _resolve(h) for h in sorted(hosts)}
-    try:
-        own = cluster[cfg["task"]["type"]][cfg["task"]["index"]]
-        mine = [own]
-    except (KeyError, IndexError, TypeError):
-        mine = []
+    mine = [own] if (own := own_address(text)) is not None else []
     if tf_config is not None:  # a config given to check: every address of this host
         local = {"localhost", "127.0.0.1", socket.gethostname(), socket.getfqdn()}
         mine = [a for a in addresses if (p := _split(a)) and p[0] in local]
@@ -103,11 +100,8 @@ def tf_config_view(tf_config: str | None = None) -> TfConfigView:
 def open_stand_in() -> str:
     """Listen on this task's TF port if TensorFlow does not serve it yet, so that the others
     can test the path to it; ``served``, ``listening`` or why it could not."""
-    try:
-        cfg = json.loads(os.environ["TF_CONFIG"])
-        parsed = _split(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]])
-    except (KeyError, ValueError, IndexError, TypeError):
-        return "no TF_CONFIG address"
+    own = own_address(os.environ.get("TF_CONFIG"))
+    parsed = _split(own) if own is not None else None
     if parsed is None:
         return "no TF_CONFIG address"
     if _listening_here(parsed[1]):
@@ -218,14 +212,12 @@ def allreduce_bandwidth(sizes_mb: list[float], repeats: int = 3,
         def reduce(v: tf.Tensor = value) -> tf.Tensor:
             return tf.distribute.get_replica_context().all_reduce("sum", v, options=options)
 
-        best = None
+        best = float("inf")
         for _ in range(repeats + 1):  # the first run warms the collective up
             started = time.perf_counter()
             out = strategy.run(reduce)
             _ = strategy.experimental_local_results(out)[0].numpy()[:1]
-            took = time.perf_counter() - started
-            best = took if best is None or took < best else best
-        assert best is not None
+            best = min(best, time.perf_counter() - started)
         algbw = mb / 1024 / best  # GB/s
         rows.append({"size_mb": mb, "time_ms": best * 1000, "algbw_gb_s": algbw,
                      "busbw_gb_s": algbw * 2 * (n - 1) / n if n > 1 else algbw})
@@ -242,15 +234,8 @@ def env_report() -> EnvReport:
     interpreter, TensorFlow and its CUDA/cuDNN build, Keras flavour, numpy, GPUs and driver,
     OS, host, every TF_/CUDA_/NCCL_/XLA_ variable, and every installed distribution."""
     import importlib.metadata
-    import platform
 
-    props: dict[str, Any] = {
-        "host": socket.gethostname(), "python": platform.python_version(),
-        "executable": sys.executable, "os": platform.platform(),
-        "tensorflow": dist_version("tensorflow") or dist_version("tensorflow-cpu"),
-        "keras": dist_version("keras"), "tf_keras": dist_version("tf-keras"),
-        "numpy": dist_version("numpy"), "keras_flavour": keras_flavour(),
-    }
+    props: dict[str, Any] = dict(versions())
     if "tensorflow" in sys.modules:  # what the TF build expects (no import just for this)
         with swallowed(logger):  # a CPU-only or unusual build: nothing to say
             info = dict(sys.modules["tensorflow"].sysconfig.get_build_info())

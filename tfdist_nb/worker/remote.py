@@ -40,12 +40,8 @@ READY_TIMEOUT_S = 120.0
 
 def probe(n_ports: int, avoid: list[int]) -> dict[str, Any]:
     """Where and what this host is, and ``n_ports`` TF ports that are free on it now."""
-    from importlib.metadata import PackageNotFoundError, version
+    from tfdist_nb.worker.agent import dist_version
 
-    try:
-        ours = version("tfdist_nb")
-    except PackageNotFoundError:
-        ours = None
     conn = os.environ.get("SSH_CONNECTION", "").split()
     return {
         "address": conn[2] if len(conn) == 4 else socket.getfqdn(),
@@ -53,7 +49,7 @@ def probe(n_ports: int, avoid: list[int]) -> dict[str, Any]:
         "ports": draw(n_ports, avoid=set(avoid)),
         "python": sys.version.split()[0],
         "executable": sys.executable,
-        "tfdist_nb": ours,
+        "tfdist_nb": dist_version("tfdist_nb"),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
     }
 
@@ -156,8 +152,8 @@ class _Lifeline:
     def finish(self) -> int:
         assert self.proc is not None
         code = self.proc.wait()
-        self.signal(signal.SIGKILL)  # whatever the user's code left in the kernel's session
         with contextlib.suppress(ProcessLookupError, PermissionError):
+            # whatever the user's code left in the kernel's session
             os.killpg(self.proc.pid, signal.SIGKILL)
         shutil.rmtree(self.dir, ignore_errors=True)
         return code

@@ -9,22 +9,28 @@ from __future__ import annotations
 from typing import Any, TypedDict, final
 
 
-class TaskInfo(TypedDict):
+class Versions(TypedDict):
+    """A task's host, interpreter, system and the versions it trains with (``describe`` and
+    ``env_report`` both say them)."""
+
+    host: str
+    python: str
+    executable: str
+    os: str
+    tensorflow: str | None
+    keras: str | None
+    tf_keras: str | None
+    numpy: str | None
+    keras_flavour: str | None
+
+
+class TaskInfo(Versions):
     """``describe``: who and where the task is, after importing what it preloads (the start-up
     handshake; the controller keeps it as ``TaskRuntime.info``)."""
 
     pid: int
-    host: str
-    python: str
-    executable: str
     task: list[Any] | None  # [role, index]
     tf_config: str | None
-    tensorflow: str | None
-    keras: str | None
-    tf_keras: str | None
-    keras_flavour: str | None
-    numpy: str | None
-    os: str
     port: int | None
     port_free: bool | None
     gpus: str | None  # CUDA_VISIBLE_DEVICES as given (docs/reference.md, GPUs)

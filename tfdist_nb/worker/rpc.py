@@ -8,6 +8,7 @@ agent").
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -26,11 +27,11 @@ from tfdist_nb.worker import (
 from tfdist_nb.worker.ops import Op
 
 
+@dataclasses.dataclass
 class JsonReply:
     """What ``call`` returns: IPython's display formatter sends ``value`` as application/json."""
 
-    def __init__(self, value: object) -> None:
-        self.value = value
+    value: object
 
     def _repr_json_(self) -> dict[str, object]:
         return {"result": self.value}

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.worker import state
 from tfdist_nb.worker.memory_limits import CgroupMemory
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def telemetry_interval(text: str | None) -> float:
 
 
 class Telemetry:
-    def __init__(self, send: Callable[[dict[str, Any]], None], interval_s: float = 1.0,
+    def __init__(self, send: Callable[[dict[str, Any]], object], interval_s: float = 1.0,
                  gpu: GpuSampler | None = None) -> None:
         self._send = send
         self.interval_s = interval_s
@@ -113,9 +114,6 @@ class Telemetry:
             self._notes.append({"text": text, "level": level,
                                 **({"finding": finding} if finding else {}),
                                 **({"facts": facts} if facts else {})})
-
-    def set_total(self, total: int | None) -> None:
-        self.total_steps = total
 
     def _main(self) -> None:
         """A sample every ``interval_s``; with a memory limit the thread also looks at the
@@ -186,7 +184,7 @@ class Telemetry:
                 ledger = self.ledger.drain() if self.ledger is not None else None
                 more = more or bool(ledger and ledger["more"])
                 self.seq += 1
-                errors = _instrumentation_errors()
+                errors = dict(state.instrumentation_errors)
                 self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
                             **resources, "step": count, "total_steps": self.total_steps,
                             "steps": steps, **({"notes": notes} if notes else {}),
@@ -228,7 +226,7 @@ class Telemetry:
         WARNING (``Finding.GPU_XID``): the errors that follow it are the GPU's, not the code's
         (docs/reference.md, "GPU readings")."""
         from tfdist_nb.events import Finding
-        from tfdist_nb.worker.gpu_readings import PROGRAM_XIDS, describe_xid
+        from tfdist_nb.worker.gpu import PROGRAM_XIDS, describe_xid
 
         for gpu in gpus or ():
             for code in gpu.get("xid") or ():
@@ -298,12 +296,6 @@ def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) 
     host = (f"; the host has {free:.0f} MB of {total:.0f} MB free" if total and free is not None
             else "")
     return f"ran out of memory ({ename}) with no memory limit of its own{host}"
-
-
-def _instrumentation_errors() -> dict[str, str]:
-    from tfdist_nb.worker import state
-
-    return dict(state.instrumentation_errors)
 
 
 def _rlimit_as_mb() -> float | None:

@@ -26,18 +26,12 @@ def _collect(obj: object, prefix: str = "") -> list[tuple[str, Any]]:
     or one variable."""
     import tensorflow as tf
 
-    if isinstance(obj, dict):
-        out = []
-        for key, value in obj.items():
-            out += _collect(value, f"{prefix}{key}") if not _is_variable(value) else [
-                (f"{prefix}{key}", value)]
-        return out
-    if isinstance(obj, list | tuple):
-        out = []
-        for i, value in enumerate(obj):
-            out += _collect(value, f"{prefix}[{i}]") if not _is_variable(value) else [
-                (_name(value, f"{prefix}[{i}]"), value)]
-        return out
+    if isinstance(obj, dict):  # a variable by its key; anything else by what it holds
+        return [found for key, value in obj.items()
+                for found in ([(f"{prefix}{key}", value)] if _is_variable(value)
+                              else _collect(value, f"{prefix}{key}"))]
+    if isinstance(obj, list | tuple):  # a variable by its own name, else its position
+        return [found for i, value in enumerate(obj) for found in _collect(value, f"{prefix}[{i}]")]
     if _is_variable(obj):
         return [(_name(obj, prefix or "variable"), obj)]
     weights = getattr(obj, "weights", None)  # Keras 3 and tf_keras models and layers
@@ -68,26 +62,18 @@ def _name(var: object, fallback: str) -> str:
     return fallback
 
 
-def _local(var: object) -> tuple[Any, bool]:
-    """This task's own copy of ``var`` (no collective: a mirrored or sync-on-read variable's
-    first local component) and whether it is a distributed variable (made in a strategy's
-    scope)."""
-    import tensorflow as tf
-
-    inner = getattr(var, "_value", None) if not isinstance(var, tf.Variable) else var
-    inner = var if inner is None else inner
-    if isinstance(inner, tf.distribute.DistributedValues):
-        return inner.values[0], True
-    return inner, False
-
-
 def _summary(name: str, var: object, budget: list[int], full_values: int) -> VariableRow:
+    """``summarise`` of this task's own copy of ``var`` (no collective: a mirrored or
+    sync-on-read variable's first local component), and whether it is a distributed variable
+    (made in a strategy's scope)."""
     import numpy as np
     import tensorflow as tf
 
-    local, mirrored = _local(var)
+    inner: Any = var if isinstance(var, tf.Variable) else getattr(var, "_value", None)
+    inner = var if inner is None else inner  # a Keras 3 variable holds its tf.Variable
+    mirrored = isinstance(inner, tf.distribute.DistributedValues)
+    local = inner.values[0] if mirrored else inner
     arr = np.asarray(local.numpy() if hasattr(local, "numpy") else local)
-    inner = var if isinstance(var, tf.Variable) else getattr(var, "_value", var)
     out = summarise(name, arr, budget, full_values)
     out.update({"mirrored": mirrored, "variable_type": type(inner).__name__})
     return out
