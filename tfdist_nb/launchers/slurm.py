@@ -167,6 +167,8 @@ class SlurmLauncher(Launcher):
     env_at_launch = False
     restartable = False
     gpu_placement = Placement.SCHEDULER  # --gpus-per-task N is asked of SLURM
+    no_hosts = ("launcher='slurm' places tasks where SLURM allocates them; drop hosts= and ask "
+                "with launcher_options={'sbatch_args': ['--nodes=2']}")
     restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
                        "new job)")
     line_options = (
@@ -181,10 +183,7 @@ class SlurmLauncher(Launcher):
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
                         options: dict[str, Any]) -> dict[str, Any]:
-        if hosts:
-            raise SpecError("launcher='slurm' places tasks where SLURM allocates them; drop "
-                            "hosts= and ask with launcher_options={'sbatch_args': "
-                            "['--nodes=2']}")
+        super().cluster_options(hosts, python, options)
         options.setdefault("python", python or sys.executable)  # the nodes share this path
         if "sbatch_args" in options:  # checked here, before anything is submitted
             try:
@@ -355,13 +354,11 @@ class SlurmLauncher(Launcher):
         with contextlib.suppress(OSError):  # its process log is its SLURM task's output
             if not launch.log_path.exists():
                 launch.log_path.symlink_to(job.task_log(launch.task))
-        handle = await attach.start(launch)
-        assert isinstance(handle, AttachedTaskHandle)
-        node = str(info.get("tf_address", "")).rpartition(":")[0] or handle.host
-        return SlurmTaskHandle(task=handle.task, host=node, pid=handle.pid,
-                               client=handle.client, connection_file=handle.connection_file,
-                               sidecar=handle.sidecar, here=handle.here,
-                               create_time=handle.create_time, job=job)
+        handle = await attach.start(launch, SlurmTaskHandle)
+        assert isinstance(handle, SlurmTaskHandle)
+        handle.host = str(info.get("tf_address", "")).rpartition(":")[0] or handle.host
+        handle.job = job
+        return handle
 
     def release(self) -> None:
         """Cancel the job (its steps with SIGKILL first: a TF task only logs SIGTERM) and wait

@@ -56,11 +56,9 @@ def main(argv: list[str]) -> int:
     started = dict(os.environ)
     # the kernel's modules first, as a spawned kernel imports them before its handshake imports
     # ``preload``: the warnings filters each import adds land in that order
-    if failed := import_aside(KERNEL_MODULES):
-        send(sock, {"failed": failed})
-        return 1
+    failed = import_aside(KERNEL_MODULES)
     kernel_filters = list(warnings.filters)
-    if failed := import_aside(tuple(preload)):
+    if failed := failed or import_aside(tuple(preload)):
         send(sock, {"failed": failed})
         return 1
     with swallowed(logger):  # its set-up needs the environment as started
