@@ -182,25 +182,25 @@ class ForkServer:
 
     def _fork(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
               stdio: Sequence[int]) -> concurrent.futures.Future[int]:
+        """The fork request sent: its pid once the server answers; ForkServerError at once
+        where it cannot be sent."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         number = next(self._ids)
         request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
                    "title": title, "umask": host_os.umask(), "rlimits": current_rlimits()}
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE:
-            future.set_exception(ForkServerError(f"the request is {len(data)} bytes long"))
-            return future
+            raise ForkServerError(f"the request is {len(data)} bytes long")
         with self._lock:
             if self.gone:
-                future.set_exception(ForkServerError(self.why()))
-                return future
+                raise ForkServerError(self.why())
             self._pending[number] = future
             self.used = time.monotonic()
             try:
                 socket.send_fds(self._sock, [data], list(stdio))
             except OSError as exc:
                 self._pending.pop(number, None)
-                future.set_exception(ForkServerError(f"the fork server is gone ({exc})"))
+                raise ForkServerError(f"the fork server is gone ({exc})") from None
         return future
 
     # ------------------------------------------------------------------ hearing

@@ -137,16 +137,12 @@ exec srun --ntasks={len(tasks)} --kill-on-bad-exit=0 --output={d}/task-%t.log \\
 class SlurmTaskHandle(AttachedTaskHandle):
     """An attached worker that is also a task of ``job``: the job's end is the task's end."""
 
-    job: SlurmJob | None = field(default=None, repr=False)
+    job: SlurmJob = field(default=None, repr=False)  # type: ignore[assignment]  # set at start
 
     async def poll(self) -> int | None:
-        if self.job is not None and self.job.state.ended:
-            return GONE
-        return await super().poll()
+        return GONE if self.job.state.ended else await super().poll()
 
     def describe_exit(self, code: int) -> str:
-        if self.job is None:
-            return super().describe_exit(code)
         state = self.job.state if self.job.state.final else self.job.query()
         if state.ended:
             return f"ended with its job: {state.words(self.job.id)}"
@@ -154,7 +150,7 @@ class SlurmTaskHandle(AttachedTaskHandle):
                 f"{state.words(self.job.id)}")
 
     async def stop(self, grace_s: float) -> StopReport:
-        if self.job is not None and self.job.state.ended:
+        if self.job.state.ended:
             grace_s = min(grace_s, 0.2)  # nothing left to ask: SLURM has ended it
         return await super().stop(grace_s)
 

@@ -91,16 +91,6 @@ def resolve_ssh_config(option: str | os.PathLike[str] | None) -> str | None:
     return str(path.resolve())
 
 
-def ssh_base(config: str | None, connect_timeout: float, options: Sequence[str] = ()) -> list[str]:
-    """The ssh command line every call starts with: never prompts, gives up on dead peers;
-    callers append ``--`` and the destination."""
-    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}",
-           "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
-    if config:
-        cmd += ["-F", str(config)]
-    return cmd + list(options)
-
-
 def probe_host(destination: str, n_ports: int, python: str, base: list[str],
                timeout: float, avoid: Sequence[int] = ()) -> list[str]:
     """Ask ``destination`` where it is and for free TF ports (``address:port`` each);
@@ -255,7 +245,11 @@ class SSHLauncher(Launcher):
             raise ValueError("the ssh launcher needs OpenSSH's ssh client on PATH")
         self.python = python
         self.ssh_config = resolve_ssh_config(ssh_config)
-        self.base = ssh_base(self.ssh_config, connect_timeout, ssh_options)
+        # every ssh call starts so (never prompts, gives up on dead peers), then "--" and host
+        self.base = ["ssh", "-T", "-o", "BatchMode=yes", "-o",
+                     f"ConnectTimeout={int(connect_timeout)}", "-o", "ServerAliveInterval=5",
+                     "-o", "ServerAliveCountMax=3",
+                     *(["-F", self.ssh_config] if self.ssh_config else []), *ssh_options]
         self.connect_timeout = connect_timeout
         self.ready_timeout = ready_timeout
         self.placement: dict[TaskId, str] = {}
