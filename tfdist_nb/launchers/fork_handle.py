@@ -40,6 +40,8 @@ HUNG_AFTER_S = 60.0
 FORK_ANSWER_S = 10.0
 #: how often a start waiting on a server looks at whether it is stopped or dead
 WATCH_S = 0.2
+#: a stopped server by its state in /proc (``host_os.process_state``)
+STOPPED = {"T": "was stopped (SIGSTOP)", "t": "is stopped by a debugger"}
 
 
 class ForkServerError(RuntimeError):
@@ -115,14 +117,9 @@ class ForkServer:
     def trouble(self) -> str | None:
         """What keeps it from serving, naming it; None: nothing."""
         code = self.proc.poll()
-        if code is not None:
-            return f"the fork server (pid {self.pid}) {ended_how(code)}"
-        state = host_os.process_state(self.pid)
-        if state == "T":
-            return f"the fork server (pid {self.pid}) was stopped (SIGSTOP)"
-        if state == "t":
-            return f"the fork server (pid {self.pid}) is stopped by a debugger"
-        return None
+        how = ended_how(code) if code is not None else STOPPED.get(
+            host_os.process_state(self.pid) or "")
+        return None if how is None else f"the fork server (pid {self.pid}) {how}"
 
     def prune(self) -> None:
         """Forget kernels that ended without a report (a stopped server reaps none)."""

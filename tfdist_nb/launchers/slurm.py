@@ -235,38 +235,34 @@ class SlurmLauncher(Launcher):
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
         self._starting = True
         try:
-            return self._start_job(tasks, avoid)
+            if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
+                if avoid:
+                    self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in avoid.items())}"
+                              f"); cancelling SLURM job {self.job.id} and submitting another")
+                self.release()
+            self._released.clear()
+            self.started.clear()
+            job = self._submit(tasks)
+            deadline = job.submitted + self.wait_timeout
+            assert self.attach is not None
+            missing = self.attach.wait_for(tasks, deadline, lambda m: self._watch_start(job, m))
+            if missing:
+                state = job.query()
+                self.release()
+                raise ClusterStartError(
+                    f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
+                    f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
+                    f"cancelled it{self.attach.ignored_note(missing)}"
+                    + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
+                    + _tail_note(job))
+            self._report(job, job.query())  # RUNNING on its nodes, even between watcher looks
+            addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
+            nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
+            self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
+                      f"{time.monotonic() - job.submitted:.1f}s after submission")
+            return addresses
         finally:
             self._starting = False
-
-    def _start_job(self, tasks: Sequence[TaskId],
-                   avoid: Mapping[TaskId, str] | None) -> dict[TaskId, str]:
-        if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
-            if avoid:
-                self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in avoid.items())}"
-                          f"); cancelling SLURM job {self.job.id} and submitting another")
-            self.release()
-        self._released.clear()
-        self.started.clear()
-        job = self._submit(tasks)
-        deadline = job.submitted + self.wait_timeout
-        assert self.attach is not None
-        missing = self.attach.wait_for(tasks, deadline, lambda m: self._watch_start(job, m))
-        if missing:
-            state = job.query()
-            self.release()
-            raise ClusterStartError(
-                f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
-                f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
-                f"cancelled it{self.attach.ignored_note(missing)}"
-                + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
-                + _tail_note(job))
-        self._report(job, job.query())  # RUNNING on its nodes, even between watcher looks
-        addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
-        nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
-        self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
-                  f"{time.monotonic() - job.submitted:.1f}s after submission")
-        return addresses
 
     def _submit(self, tasks: Sequence[TaskId]) -> SlurmJob:
         directory = self.base / f"slurm-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
