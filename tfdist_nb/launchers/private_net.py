@@ -39,14 +39,10 @@ class PrivateNetUnavailable(TfdistError, RuntimeError):
     """This machine cannot give local tasks a private network (the message says why)."""
 
 
-def host_resolvers(text: str) -> list[str]:
-    return [parts[1] for line in text.splitlines()
-            if len(parts := line.split()) >= 2 and parts[0] == "nameserver"]
-
-
 def needs_own_resolver(resolv_conf: str) -> bool:
     """Whether every nameserver is on the host's loopback, out of the namespace's reach."""
-    servers = host_resolvers(resolv_conf)
+    servers = [parts[1] for line in resolv_conf.splitlines()
+               if len(parts := line.split()) >= 2 and parts[0] == "nameserver"]
     return bool(servers) and all(s.startswith(_LOOPBACK_NS) for s in servers)
 
 

@@ -256,15 +256,12 @@ class RayLauncher(Launcher):
                 os.environ["PYTHONBREAKPOINT"] = hook
         self.own_ray = True
 
-    def _nodes(self) -> list[dict[str, Any]]:
-        import ray
-
-        return [n for n in ray.nodes() if n.get("Alive")]
-
     def _unplaceable(self, n: int, ask: dict[str, float]) -> str | None:
         """Why the live nodes cannot hold ``n`` bundles of ``ask`` under the strategy, or None:
         fails at once rather than at the placement timeout."""
-        nodes = self._nodes()
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
         fits = [min(int(node["Resources"].get(k, 0) // v) for k, v in ask.items())
                 for node in nodes]
         room = sum(min(f, 1) for f in fits) if self.strategy == "STRICT_SPREAD" else sum(fits)
