@@ -261,7 +261,7 @@ class RayLauncher(Launcher):
         fails at once rather than at the placement timeout."""
         import ray
 
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
         fits = [min(int(node["Resources"].get(k, 0) // v) for k, v in ask.items())
                 for node in nodes]
         room = sum(min(f, 1) for f in fits) if self.strategy == "STRICT_SPREAD" else sum(fits)
