@@ -281,9 +281,8 @@ class LocalLauncher(Launcher):
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
         taken = {int(a.rpartition(":")[2]) for a in (avoid or {}).values()}
         self.release()
-        chosen = ports.reserve(len(tasks), avoid=taken)
-        self._ports = chosen
-        return {t: f"{self.host}:{p}" for t, p in zip(tasks, chosen, strict=False)}
+        self._ports = ports.reserve(len(tasks), avoid=taken)
+        return {t: f"{self.host}:{p}" for t, p in zip(tasks, self._ports, strict=False)}
 
     def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
         if self._net is not None:  # the tasks' own namespace: no one else binds there
