@@ -105,8 +105,7 @@ def probe_host(destination: str, n_ports: int, python: str, base: list[str],
     except subprocess.TimeoutExpired:
         raise ClusterStartError(f"host {destination!r} did not answer over SSH within "
                                 f"{timeout:.0f}s") from None
-    err = done.stderr.strip().splitlines()
-    last = err[-1] if err else ""
+    last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == SSH_LOST:
         raise ClusterStartError(f"cannot reach host {destination!r} over SSH: "
                                 f"{last or 'ssh exited with 255'}")
