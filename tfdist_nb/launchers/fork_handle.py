@@ -269,7 +269,7 @@ class ForkServer:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
-            self.proc.wait(timeout=0 if host_os.process_state(self.pid) in ("T", "t") else 2)
+            self.proc.wait(timeout=0 if host_os.process_state(self.pid) in STOPPED else 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
