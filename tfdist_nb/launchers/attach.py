@@ -298,14 +298,14 @@ class AttachLauncher(Launcher):
         ignored = "; ".join(f"{t}: {self.ignored[t]}" for t in missing if t in self.ignored)
         return f" (ignored: {ignored})" if ignored else ""
 
-    async def start(self, launch: TaskLaunch) -> TaskHandle:
+    async def start(self, launch: TaskLaunch,
+                    kind: type[AttachedTaskHandle] = AttachedTaskHandle) -> TaskHandle:
         info = self.found.get(launch.task) or self._read(launch.task)
         if info is None:
             raise ClusterStartError(f"{launch.task}: its attached worker is gone")
         client = AsyncKernelClient()
         client.load_connection_file(info["connection_file"])
-        return AttachedTaskHandle(task=launch.task, host=info.get("hostname", "?"),
-                                  pid=info.get("pid"), client=client,
-                                  connection_file=Path(info["connection_file"]),
-                                  sidecar=Path(info["sidecar"]), here=info["here"],
-                                  create_time=info.get("create_time"))
+        return kind(task=launch.task, host=info.get("hostname", "?"), pid=info.get("pid"),
+                    client=client, connection_file=Path(info["connection_file"]),
+                    sidecar=Path(info["sidecar"]), here=info["here"],
+                    create_time=info.get("create_time"))

@@ -86,7 +86,7 @@ class TaskHandle(abc.ABC):
         it. Call it on the loop thread; a stop ends the watch."""
         if self._exit is None:
             self._exit = asyncio.get_running_loop().create_future()
-            _watcher().add(self)
+            _WATCHERS.setdefault(asyncio.get_running_loop(), _ExitWatcher()).add(self)
         return self._exit
 
     def exited(self) -> int | None:
@@ -167,10 +167,6 @@ _WATCHERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _ExitWatcher] = 
     weakref.WeakKeyDictionary()
 
 
-def _watcher() -> _ExitWatcher:
-    return _WATCHERS.setdefault(asyncio.get_running_loop(), _ExitWatcher())
-
-
 @dataclass(frozen=True)
 class LauncherOption:
     """One ``%%tfcluster`` flag a launcher takes, so a plugin's flags need no change to the
@@ -212,6 +208,8 @@ class Launcher(abc.ABC):
     restart_instead: str = "restart them where they were started, then attach again"
     line_options: tuple[LauncherOption, ...] = ()
     gpu_placement: Placement = Placement.HERE  # docs/reference.md, GPUs
+    #: the refusal of ``hosts=`` (only the ssh launcher takes it); "": the general one
+    no_hosts: str = ""
 
     # ------------------------------------------------------------------ capabilities
     @property
@@ -242,8 +240,8 @@ class Launcher(abc.ABC):
         if hosts:
             from tfdist_nb.errors import SpecError
 
-            raise SpecError(f"hosts= is for launcher='ssh'; the {cls.name} launcher does not "
-                            "use it")
+            raise SpecError(cls.no_hosts or f"hosts= is for launcher='ssh'; the {cls.name} "
+                            "launcher does not use it")
         return options
 
     def line_values(self) -> dict[str, object]:

@@ -40,6 +40,8 @@ HUNG_AFTER_S = 60.0
 FORK_ANSWER_S = 10.0
 #: how often a start waiting on a server looks at whether it is stopped or dead
 WATCH_S = 0.2
+#: a stopped server by its state in /proc (``host_os.process_state``)
+STOPPED = {"T": "was stopped (SIGSTOP)", "t": "is stopped by a debugger"}
 
 
 class ForkServerError(RuntimeError):
@@ -115,14 +117,9 @@ class ForkServer:
     def trouble(self) -> str | None:
         """What keeps it from serving, naming it; None: nothing."""
         code = self.proc.poll()
-        if code is not None:
-            return f"the fork server (pid {self.pid}) {ended_how(code)}"
-        state = host_os.process_state(self.pid)
-        if state == "T":
-            return f"the fork server (pid {self.pid}) was stopped (SIGSTOP)"
-        if state == "t":
-            return f"the fork server (pid {self.pid}) is stopped by a debugger"
-        return None
+        how = ended_how(code) if code is not None else STOPPED.get(
+            host_os.process_state(self.pid) or "")
+        return None if how is None else f"the fork server (pid {self.pid}) {how}"
 
     def prune(self) -> None:
         """Forget kernels that ended without a report (a stopped server reaps none)."""
@@ -182,25 +179,25 @@ class ForkServer:
 
     def _fork(self, args: list[str], env: Mapping[str, str], cwd: str, title: str,
               stdio: Sequence[int]) -> concurrent.futures.Future[int]:
+        """The fork request sent: its pid once the server answers; ForkServerError at once
+        where it cannot be sent."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         number = next(self._ids)
         request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
                    "title": title, "umask": host_os.umask(), "rlimits": current_rlimits()}
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE:
-            future.set_exception(ForkServerError(f"the request is {len(data)} bytes long"))
-            return future
+            raise ForkServerError(f"the request is {len(data)} bytes long")
         with self._lock:
             if self.gone:
-                future.set_exception(ForkServerError(self.why()))
-                return future
+                raise ForkServerError(self.why())
             self._pending[number] = future
             self.used = time.monotonic()
             try:
                 socket.send_fds(self._sock, [data], list(stdio))
             except OSError as exc:
                 self._pending.pop(number, None)
-                future.set_exception(ForkServerError(f"the fork server is gone ({exc})"))
+                raise ForkServerError(f"the fork server is gone ({exc})") from None
         return future
 
     # ------------------------------------------------------------------ hearing
@@ -272,7 +269,7 @@ class ForkServer:
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
         try:
-            self.proc.wait(timeout=0 if host_os.process_state(self.pid) in ("T", "t") else 2)
+            self.proc.wait(timeout=0 if host_os.process_state(self.pid) in STOPPED else 2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()

@@ -271,9 +271,8 @@ def troubled(server: ForkServer, trouble: str | None, told: bool = False) -> Non
     """Retire ``server``, found stopped, dead (``trouble`` None) or not answering; ``told``:
     the message that found it named it already."""
     with _registry_lock:
-        for name, known in list(_servers.items()):
-            if known is server:
-                _trouble(name, server, trouble, told)
+        if _servers.get(name := _name(server.key)) is server:
+            _trouble(name, server, trouble, told)
 
 
 def _trouble(name: str, server: ForkServer, trouble: str | None, told: bool = False) -> None:
@@ -311,9 +310,8 @@ def _note_failure(name: str, server: ForkServer,
 
 def _drop(server: ForkServer) -> None:
     """No new kernel from ``server``: retired, ended once its kernels have. Hold the lock."""
-    for name, known in list(_servers.items()):
-        if known is server:
-            _servers.pop(name)
+    if _servers.get(name := _name(server.key)) is server:
+        del _servers[name]
     if server.children and server.alive():
         _retired.append(server)
     else:

@@ -33,10 +33,6 @@ def import_time(key: str) -> bool:
     return key not in LATE and key.startswith(IMPORT_TIME_PREFIXES)
 
 
-def import_time_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if import_time(k)}
-
-
 class Part(enum.Enum):
     """The part of a :class:`KernelKey` in which two kernels differ."""
 
@@ -80,7 +76,8 @@ class KernelKey:
     @classmethod
     def of(cls, python: str, preload: Sequence[str], cwd: str,
            env: Mapping[str, str]) -> KernelKey:
-        return cls(python, tuple(preload), cwd, tuple(sorted(import_time_env(env).items())))
+        return cls(python, tuple(preload), cwd,
+                   tuple(sorted((k, v) for k, v in env.items() if import_time(k))))
 
     def unfit(self, task: KernelKey) -> Unfit | None:
         """Why this key's kernel cannot become a task of key ``task``; None: it can."""

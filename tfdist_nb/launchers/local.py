@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -93,9 +92,7 @@ class LocalTaskHandle(TaskHandle):
 
     async def poll(self) -> int | None:
         prov = self.manager.provisioner
-        if prov is None:
-            return None
-        return await prov.poll()
+        return None if prov is None else await prov.poll()
 
     def describe_exit(self, code: int) -> str:
         """With the fork server's part in it, naming the server, where it had one."""
@@ -112,7 +109,9 @@ class LocalTaskHandle(TaskHandle):
         if await self.poll() is None:
             path = await self._request_then_kill(grace_s)
         code = await self.poll()
-        self._kill_process_group()
+        pgid = getattr(self.manager.provisioner, "pgid", None)
+        if pgid and pgid != os.getpgid(0):  # children the user's code started: its session
+            fork_handle.kill_group(pgid)
         with swallowed(logger):
             await self.manager.cleanup_resources()
         with swallowed(logger):
@@ -139,13 +138,6 @@ class LocalTaskHandle(TaskHandle):
                 return True
             await asyncio.sleep(0.05)
         return await self.poll() is not None
-
-    def _kill_process_group(self) -> None:
-        """Children the user's code started live in the kernel's session; end them too."""
-        pgid = getattr(self.manager.provisioner, "pgid", None)
-        if pgid and pgid != os.getpgid(0):
-            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-                os.killpg(pgid, signal.SIGKILL)
 
 
 def working_directory() -> str:
@@ -289,9 +281,8 @@ class LocalLauncher(Launcher):
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
         taken = {int(a.rpartition(":")[2]) for a in (avoid or {}).values()}
         self.release()
-        chosen = ports.reserve(len(tasks), avoid=taken)
-        self._ports = chosen
-        return {t: f"{self.host}:{p}" for t, p in zip(tasks, chosen, strict=False)}
+        self._ports = ports.reserve(len(tasks), avoid=taken)
+        return {t: f"{self.host}:{p}" for t, p in zip(tasks, self._ports, strict=False)}
 
     def taken(self, addresses: Mapping[TaskId, str]) -> dict[TaskId, str]:
         if self._net is not None:  # the tasks' own namespace: no one else binds there

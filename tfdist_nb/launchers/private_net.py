@@ -15,7 +15,6 @@ import select
 import shutil
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,14 +39,10 @@ class PrivateNetUnavailable(TfdistError, RuntimeError):
     """This machine cannot give local tasks a private network (the message says why)."""
 
 
-def host_resolvers(text: str) -> list[str]:
-    return [parts[1] for line in text.splitlines()
-            if len(parts := line.split()) >= 2 and parts[0] == "nameserver"]
-
-
 def needs_own_resolver(resolv_conf: str) -> bool:
     """Whether every nameserver is on the host's loopback, out of the namespace's reach."""
-    servers = host_resolvers(resolv_conf)
+    servers = [parts[1] for line in resolv_conf.splitlines()
+               if len(parts := line.split()) >= 2 and parts[0] == "nameserver"]
     return bool(servers) and all(s.startswith(_LOOPBACK_NS) for s in servers)
 
 
@@ -77,15 +72,13 @@ class PrivateNetwork:
         if self.slirp is None:
             return ("no outbound network (slirp4netns not found)" if self.wants_outbound else
                     "no outbound network")
-        ended = self.slirp_ended()
-        if ended:
+        if ended := self.slirp_ended():
             return f"no outbound network: {ended}"
         return "outbound through slirp4netns"
 
     def slirp_ended(self) -> str | None:
         """How slirp4netns ended, when it did (the tasks lost their outbound network)."""
-        code = self.slirp.poll() if self.slirp is not None else None
-        if code is None or self.slirp is None:
+        if self.slirp is None or (code := self.slirp.poll()) is None:
             return None
         return f"slirp4netns (pid {self.slirp.pid}) {describe_exit(code)}"
 
@@ -94,16 +87,20 @@ class PrivateNetwork:
         ``PrivateNetUnavailable`` if it does not come up."""
         if self.slirp_ended() is None:
             return
-        if self._slirp_exit is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._slirp_exit)
-            self._slirp_exit = None
+        self._close_exit_pipe()
         old, self.slirp = self.slirp, None
         if old is not None:
             old.wait()
             if old.stderr is not None:
                 old.stderr.close()
         _start_slirp(self)
+
+    def _close_exit_pipe(self) -> None:
+        """Close slirp4netns's exit pipe (it ends when the pipe does)."""
+        if self._slirp_exit is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._slirp_exit)
+            self._slirp_exit = None
 
     def enter(self, argv: list[str]) -> list[str]:
         """``argv`` run inside the namespace, as this user with this user's credentials."""
@@ -116,10 +113,7 @@ class PrivateNetwork:
         with swallowed(logger):
             if self.holder.stdin is not None:
                 self.holder.stdin.close()
-        if self._slirp_exit is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._slirp_exit)
-            self._slirp_exit = None
+        self._close_exit_pipe()
         for proc in (self.slirp, self.holder):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -157,7 +151,9 @@ def create(outbound: bool = True, resolv: Path = Path("/etc/resolv.conf")) -> Pr
                               stderr=subprocess.PIPE, start_new_session=True)
     net = PrivateNetwork(holder, scratch=scratch, wants_outbound=outbound, user_ns=user_ns)
     try:
-        said = _read_line(holder, READY_TIMEOUT_S)
+        assert holder.stdout is not None  # its one line: "up", or nothing once it failed
+        ready = select.select([holder.stdout], [], [], READY_TIMEOUT_S)[0]
+        said = holder.stdout.readline().decode(errors="replace").strip() if ready else ""
         if said != "up":
             err = ""
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -225,21 +221,6 @@ def _run_slirp(net: PrivateNetwork, slirp: str, flags: tuple[str, ...]) -> None:
         raise PrivateNetUnavailable(f"slirp4netns did not configure the namespace: "
                                     f"{err or 'no answer'}")
     net._slirp_exit = exit_w
-
-
-def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while b"\n" not in buf and time.monotonic() < deadline:
-        ready = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]
-        if not ready:
-            break
-        chunk = os.read(proc.stdout.fileno(), 256)
-        if not chunk:
-            break
-        buf += chunk
-    return buf.decode(errors="replace").strip()
 
 
 # ------------------------------------------------------------------ one per process

@@ -23,7 +23,7 @@ from typing import Any
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
-from tfdist_nb.errors import ClusterStartError, SpecError
+from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.gpu_plan import Placement
 from tfdist_nb.launchers.base import (
     Launcher,
@@ -146,6 +146,8 @@ class RayLauncher(Launcher):
     name = "ray"
     remote = True
     gpu_placement = Placement.SCHEDULER  # --gpus-per-task N is asked of Ray (num_gpus)
+    no_hosts = ("launcher='ray' places tasks where Ray's placement group puts them; drop hosts= "
+                "and name the cluster with launcher_options={'address': 'ray://head:10001'}")
     line_options = (
         LauncherOption("--ray-address", "address", metavar="ADDR",
                        help="for --launcher ray (implied): the Ray cluster, e.g. "
@@ -156,15 +158,6 @@ class RayLauncher(Launcher):
                        help="for --launcher ray (implied): how the placement group places the "
                             "tasks on Ray's nodes (default SPREAD)"),
     )
-
-    @classmethod
-    def cluster_options(cls, hosts: list[str] | None, python: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
-        if hosts:
-            raise SpecError("launcher='ray' places tasks where Ray's placement group puts them; "
-                            "drop hosts= and name the cluster with launcher_options="
-                            "{'address': 'ray://head:10001'}")
-        return options
 
     def __init__(self, address: str | None = None, strategy: str = "SPREAD",
                  cpus_per_task: float = 1.0, place_timeout: float = 60.0,
@@ -263,16 +256,12 @@ class RayLauncher(Launcher):
                 os.environ["PYTHONBREAKPOINT"] = hook
         self.own_ray = True
 
-    def _nodes(self) -> list[dict[str, Any]]:
+    def _unplaceable(self, n: int, ask: dict[str, float]) -> str | None:
+        """Why the live nodes cannot hold ``n`` bundles of ``ask`` under the strategy, or None:
+        fails at once rather than at the placement timeout."""
         import ray
 
-        return [n for n in ray.nodes() if n.get("Alive")]
-
-    def _unplaceable(self, n: int) -> str | None:
-        """Why the live nodes cannot hold ``n`` bundles under the strategy, or None: fails at
-        once rather than at the placement timeout."""
-        ask = {"CPU": self.cpus, **({"GPU": float(self.gpus)} if self.gpus else {})}
-        nodes = self._nodes()
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
         fits = [min(int(node["Resources"].get(k, 0) // v) for k, v in ask.items())
                 for node in nodes]
         room = sum(min(f, 1) for f in fits) if self.strategy == "STRICT_SPREAD" else sum(fits)
@@ -289,9 +278,9 @@ class RayLauncher(Launcher):
         import ray
         from ray.util.placement_group import placement_group, placement_group_table
 
-        if (why := self._unplaceable(len(tasks))) is not None:
-            raise ClusterStartError(why)
         bundle = {"CPU": self.cpus, **({"GPU": float(self.gpus)} if self.gpus else {})}
+        if (why := self._unplaceable(len(tasks), bundle)) is not None:
+            raise ClusterStartError(why)
         self.pg = placement_group([dict(bundle) for _ in tasks], strategy=self.strategy,
                                   name=f"tfdist-{self.token}")
         if not self.pg.wait(self.place_timeout):
@@ -363,8 +352,7 @@ class RayLauncher(Launcher):
             info = await asyncio.to_thread(_get, actor.start.remote(setup),
                                            self.ready_timeout)
         except ray.exceptions.RayActorError:  # died with its kernel or node: one more actor
-            await asyncio.to_thread(self._replace, launch)
-            actor = self.actors[launch.task]
+            actor = await asyncio.to_thread(self._replace, launch)
             info = await asyncio.to_thread(_get, actor.start.remote(setup),
                                            self.ready_timeout)
         except ray.exceptions.RayError as exc:
@@ -377,7 +365,7 @@ class RayLauncher(Launcher):
                              client=client, actor=actor, launcher=self,
                              node_id=where["node_id"], log_path=launch.log_path)
 
-    def _replace(self, launch: TaskLaunch) -> None:
+    def _replace(self, launch: TaskLaunch) -> Any:
         """A new actor in the task's bundle; refused when Ray moved the bundle to another
         node than the one its TF_CONFIG names."""
         index = list(self.actors).index(launch.task)
@@ -390,6 +378,7 @@ class RayLauncher(Launcher):
                                     f"bundle on {now['address']}; restart the cluster "
                                     "(%%tfcluster --restart) for a TF_CONFIG of the new nodes")
         self.found[launch.task] = {**now, "port": self.found[launch.task]["port"]}
+        return actor
 
     def release(self, keep_ray: bool = False) -> None:
         """Kill the actors, remove the placement group (gone from Ray's tables on return), and

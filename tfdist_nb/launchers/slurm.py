@@ -137,16 +137,12 @@ exec srun --ntasks={len(tasks)} --kill-on-bad-exit=0 --output={d}/task-%t.log \\
 class SlurmTaskHandle(AttachedTaskHandle):
     """An attached worker that is also a task of ``job``: the job's end is the task's end."""
 
-    job: SlurmJob | None = field(default=None, repr=False)
+    job: SlurmJob = field(default=None, repr=False)  # type: ignore[assignment]  # set at start
 
     async def poll(self) -> int | None:
-        if self.job is not None and self.job.state.ended:
-            return GONE
-        return await super().poll()
+        return GONE if self.job.state.ended else await super().poll()
 
     def describe_exit(self, code: int) -> str:
-        if self.job is None:
-            return super().describe_exit(code)
         state = self.job.state if self.job.state.final else self.job.query()
         if state.ended:
             return f"ended with its job: {state.words(self.job.id)}"
@@ -154,7 +150,7 @@ class SlurmTaskHandle(AttachedTaskHandle):
                 f"{state.words(self.job.id)}")
 
     async def stop(self, grace_s: float) -> StopReport:
-        if self.job is not None and self.job.state.ended:
+        if self.job.state.ended:
             grace_s = min(grace_s, 0.2)  # nothing left to ask: SLURM has ended it
         return await super().stop(grace_s)
 
@@ -167,6 +163,8 @@ class SlurmLauncher(Launcher):
     env_at_launch = False
     restartable = False
     gpu_placement = Placement.SCHEDULER  # --gpus-per-task N is asked of SLURM
+    no_hosts = ("launcher='slurm' places tasks where SLURM allocates them; drop hosts= and ask "
+                "with launcher_options={'sbatch_args': ['--nodes=2']}")
     restart_instead = ("stop the cluster and start it again (%%tfcluster --restart submits a "
                        "new job)")
     line_options = (
@@ -181,10 +179,7 @@ class SlurmLauncher(Launcher):
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
                         options: dict[str, Any]) -> dict[str, Any]:
-        if hosts:
-            raise SpecError("launcher='slurm' places tasks where SLURM allocates them; drop "
-                            "hosts= and ask with launcher_options={'sbatch_args': "
-                            "['--nodes=2']}")
+        super().cluster_options(hosts, python, options)
         options.setdefault("python", python or sys.executable)  # the nodes share this path
         if "sbatch_args" in options:  # checked here, before anything is submitted
             try:
@@ -240,38 +235,34 @@ class SlurmLauncher(Launcher):
                      avoid: Mapping[TaskId, str] | None = None) -> dict[TaskId, str]:
         self._starting = True
         try:
-            return self._start_job(tasks, avoid)
+            if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
+                if avoid:
+                    self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in avoid.items())}"
+                              f"); cancelling SLURM job {self.job.id} and submitting another")
+                self.release()
+            self._released.clear()
+            self.started.clear()
+            job = self._submit(tasks)
+            deadline = job.submitted + self.wait_timeout
+            assert self.attach is not None
+            missing = self.attach.wait_for(tasks, deadline, lambda m: self._watch_start(job, m))
+            if missing:
+                state = job.query()
+                self.release()
+                raise ClusterStartError(
+                    f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
+                    f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
+                    f"cancelled it{self.attach.ignored_note(missing)}"
+                    + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
+                    + _tail_note(job))
+            self._report(job, job.query())  # RUNNING on its nodes, even between watcher looks
+            addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
+            nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
+            self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
+                      f"{time.monotonic() - job.submitted:.1f}s after submission")
+            return addresses
         finally:
             self._starting = False
-
-    def _start_job(self, tasks: Sequence[TaskId],
-                   avoid: Mapping[TaskId, str] | None) -> dict[TaskId, str]:
-        if self.job is not None:  # TF ports taken on a node: a fresh job draws fresh ones
-            if avoid:
-                self._say(f"TF ports taken ({', '.join(f'{t} {a}' for t, a in avoid.items())}"
-                          f"); cancelling SLURM job {self.job.id} and submitting another")
-            self.release()
-        self._released.clear()
-        self.started.clear()
-        job = self._submit(tasks)
-        deadline = job.submitted + self.wait_timeout
-        assert self.attach is not None
-        missing = self.attach.wait_for(tasks, deadline, lambda m: self._watch_start(job, m))
-        if missing:
-            state = job.query()
-            self.release()
-            raise ClusterStartError(
-                f"{state.words(job.id)} after {self.wait_timeout:.0f}s (wait_timeout), and "
-                f"{', '.join(map(str, missing))} had not announced themselves in {job.dir}; "
-                f"cancelled it{self.attach.ignored_note(missing)}"
-                + (f"; squeue said: {job.tool_error}" if job.tool_error else "")
-                + _tail_note(job))
-        self._report(job, job.query())  # RUNNING on its nodes, even between watcher looks
-        addresses = {t: self.attach.found[t]["tf_address"] for t in tasks}
-        nodes = sorted({a.rpartition(":")[0] for a in addresses.values()})
-        self._say(f"SLURM job {job.id}: {len(tasks)} task(s) up on {', '.join(nodes)} "
-                  f"{time.monotonic() - job.submitted:.1f}s after submission")
-        return addresses
 
     def _submit(self, tasks: Sequence[TaskId]) -> SlurmJob:
         directory = self.base / f"slurm-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -355,13 +346,11 @@ class SlurmLauncher(Launcher):
         with contextlib.suppress(OSError):  # its process log is its SLURM task's output
             if not launch.log_path.exists():
                 launch.log_path.symlink_to(job.task_log(launch.task))
-        handle = await attach.start(launch)
-        assert isinstance(handle, AttachedTaskHandle)
-        node = str(info.get("tf_address", "")).rpartition(":")[0] or handle.host
-        return SlurmTaskHandle(task=handle.task, host=node, pid=handle.pid,
-                               client=handle.client, connection_file=handle.connection_file,
-                               sidecar=handle.sidecar, here=handle.here,
-                               create_time=handle.create_time, job=job)
+        handle = await attach.start(launch, SlurmTaskHandle)
+        assert isinstance(handle, SlurmTaskHandle)
+        handle.host = str(info.get("tf_address", "")).rpartition(":")[0] or handle.host
+        handle.job = job
+        return handle
 
     def release(self) -> None:
         """Cancel the job (its steps with SIGKILL first: a TF task only logs SIGTERM) and wait

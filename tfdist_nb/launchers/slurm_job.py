@@ -116,11 +116,6 @@ def slurm_tool(argv: list[str], timeout: float = 15.0,
         return subprocess.CompletedProcess(argv, 127, "", f"{argv[0]}: {exc.strerror}")
 
 
-def _fields(text: str) -> dict[str, str]:
-    """``Key=Value`` pairs of ``scontrol show job -o`` (values have no spaces but Command=...)."""
-    return {m.group(1): m.group(2) for m in re.finditer(r"(\w[\w/:]*)=(\S*)", text)}
-
-
 class SlurmJob:
     """One submitted job: its id, its directory, and the latest state SLURM gave for it."""
 
@@ -169,7 +164,9 @@ class SlurmJob:
             found = JobState(state, reason, seen.start, nodes or seen.nodes, code, "sacct")
         else:
             proc = slurm_tool(["scontrol", "show", "job", "-o", self.id])
-            info = _fields(proc.stdout) if proc.returncode == 0 else {}
+            # its Key=Value pairs (values have no spaces but Command=...)
+            info = (dict(re.findall(r"(\w[\w/:]*)=(\S*)", proc.stdout)) if proc.returncode == 0
+                    else {})
             if info.get("JobState"):
                 found = JobState(info["JobState"], info.get("Reason", ""), seen.start,
                                  info.get("NodeList", seen.nodes), info.get("ExitCode", ""),

@@ -91,28 +91,11 @@ def resolve_ssh_config(option: str | os.PathLike[str] | None) -> str | None:
     return str(path.resolve())
 
 
-def ssh_base(config: str | None, connect_timeout: float, options: Sequence[str] = ()) -> list[str]:
-    """The ssh command line every call starts with: never prompts, gives up on dead peers;
-    callers append ``--`` and the destination."""
-    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(connect_timeout)}",
-           "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
-    if config:
-        cmd += ["-F", str(config)]
-    return cmd + list(options)
-
-
-@dataclass
-class HostProbe:
-    destination: str
-    address: str
-    ports: list[int]
-    info: dict[str, Any]
-
-
 def probe_host(destination: str, n_ports: int, python: str, base: list[str],
-               timeout: float, avoid: Sequence[int] = ()) -> HostProbe:
-    """Ask ``destination`` where it is and for free TF ports; ClusterStartError naming the host
-    (unreachable, no such interpreter, tfdist_nb not installed there) otherwise."""
+               timeout: float, avoid: Sequence[int] = ()) -> list[str]:
+    """Ask ``destination`` where it is and for free TF ports (``address:port`` each);
+    ClusterStartError naming the host (unreachable, no such interpreter, tfdist_nb not
+    installed there) otherwise."""
     remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "probe", "--ports",
                          str(n_ports), "--avoid", ",".join(map(str, avoid))])
     try:
@@ -122,8 +105,7 @@ def probe_host(destination: str, n_ports: int, python: str, base: list[str],
     except subprocess.TimeoutExpired:
         raise ClusterStartError(f"host {destination!r} did not answer over SSH within "
                                 f"{timeout:.0f}s") from None
-    err = done.stderr.strip().splitlines()
-    last = err[-1] if err else ""
+    last = (done.stderr.strip().splitlines() or [""])[-1]
     if done.returncode == SSH_LOST:
         raise ClusterStartError(f"cannot reach host {destination!r} over SSH: "
                                 f"{last or 'ssh exited with 255'}")
@@ -138,7 +120,7 @@ def probe_host(destination: str, n_ports: int, python: str, base: list[str],
     except (ValueError, IndexError):
         raise ClusterStartError(f"host {destination!r}: unexpected answer to the probe "
                                 f"(exit {done.returncode}): {last or done.stdout[-200:]}") from None
-    return HostProbe(destination, info["address"], list(info["ports"]), info)
+    return [f"{info['address']}:{port}" for port in info["ports"]]
 
 
 @dataclass
@@ -262,11 +244,14 @@ class SSHLauncher(Launcher):
             raise ValueError("the ssh launcher needs OpenSSH's ssh client on PATH")
         self.python = python
         self.ssh_config = resolve_ssh_config(ssh_config)
-        self.base = ssh_base(self.ssh_config, connect_timeout, ssh_options)
+        # every ssh call starts so (never prompts, gives up on dead peers), then "--" and host
+        self.base = ["ssh", "-T", "-o", "BatchMode=yes", "-o",
+                     f"ConnectTimeout={int(connect_timeout)}", "-o", "ServerAliveInterval=5",
+                     "-o", "ServerAliveCountMax=3",
+                     *(["-F", self.ssh_config] if self.ssh_config else []), *ssh_options]
         self.connect_timeout = connect_timeout
         self.ready_timeout = ready_timeout
         self.placement: dict[TaskId, str] = {}
-        self.probes: dict[str, HostProbe] = {}
         self._sockdir: Path | None = None
         self._token = secrets.token_hex(6)
 
@@ -291,36 +276,26 @@ class SSHLauncher(Launcher):
         with concurrent.futures.ThreadPoolExecutor(len(wanted)) as pool:
             futures = {h: pool.submit(probe_host, h, len(ts), python, self.base, timeout, taken)
                        for h, ts in wanted.items()}
-            errors = []
-            for host, fut in futures.items():
-                try:
-                    self.probes[host] = fut.result()
-                except ClusterStartError as exc:
-                    errors.append(str(exc))
+        out: dict[TaskId, str] = {}
+        errors = []
+        for host, fut in futures.items():
+            try:
+                out.update(zip(wanted[host], fut.result(), strict=True))
+            except ClusterStartError as exc:
+                errors.append(str(exc))
         if errors:
             raise ClusterStartError("; ".join(errors))
-        out: dict[TaskId, str] = {}
-        for host, ts in wanted.items():
-            found = self.probes[host]
-            for task, port in zip(ts, found.ports, strict=True):
-                out[task] = f"{found.address}:{port}"
         return out
-
-    def _socket_dir(self) -> Path:
-        if self._sockdir is None:
-            # Short on purpose: a Unix socket path is at most 107 bytes.
-            self._sockdir = Path(tempfile.mkdtemp(prefix="tfd-"))
-        return self._sockdir
 
     async def start(self, launch: TaskLaunch) -> TaskHandle:
         host = self.placement.get(launch.task) or self.hosts[0]
-        local = self._socket_dir() / f"{launch.task.slug}-{secrets.token_hex(3)}"
+        if self._sockdir is None:  # short on purpose: a Unix socket path is at most 107 bytes
+            self._sockdir = Path(tempfile.mkdtemp(prefix="tfd-"))
+        local = self._sockdir / f"{launch.task.slug}-{secrets.token_hex(3)}"
         remote_dir = f"/tmp/tfdist-{self._token}-{launch.task.slug}-{secrets.token_hex(3)}"
-        forwards: list[str] = []
-        for port in CHANNEL_PORTS.values():
-            forwards += ["-L", f"{local}-{port}:{remote_dir}/{SOCKET_PREFIX}-{port}"]
-        python = launch.python
-        remote = shlex.join([python, "-m", "tfdist_nb.worker.remote", "serve", "--dir",
+        forwards = [word for port in CHANNEL_PORTS.values()
+                    for word in ("-L", f"{local}-{port}:{remote_dir}/{SOCKET_PREFIX}-{port}")]
+        remote = shlex.join([launch.python, "-m", "tfdist_nb.worker.remote", "serve", "--dir",
                              remote_dir])
         cmd = [*self.base, "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
                "-o", "StreamLocalBindMask=0177", *forwards, "--", check_destination(host),
@@ -352,14 +327,11 @@ class SSHLauncher(Launcher):
                 raise ClusterStartError(f"{launch.task} on {host}: no kernel after "
                                         f"{self.ready_timeout:.0f}s") from None
             raise
-        await self._wait_for_sockets(handle)
-        return handle
-
-    async def _wait_for_sockets(self, handle: SSHTaskHandle) -> None:
-        """ssh binds the local ends as it connects; they exist before 'ready' in practice."""
+        # ssh binds the local ends as it connects; they exist before 'ready' in practice
         deadline = time.monotonic() + 10.0
         while not all(s.exists() for s in handle.sockets) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        return handle
 
     def release(self) -> None:
         if self._sockdir is not None:

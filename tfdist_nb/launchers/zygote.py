@@ -25,6 +25,7 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,19 @@ MAX_MESSAGE = 1 << 20
 LOOK_S = 1.0
 
 
+def quietly(*calls: Callable[[], object]) -> None:
+    """Each call, what it raises swallowed silently: a forked child's stderr is the task's own
+    and may be gone (module doc)."""
+    for call in calls:
+        with contextlib.suppress(Exception):
+            call()
+
+
+def flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def send(sock: socket.socket, message: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         sock.send(json.dumps(message).encode())
@@ -56,11 +70,9 @@ def main(argv: list[str]) -> int:
     started = dict(os.environ)
     # the kernel's modules first, as a spawned kernel imports them before its handshake imports
     # ``preload``: the warnings filters each import adds land in that order
-    if failed := import_aside(KERNEL_MODULES):
-        send(sock, {"failed": failed})
-        return 1
+    failed = import_aside(KERNEL_MODULES)
     kernel_filters = list(warnings.filters)
-    if failed := import_aside(tuple(preload)):
+    if failed := failed or import_aside(tuple(preload)):
         send(sock, {"failed": failed})
         return 1
     with swallowed(logger):  # its set-up needs the environment as started
@@ -68,8 +80,7 @@ def main(argv: list[str]) -> int:
 
         setproctitle.getproctitle()
     imported = Imported(started, dict(os.environ), lead_filters(kernel_filters))
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush()
     try:
         with open(log_path, "rb") as f:
             said = f.read()
@@ -198,8 +209,7 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
              imported: Imported, closing: tuple[int, ...]) -> None:
     """Fork the kernel ``request`` asks for; answer with its pid once it leads its session."""
     sync_r, sync_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
@@ -214,12 +224,9 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
             sock.close()
             code = become_kernel(request, fds, said, imported)
         except BaseException:
-            with contextlib.suppress(Exception):  # silent: stderr itself failed
-                traceback.print_exc()
+            quietly(traceback.print_exc)
         finally:
-            with contextlib.suppress(Exception):  # silent: a record's stream failed
-                sys.stdout.flush()
-                sys.stderr.flush()
+            quietly(flush)
             os._exit(code)
     os.close(sync_w)
     for end in fds:
@@ -278,20 +285,17 @@ def exit_code(exc: SystemExit) -> int:
     """The status ``sys.exit(arg)`` ends an interpreter with (a message is printed, status 1)."""
     if exc.code is None or isinstance(exc.code, int):
         return exc.code or 0
-    with contextlib.suppress(Exception):  # silent: a forked child (module doc)
-        print(exc.code, file=sys.stderr)
+    quietly(lambda: print(exc.code, file=sys.stderr))
     return 1
 
 
 def interpreter_end() -> None:
     """A spawned interpreter's way out, before ``os._exit``: wait for the cells' non-daemon
     threads, then run the exit handlers."""
-    with contextlib.suppress(Exception):  # silent: a forked child (module doc)
-        threading._shutdown()  # type: ignore[attr-defined]  # Py_FinalizeEx's first step
     import atexit
 
-    with contextlib.suppress(Exception):  # silent: a forked child (module doc)
-        atexit._run_exitfuncs()
+    # threading._shutdown: Py_FinalizeEx's first step
+    quietly(threading._shutdown, atexit._run_exitfuncs)  # type: ignore[attr-defined]
 
 
 def take_limits(request: dict[str, Any]) -> None:
@@ -328,8 +332,7 @@ def fresh_seeds() -> None:
     numbers (``random`` reseeds itself at fork)."""
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        with contextlib.suppress(Exception):  # silent: a forked child (module doc)
-            numpy.random.seed()
+        quietly(lambda: numpy.random.seed())
 
 
 def set_title(title: str) -> None:
@@ -338,15 +341,12 @@ def set_title(title: str) -> None:
         from setproctitle import setproctitle
     except ImportError:
         return
-    with contextlib.suppress(Exception):  # silent: a forked child (module doc)
-        setproctitle(title)
+    quietly(lambda: setproctitle(title))
 
 
 if __name__ == "__main__":
     # no interpreter shutdown: TensorFlow's import left threads and exit handlers that can hold
     # it up, and the controller is gone (or done with this server) when main returns
     code = main(sys.argv[1:])
-    with contextlib.suppress(Exception):  # silent: a record's stream failed
-        sys.stdout.flush()
-        sys.stderr.flush()
+    quietly(flush)
     os._exit(code)
