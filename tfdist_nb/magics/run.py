@@ -8,18 +8,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import TaskError
 from tfdist_nb.magics.common import (
     current,
+    magic,
     notebook_asks,
     on_option,
     parse_line,
-    parse_line_and_rest,
     require,
-    tasks_magic,
     usage,
     user_errors,
 )
@@ -158,7 +157,8 @@ class RunMagics(Magics):
     def _read_line(self, line: str) -> tuple[argparse.Namespace, ClusterRequest]:
         """The parsed ``%%tfcluster`` line and the request it makes; what the magic's parser
         does not take goes to the chosen launcher's flags."""
-        args, rest = parse_line_and_rest(self.tfcluster, glue_values(line))
+        parse = self.tfcluster.parser.parse_known_args
+        args, rest = parse_line(glue_values(line), parse)
         return args, build_request(args, rest)
 
     def _ensure(self, request: ClusterRequest) -> Cluster:
@@ -245,20 +245,20 @@ class RunMagics(Magics):
             raise TaskError(result.summary(), result)
         return None
 
-    @tasks_magic("example: %tfdist_interrupt --on 1")
-    def tfdist_interrupt(self, line: str) -> None:
+    @magic("example: %tfdist_interrupt --on 1")
+    @on_option
+    def tfdist_interrupt(self, args: argparse.Namespace) -> None:
         """Interrupt the targeted tasks: SIGINT, then, for a task still stuck inside a TensorFlow
         op (a collective) two seconds later, abort its collectives (restart before the next)."""
-        args = parse_line(self.tfdist_interrupt, line)
         aborted = require().interrupt(on=args.on)
         if aborted:
             print(f"tfdist_nb: {', '.join(aborted)} did not answer SIGINT inside a TensorFlow "
                   "op; their collectives were aborted: %tfdist_restart before training again")
 
-    @tasks_magic("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
-    def tfdist_restart(self, line: str) -> None:
+    @magic("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
+    @on_option
+    def tfdist_restart(self, args: argparse.Namespace) -> None:
         """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
-        args = parse_line(self.tfdist_restart, line)
         cluster = require()
         cluster.restart(on=args.on)
         warm = cluster.warm_outcome  # spare kernels: how they were used
@@ -271,12 +271,9 @@ class RunMagics(Magics):
                   "together (the others still belong to the old collective group): run "
                   "%tfdist_restart without --on to restart them all")
 
-    @magic_arguments()
-    @line_magic
-    @user_errors("example: %tfdist_stop")
-    def tfdist_stop(self, line: str) -> None:
+    @magic("example: %tfdist_stop")
+    def tfdist_stop(self, args: argparse.Namespace) -> None:
         """Stop every task of the active cluster (fast: short grace, then SIGKILL)."""
-        parse_line(self.tfdist_stop, line)
         cluster = current()
         if cluster is None:
             print("tfdist_nb: no cluster is running")
@@ -284,15 +281,13 @@ class RunMagics(Magics):
         reports = cluster.stop()
         print(f"tfdist_nb: stopped {len(reports)} task(s) of {cluster.spec}")
 
-    @magic_arguments()
+    @magic("example: %tfdist_loglevel INFO --cpp 0")
     @argument("level", help="DEBUG | INFO | WARNING | ERROR | CRITICAL (Python and tf logger)")
     @argument("--cpp", type=int, metavar="N",
               help="TF_CPP_MIN_LOG_LEVEL for TensorFlow's C++ logs (0-3); restarts the tasks")
     @argument("--vmodule", metavar="SPEC",
               help="TF_CPP_VMODULE, e.g. 'collective_ops=2'; restarts the tasks")
-    @line_magic
-    @user_errors("example: %tfdist_loglevel INFO --cpp 0")
-    def tfdist_loglevel(self, line: str) -> None:
+    def tfdist_loglevel(self, args: argparse.Namespace) -> None:
         """Set the log level on every task.
 
         The Python level (root and ``tensorflow`` loggers) changes at once. TensorFlow reads its
@@ -304,17 +299,14 @@ class RunMagics(Magics):
             %tfdist_loglevel DEBUG
             %tfdist_loglevel INFO --cpp 0 --vmodule collective_ops=2
         """
-        args = parse_line(self.tfdist_loglevel, line)
         print(f"tfdist_nb: {require().set_log_level(args.level, args.cpp, args.vmodule)}")
 
-    @magic_arguments()
+    @magic("example: %tfdist_mode on --timeout 600   (then: %tfdist_mode off)")
     @argument("state", nargs="?", choices=["on", "off"], help="on | off (none: say the mode)")
     @argument("options", nargs=argparse.REMAINDER,
               help="with on: the %%%%tfcluster line every cell gets, e.g. --on 1 --timeout 600 "
                    "(or a SPEC: 2 workers)")
-    @line_magic
-    @user_errors("example: %tfdist_mode on --timeout 600   (then: %tfdist_mode off)")
-    def tfdist_mode(self, line: str) -> None:
+    def tfdist_mode(self, args: argparse.Namespace) -> None:
         """Persistent mode: while on, every cell runs on the cluster as if it began with
         ``%%tfcluster`` and the options given here (ipyparallel's ``%autopx``); cells that
         begin with a tfdist_nb magic (``%tfdist_*``, ``%%tfcluster``) still run here.
@@ -325,7 +317,6 @@ class RunMagics(Magics):
             %tfdist_mode on --on 1 --timeout 600
             %tfdist_mode off
         """
-        args = parse_line(self.tfdist_mode, line)
         if args.state is None:
             print(f"tfdist_nb: persistent mode is {self._mode_said()}")
             return
