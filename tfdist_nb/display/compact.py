@@ -12,6 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import bqplot as bq
+import ipywidgets as w
+
 from tfdist_nb import chart_axes as axes
 from tfdist_nb.chart_axes import CHARTS, NO_GPU
 from tfdist_nb.events import Alert
@@ -64,8 +67,6 @@ class TaskGrid:
                "GPU %", "alerts")
 
     def __init__(self) -> None:
-        import ipywidgets as w
-
         self.widget = w.HTML()
         self.widget.add_class("tfdist-task-grid")
 
@@ -130,8 +131,6 @@ class RevisionCharts:
     _seen = -1
 
     def _boxes(self) -> None:
-        import ipywidgets as w
-
         self.empty = w.HTML()
         self.empty.add_class("tfdist-chart-empty")
         self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
@@ -139,8 +138,6 @@ class RevisionCharts:
 
     @staticmethod
     def _figure(chart: axes.Chart, marks: list[Any], title: str, layout: Any) -> Any:
-        import bqplot as bq
-
         xs, ys = marks[0].scales["x"], marks[0].scales["y"]
         fig = bq.Figure(marks=marks, title=title,
                         axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
@@ -183,6 +180,15 @@ class RevisionCharts:
         raise NotImplementedError
 
     @staticmethod
+    def _rows(chart: axes.Chart, view: TaskView, now: float) -> list[Any]:
+        """A task's rows with a value for ``chart``: its last CHART_POINTS steps, or its
+        samples of the time window up to ``now``."""
+        col = chart.column
+        if chart.x == "steps":
+            return [r for r in list(view.steps)[-CHART_POINTS:] if r[col] is not None]
+        return [r for r in view.samples if r[col] is not None and r[0] >= now - axes.WINDOW_S]
+
+    @staticmethod
     def _rescale(chart: axes.Chart, scales: tuple[Any, Any], x_first: float, x_last: float,
                  values: list[float]) -> None:
         xs, ys = scales
@@ -204,9 +210,6 @@ class BandCharts(RevisionCharts):
                 "rss": (" MB", 100.0), "gpu": ("%", 15.0)}
 
     def __init__(self) -> None:
-        import bqplot as bq
-        import ipywidgets as w
-
         self.figures, self.marks, self.notes, self.scales, self.panels = [], [], [], [], []
         for chart in CHARTS:
             xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
@@ -253,11 +256,7 @@ class BandCharts(RevisionCharts):
         latest: dict[str, float] = {}
         col = chart.column
         for v in views:
-            if chart.x == "steps":
-                rows = [r for r in list(v.steps)[-CHART_POINTS:] if r[col] is not None]
-            else:
-                since = now - axes.WINDOW_S
-                rows = [r for r in v.samples if r[col] is not None and r[0] >= since]
+            rows = RevisionCharts._rows(chart, v, now)
             for row in rows:
                 per_x[row[0] if chart.x == "steps" else round(row[0] - t0)].append(row[col])
             if recent := [r[col] for r in rows[-20:]]:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import TaskError
+from tfdist_nb.launchers.registry import BUILTIN, launcher_class
 from tfdist_nb.magics.common import (
     current,
     magic,
@@ -37,8 +39,18 @@ if TYPE_CHECKING:
 
     from tfdist_nb.cluster.facade import Cluster
 
+F = TypeVar("F", bound=Callable[..., Any])
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
+
+
+def builtin_launcher_flags(fn: F) -> F:
+    """The built-in launchers' flags (their ``line_options``), declared so that ``%%tfcluster?``
+    lists them; a plugin's are read from the rest of the line."""
+    flags = [o for name in BUILTIN for o in launcher_class(name).line_options]
+    for option in reversed(flags):  # the parser takes them in the order declared
+        fn = argument(option.flag, metavar=option.metavar, help=option.help)(fn)
+    return fn
 
 
 @magics_class
@@ -71,34 +83,10 @@ class RunMagics(Magics):
                    "a list (0,1 or GPU-UUIDs) shared out the same way. ps tasks get none")
     @argument("--gpus-per-task", type=int, metavar="N",
               help="GPUs each worker and the chief get (default: an even share)")
-    # The built-in launchers' flags, declared so that %%tfcluster? lists them (their
-    # line_options say which takes them; a plugin's are read from the rest of the line).
-    @argument("--net", metavar="auto|private|host",
-              help="where the tasks' TF ports listen: auto (default) a private "
-                   "network where slirp4netns keeps the tasks' outbound network, "
-                   "else the host's; private: always (no outbound network without "
-                   "slirp4netns); host: the host's network")
-    @argument("--hosts", metavar="H1,H2",
-              help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
-                   "(implies --launcher ssh)")
     @argument("--launcher", metavar="NAME",
               help="local (default) | ssh (with --hosts) | attach (with --connection-dir) | "
                    "slurm (one sbatch job, --sbatch for its options) | ray (--ray-address)")
-    @argument("--ray-address", metavar="ADDR",
-              help="for --launcher ray (implied): the Ray cluster, e.g. "
-                   "ray://head:10001 (Ray Client); default $RAY_ADDRESS, else a local "
-                   "Ray started and stopped with the cluster")
-    @argument("--ray-strategy", metavar="PACK|SPREAD|STRICT_SPREAD",
-              help="for --launcher ray (implied): how the placement group places the "
-                   "tasks on Ray's nodes (default SPREAD)")
-    @argument("--sbatch", metavar='"ARGS"',
-              help="for --launcher slurm (implied): sbatch options of the job, quoted, e.g. "
-                   "--sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; SLURM_CONF and "
-                   "the rest of the environment configure SLURM's tools as usual")
-    @argument("--connection-dir", metavar="DIR",
-              help="for --launcher attach: where workers started by a scheduler with "
-                   "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
-                   "themselves")
+    @builtin_launcher_flags
     @argument("--warm", dest="warm", action="store_true", default=None,
               help="keep spare worker kernels with TensorFlow imported, so --restart and a "
                    "resize take well under a second (default for the local launcher)")
