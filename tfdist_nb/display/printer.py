@@ -140,15 +140,9 @@ class LivePrinter:
         return sum(max(0, n - self.max_lines) for n in self.per_task.values())
 
     def _show_rich(self, event: RichOutput) -> None:
-        if self._display is not None:
-            self._display(event.data, raw=True, metadata=event.metadata)
-            return
-        try:
-            from IPython.display import display
-        except ImportError:  # plain Python: the text form is enough
-            self.stdout.write(str(event.data.get("text/plain", "")) + "\n")
-            return
-        display(event.data, raw=True, metadata=event.metadata)
+        from IPython.display import display
+
+        (self._display or display)(event.data, raw=True, metadata=event.metadata)
 
 
 def failure_report(result: RunResult, colour: bool = True) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections import deque
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class ClusterWatch:
         self.status = "unknown"
         self._state_key: tuple[int, int, int] | None = None
         self.lines: deque[dict[str, Any]] = deque(maxlen=LINES_KEPT)
-        self.series: dict[str, TaskSeries] = {}
+        self.series: defaultdict[str, TaskSeries] = defaultdict(TaskSeries)
         self._pending: dict[int, dict[str, list[Any]]] = {}
 
     # ------------------------------------------------------------------ the state file
@@ -113,7 +113,7 @@ class ClusterWatch:
             self.lines.append(ev)
             events.append(ev)
             if ev["stream"] != "note":
-                self._task(ev["task"]).last_output = ev["time"]
+                self.series[ev["task"]].last_output = ev["time"]
         samples: list[dict[str, Any]] = []
         lateness: list[Any] = []
         for rec in self.telemetry.read_new():
@@ -124,16 +124,11 @@ class ClusterWatch:
         return {"events": events[skipped:], "skipped": skipped, "telemetry": samples,
                 "lateness": lateness}
 
-    def _task(self, name: str) -> TaskSeries:
-        if name not in self.series:
-            self.series[name] = TaskSeries()
-        return self.series[name]
-
     def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
         data, task = rec.get("data"), str(rec.get("task", ""))
         if not isinstance(data, dict) or not task:
             return None
-        series = self._task(task)
+        series = self.series[task]
         if isinstance(data.get("ledger"), dict):
             series.ledger.update(data["ledger"])
         if data.get("kind") == "ledger":  # rows sent between samples: only the collective moved
@@ -183,7 +178,7 @@ class ClusterWatch:
                 return
             for name, lag in lags.items():
                 point = [row[0], round(lag, 3)]
-                self._task(name).lateness.append(point)
+                self.series[name].lateness.append(point)
                 out.append({"task": name, "step": row[0], "lateness_ms": point[1]})
         while len(self._pending) > PENDING_STEPS:
             del self._pending[min(self._pending)]

@@ -19,6 +19,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import line_magic
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from tfdist_nb.cluster.registry import current, last_cluster
 from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
 from tfdist_nb.magics.request import EXAMPLE
@@ -161,13 +162,6 @@ def answers_from(commands: str) -> Callable[[str, str, bool], str]:
     return answer
 
 
-def current() -> Cluster | None:
-    """The active cluster, or None."""
-    from tfdist_nb.cluster.registry import current as active
-
-    return active()
-
-
 def require() -> Cluster:
     """The active cluster, or a UsageError saying how to start one."""
     cluster = current()
@@ -178,8 +172,6 @@ def require() -> Cluster:
 
 def require_any() -> Cluster:
     """The active cluster, or the last one that ran (export works after a stop too)."""
-    from tfdist_nb.cluster.registry import last_cluster
-
     cluster = current() or last_cluster()
     if cluster is None:
         raise UsageError("no cluster has run here yet; start one with\n  %%tfcluster 2 workers")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
@@ -20,6 +20,7 @@ from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_N,
     POSITIVE_S,
+    F,
     current,
     magic,
     on_option,
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from tfdist_nb.diagnostics.isolate_report import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
 
-F = TypeVar("F", bound=Callable[..., Any])
 CHECK_EXAMPLE = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
                  "sharding EXPR, variables EXPR, gpu)")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -15,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from tfdist_nb.errors import TaskError
 from tfdist_nb.launchers.registry import BUILTIN, launcher_class
 from tfdist_nb.magics.common import (
+    F,
     current,
     magic,
     notebook_asks,
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
     from tfdist_nb.cluster.facade import Cluster
 
-F = TypeVar("F", bound=Callable[..., Any])
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
 
