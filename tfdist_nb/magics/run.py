@@ -156,18 +156,14 @@ class RunMagics(Magics):
         decided = plan(request, running_of(active))
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
-        # plan() keeps, restarts or re-warms a running cluster only
-        if decided.set_warm is not None:
-            assert active is not None
-            active.set_warm(decided.set_warm)
-        if decided.action is PlanAction.REUSE:
-            assert active is not None
-            return active
-        if decided.action is PlanAction.RESTART:
-            assert active is not None
-            active.restart()  # from spare kernels where they fit (docs/design.md)
-            if active.warm_outcome is not None:
-                print(f"tfdist_nb: {active.warm_outcome}")
+        if decided.action in (PlanAction.REUSE, PlanAction.RESTART):
+            assert active is not None  # plan() keeps, restarts or re-warms a running one only
+            if decided.set_warm is not None:
+                active.set_warm(decided.set_warm)
+            if decided.action is PlanAction.RESTART:
+                active.restart()  # from spare kernels where they fit (docs/design.md)
+                if active.warm_outcome is not None:
+                    print(f"tfdist_nb: {active.warm_outcome}")
             return active
         new = decided.new
         assert new is not None
