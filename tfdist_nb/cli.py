@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+from tfdist_nb.results import ANSI
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 

@@ -30,6 +30,14 @@ _STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "promp
              "stopped": "#f5f5f5"}
 
 
+def set_value(widget: Any, value: object) -> bool:
+    """Set ``widget.value`` only when it differs (each set is an update sent); True if set."""
+    if value == widget.value:
+        return False
+    widget.value = value
+    return True
+
+
 def named_tasks(alerts: Iterable[Alert], known: Iterable[str], limit: int = ALERT_PANELS
                 ) -> list[str]:
     """The tasks the newest alerts concern (newest first), at most ``limit``."""
@@ -81,10 +89,7 @@ class TaskGrid:
             + "".join(self._row(r) for r in rows[i:i + self.ROWS_PER_TABLE]) + "</table>"
             for i in range(0, len(rows), self.ROWS_PER_TABLE))
         text = f"<div style='display:flex;flex-wrap:wrap;gap:14px'>{tables}</div>"
-        if text == self.widget.value:
-            return False
-        self.widget.value = text
-        return True
+        return set_value(self.widget, text)
 
     @staticmethod
     def _row(r: dict[str, Any]) -> str:
@@ -169,8 +174,7 @@ class RevisionCharts:
         if tuple(shown) != tuple(self.row.children):
             self.row.children = shown
         text = "<small>" + "<br>".join(said) + "</small>" if said else ""
-        if text != self.empty.value:
-            self.empty.value = text
+        set_value(self.empty, text)
         return True
 
     def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
@@ -243,8 +247,7 @@ class BandCharts(RevisionCharts):
         unit, gap = self.OUTLIERS[chart.key]
         named = outliers(latest, unit, gap)
         text = f"<small>outliers: {html.escape(named)}</small>" if named else ""
-        if text != self.notes[i].value:
-            self.notes[i].value = text
+        set_value(self.notes[i], text)
         return self.panels[i]
 
     @staticmethod

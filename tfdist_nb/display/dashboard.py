@@ -28,9 +28,11 @@ from tfdist_nb.display.compact import (
     TaskGrid,
     grid_rows,
     named_tasks,
+    set_value,
 )
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.events import Alert
+from tfdist_nb.results import ANSI
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore, TaskView
 
@@ -42,7 +44,6 @@ STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#2e7d32", "busy": "#1565c0",
                  "restarting": "#6a1b9a", "stopped": "#616161"}
 _ANSI_HEX = {"34": "#1f77b4", "35": "#9467bd", "36": "#17becf", "32": "#2ca02c",
              "33": "#bcbd22", "94": "#ff7f0e", "95": "#e377c2", "96": "#8c564b"}
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def colour_of(task: str) -> str:
@@ -332,13 +333,9 @@ class Dashboard(w.VBox):
                       f"{html.escape(spares_text(c))}"
                       + (" · <b>persistent mode</b>: every cell runs here" if c.persistent_mode
                          else ""))
-            if header != self.header.value:
-                self.header.value = header
-                changed = True
-            text = "".join(f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
-                           for a in map(str, alerts[-5:]))
-            if text != self.alerts.value:
-                self.alerts.value = text
-                changed = True
+            changed |= set_value(self.header, header)
+            changed |= set_value(self.alerts, "".join(
+                f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
+                for a in map(str, alerts[-5:])))
             self.updates += changed
             return changed

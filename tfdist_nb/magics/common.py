@@ -12,7 +12,6 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
@@ -23,7 +22,6 @@ from tfdist_nb.cluster.registry import current, last_cluster
 from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
 from tfdist_nb.magics.request import EXAMPLE
-from tfdist_nb.store.rundir import replace_private
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.facade import Cluster
@@ -120,15 +118,6 @@ NOT_NEGATIVE_N = number(int, 0, inclusive=True)
 
 on_option = argument("--on", metavar="TASKS", default=None,
                      help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")
-
-
-def save_private(path: str, text: str, example: str) -> None:
-    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through a
-    symlink; a path that cannot be written is a UsageError naming why."""
-    try:
-        replace_private(Path(path), text)
-    except OSError as exc:
-        raise usage(f"--save: cannot write {path}: {exc.strerror or exc}", example) from None
 
 
 def notebook_asks() -> Callable[[str, str, bool], str] | None:

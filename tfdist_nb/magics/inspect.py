@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from IPython.core.magic import Magics, magics_class
@@ -19,9 +20,9 @@ from tfdist_nb.magics.common import (
     notebook_asks,
     on_option,
     require,
-    save_private,
     usage,
 )
+from tfdist_nb.store.rundir import replace_private
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -79,8 +80,12 @@ class InspectMagics(Magics):
         cluster = require()
         df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail, level=args.level)
         if args.save:
-            save_private(args.save, df.to_json(orient="records", lines=True, date_format="iso"),
-                         "example: %tfdist_logs --save ./tfdist_logs.jsonl")
+            try:  # owner-only (logs carry what the cells printed), never through a symlink
+                replace_private(Path(args.save), df.to_json(orient="records", lines=True,
+                                                            date_format="iso"))
+            except OSError as exc:
+                raise usage(f"--save: cannot write {args.save}: {exc.strerror or exc}",
+                            "example: %tfdist_logs --save ./tfdist_logs.jsonl") from None
         return df
 
     @magic("example: %tfdist_stacks --on 1")

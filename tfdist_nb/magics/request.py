@@ -159,8 +159,10 @@ def plan(request: ClusterRequest, running: Running | None) -> Plan:
         why = f"restarting all tasks of {spec}"  # its launcher starts them anew
     if why is not None:
         new = _new(request, spec, running)
+        # the running cluster's spares go over to a new one of its launcher that keeps spares
         return Plan(PlanAction.REPLACE, spec, why, new=new,
-                    keep_spares=_spares_go_over(running, new))
+                    keep_spares=(running.warm > 0 and new.launcher == running.launcher
+                                 and new.warm is not False))
     if request.restart:
         return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}",
                     set_warm=request.warm)
@@ -189,12 +191,6 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
 
 def _by_option(options: dict[str, Any], hosts: list[str] | None) -> dict[str, object]:
     return {**options, **({HOSTS: hosts} if hosts is not None else {})}
-
-
-def _spares_go_over(running: Running, new: NewCluster) -> bool:
-    """Whether the replacement takes over the running cluster's spares: it has some, and the
-    new one has the same launcher and no --no-warm (docs/design.md, Spare kernels)."""
-    return running.warm > 0 and new.launcher == running.launcher and new.warm is not False
 
 
 def _new(request: ClusterRequest, spec: ClusterSpec, running: Running | None) -> NewCluster:
