@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -112,10 +112,7 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
               gpus: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One grid row per task; ``stragglers``: task -> lateness (ms); ``gpus``: task -> the GPUs
     it was given."""
-    counts: dict[str, int] = defaultdict(int)
-    for alert in alerts:
-        for task in set(alert.tasks):
-            counts[task] += 1
+    counts = Counter(task for alert in alerts for task in set(alert.tasks))
     rows = []
     for name in names:
         v, (state, _) = views[name], state_pid(name)
