@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+from tfdist_nb.results import ANSI
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
@@ -29,7 +29,7 @@ def examples_dir() -> Path:
     raise SystemExit("tfdist-nb: examples/01_quickstart.ipynb not found; run from the repository")
 
 
-def _cell_text(cell: Mapping[str, Any], colour: bool) -> list[str]:
+def _cell_text(cell: Mapping[str, Any], colour: bool) -> str:
     lines: list[str] = []
     for out in cell.get("outputs", []):
         kind = out.get("output_type")
@@ -43,7 +43,7 @@ def _cell_text(cell: Mapping[str, Any], colour: bool) -> list[str]:
         elif kind == "error":
             lines.append("\n".join(out.get("traceback", [])) + "\n")
     text = "".join(lines)
-    return [text if colour else ANSI.sub("", text)]
+    return text if colour else ANSI.sub("", text)
 
 
 def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) -> int:
@@ -72,7 +72,7 @@ def quickstart(notebook: Path, timeout: float, colour: bool, save: Path | None) 
             continue
         first = cell.source.splitlines()[0] if cell.source else ""
         print(f"\n>>> {first}")
-        sys.stdout.write("".join(_cell_text(cell, colour)))
+        sys.stdout.write(_cell_text(cell, colour))
     if save is not None:
         nbformat.write(nb, save)
     took = time.monotonic() - started

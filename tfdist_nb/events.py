@@ -198,12 +198,12 @@ def gpu_summary(gpus: object) -> tuple[float | None, float | None]:
     if not isinstance(gpus, list) or not gpus:
         return None, None
     gpus = [g for g in gpus if isinstance(g, dict)]
-    utils = [u for g in gpus if (u := _number(g.get("util_percent"))) is not None]
-    own = any(_number(g.get("task_mem_mb")) is not None for g in gpus)
+    utils = [u for g in gpus if (u := as_float(g.get("util_percent"))) is not None]
+    own = any(as_float(g.get("task_mem_mb")) is not None for g in gpus)
     mems = [m for g in gpus
-            if (m := _number(g.get("task_mem_mb" if own else "mem_used_mb"))) is not None]
+            if (m := as_float(g.get("task_mem_mb" if own else "mem_used_mb"))) is not None]
     return (sum(utils) / len(utils) if utils else None, sum(mems) if mems else None)
 
 
-def _number(value: object) -> float | None:
+def as_float(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

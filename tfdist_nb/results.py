@@ -217,7 +217,7 @@ class RunResult:
 
 
 _TF_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours
 _CELL_LINE = re.compile(r"Cell In\[\d+\], line (\d+)")
 
 
@@ -226,5 +226,5 @@ def error_site(error: RemoteError | None, cell: int) -> str | None:
     differ from the controller's; the line is the cell's, magic line first)."""
     if error is None:
         return None
-    found = _CELL_LINE.findall(_ANSI.sub("", "\n".join(error.traceback)))
+    found = _CELL_LINE.findall(ANSI.sub("", "\n".join(error.traceback)))
     return f"cell {cell} line {found[-1]}" if found else None

@@ -63,10 +63,9 @@ class ClusterSpec:
                 raise SpecError(f"{_PLURALS[role]} must be a non-negative integer, got {n!r}")
             if n > MAX_TASKS_PER_ROLE:
                 raise SpecError(f"{n} {_PLURALS[role]} is more than {MAX_TASKS_PER_ROLE}")
-        if self.chief > 1:
-            raise SpecError("a cluster has at most 1 chief")
-        if self.evaluator > 1:
-            raise SpecError("a cluster has at most 1 evaluator")
+        for role in ("chief", "evaluator"):
+            if self.count(role) > 1:
+                raise SpecError(f"a cluster has at most 1 {role}")
         if self.ps and not (self.workers or self.chief):
             raise SpecError("ps tasks need workers to serve")
         if self.workers + self.chief == 0:

@@ -8,9 +8,12 @@ from __future__ import annotations
 import html
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+
+import bqplot as bq
+import ipywidgets as w
 
 from tfdist_nb import chart_axes as axes
 from tfdist_nb.chart_axes import CHARTS, NO_GPU
@@ -25,6 +28,14 @@ OUTLIER_MIN_GAP = 0.2  # ... and at least this far from the median, relative
 _STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "prompt": "#e0f7fa",
              "stalled": "#fff3e0", "dead": "#ffebee", "restarting": "#f3e5f5",
              "stopped": "#f5f5f5"}
+
+
+def set_value(widget: Any, value: object) -> bool:
+    """Set ``widget.value`` only when it differs (each set is an update sent); True if set."""
+    if value == widget.value:
+        return False
+    widget.value = value
+    return True
 
 
 def named_tasks(alerts: Iterable[Alert], known: Iterable[str], limit: int = ALERT_PANELS
@@ -64,8 +75,6 @@ class TaskGrid:
                "GPU %", "alerts")
 
     def __init__(self) -> None:
-        import ipywidgets as w
-
         self.widget = w.HTML()
         self.widget.add_class("tfdist-task-grid")
 
@@ -80,10 +89,7 @@ class TaskGrid:
             + "".join(self._row(r) for r in rows[i:i + self.ROWS_PER_TABLE]) + "</table>"
             for i in range(0, len(rows), self.ROWS_PER_TABLE))
         text = f"<div style='display:flex;flex-wrap:wrap;gap:14px'>{tables}</div>"
-        if text == self.widget.value:
-            return False
-        self.widget.value = text
-        return True
+        return set_value(self.widget, text)
 
     @staticmethod
     def _row(r: dict[str, Any]) -> str:
@@ -106,10 +112,7 @@ def grid_rows(names: list[str], views: dict[str, TaskView],
               gpus: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One grid row per task; ``stragglers``: task -> lateness (ms); ``gpus``: task -> the GPUs
     it was given."""
-    counts: dict[str, int] = defaultdict(int)
-    for alert in alerts:
-        for task in set(alert.tasks):
-            counts[task] += 1
+    counts = Counter(task for alert in alerts for task in set(alert.tasks))
     rows = []
     for name in names:
         v, (state, _) = views[name], state_pid(name)
@@ -130,8 +133,6 @@ class RevisionCharts:
     _seen = -1
 
     def _boxes(self) -> None:
-        import ipywidgets as w
-
         self.empty = w.HTML()
         self.empty.add_class("tfdist-chart-empty")
         self.row = w.Box([], layout=w.Layout(flex_flow="row wrap"))
@@ -139,8 +140,6 @@ class RevisionCharts:
 
     @staticmethod
     def _figure(chart: axes.Chart, marks: list[Any], title: str, layout: Any) -> Any:
-        import bqplot as bq
-
         xs, ys = marks[0].scales["x"], marks[0].scales["y"]
         fig = bq.Figure(marks=marks, title=title,
                         axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
@@ -172,8 +171,7 @@ class RevisionCharts:
         if tuple(shown) != tuple(self.row.children):
             self.row.children = shown
         text = "<small>" + "<br>".join(said) + "</small>" if said else ""
-        if text != self.empty.value:
-            self.empty.value = text
+        set_value(self.empty, text)
         return True
 
     def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
@@ -181,6 +179,15 @@ class RevisionCharts:
         """Draw chart ``i`` (seconds since ``t0``, up to ``now``); the widget that shows it, or
         None when it has no data."""
         raise NotImplementedError
+
+    @staticmethod
+    def _rows(chart: axes.Chart, view: TaskView, now: float) -> list[Any]:
+        """A task's rows with a value for ``chart``: its last CHART_POINTS steps, or its
+        samples of the time window up to ``now``."""
+        col = chart.column
+        if chart.x == "steps":
+            return [r for r in list(view.steps)[-CHART_POINTS:] if r[col] is not None]
+        return [r for r in view.samples if r[col] is not None and r[0] >= now - axes.WINDOW_S]
 
     @staticmethod
     def _rescale(chart: axes.Chart, scales: tuple[Any, Any], x_first: float, x_last: float,
@@ -204,9 +211,6 @@ class BandCharts(RevisionCharts):
                 "rss": (" MB", 100.0), "gpu": ("%", 15.0)}
 
     def __init__(self) -> None:
-        import bqplot as bq
-        import ipywidgets as w
-
         self.figures, self.marks, self.notes, self.scales, self.panels = [], [], [], [], []
         for chart in CHARTS:
             xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
@@ -240,8 +244,7 @@ class BandCharts(RevisionCharts):
         unit, gap = self.OUTLIERS[chart.key]
         named = outliers(latest, unit, gap)
         text = f"<small>outliers: {html.escape(named)}</small>" if named else ""
-        if text != self.notes[i].value:
-            self.notes[i].value = text
+        set_value(self.notes[i], text)
         return self.panels[i]
 
     @staticmethod
@@ -253,11 +256,7 @@ class BandCharts(RevisionCharts):
         latest: dict[str, float] = {}
         col = chart.column
         for v in views:
-            if chart.x == "steps":
-                rows = [r for r in list(v.steps)[-CHART_POINTS:] if r[col] is not None]
-            else:
-                since = now - axes.WINDOW_S
-                rows = [r for r in v.samples if r[col] is not None and r[0] >= since]
+            rows = RevisionCharts._rows(chart, v, now)
             for row in rows:
                 per_x[row[0] if chart.x == "steps" else round(row[0] - t0)].append(row[col])
             if recent := [r[col] for r in rows[-20:]]:

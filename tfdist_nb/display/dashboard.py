@@ -15,20 +15,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import bqplot as bq
+import ipywidgets as w
+
 from tfdist_nb import chart_axes as axes
 from tfdist_nb.chart_axes import CHARTS
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.display.compact import (
-    CHART_POINTS,
     COMPACT_AT,
     BandCharts,
     RevisionCharts,
     TaskGrid,
     grid_rows,
     named_tasks,
+    set_value,
 )
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.events import Alert
+from tfdist_nb.results import ANSI
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore, TaskView
 
@@ -40,7 +44,6 @@ STATE_COLOURS = {"starting": "#9e9e9e", "idle": "#2e7d32", "busy": "#1565c0",
                  "restarting": "#6a1b9a", "stopped": "#616161"}
 _ANSI_HEX = {"34": "#1f77b4", "35": "#9467bd", "36": "#17becf", "32": "#2ca02c",
              "33": "#bcbd22", "94": "#ff7f0e", "95": "#e377c2", "96": "#8c564b"}
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def colour_of(task: str) -> str:
@@ -51,8 +54,6 @@ class TaskPanel:
     """One task: state badge, step progress, resource line, filtered log tail."""
 
     def __init__(self, task: str, run_dir: str) -> None:
-        import ipywidgets as w
-
         self.task = task
         self.run_dir = run_dir
         self.title = w.HTML()
@@ -180,9 +181,6 @@ class Charts(RevisionCharts):
     bqplot wants a rectangle per mark), sharing the figure's scales."""
 
     def __init__(self, tasks: list[str]) -> None:
-        import bqplot as bq
-        import ipywidgets as w
-
         self.tasks = tasks
         self.figures: list[Any] = []
         self.marks: list[list[Any]] = []
@@ -217,18 +215,9 @@ class Charts(RevisionCharts):
                 now: float) -> tuple[list[float], list[float]]:
         """A task's points of ``chart``: its last CHART_POINTS steps, or its samples of the
         time window (seconds since ``t0``)."""
-        if chart.x == "steps":
-            rows = [r for r in list(view.steps)[-CHART_POINTS:] if r[chart.column] is not None]
-            return [r[0] for r in rows], [r[chart.column] for r in rows]
-        since = now - axes.WINDOW_S
-        rows = [s for s in view.samples if s[chart.column] is not None and s[0] >= since]
-        return [s[0] - t0 for s in rows], [s[chart.column] for s in rows]
-
-
-def _box_class() -> type:
-    import ipywidgets as w
-
-    return w.VBox
+        rows = Charts._rows(chart, view, now)
+        xs = [r[0] for r in rows] if chart.x == "steps" else [r[0] - t0 for r in rows]
+        return xs, [r[chart.column] for r in rows]
 
 
 def spares_text(snap: ClusterSnapshot) -> str:
@@ -244,14 +233,12 @@ def spares_text(snap: ClusterSnapshot) -> str:
     return text
 
 
-class Dashboard(_box_class()):  # type: ignore[misc]
+class Dashboard(w.VBox):
     """The whole view of one cluster: an ipywidgets ``VBox`` that refreshes itself
     (docs/reference.md, ``dashboard()``)."""
 
     def __init__(self, source: Callable[[], ClusterSnapshot], live: LiveStore,
                  refresh_s: float = REFRESH_S) -> None:
-        import ipywidgets as w
-
         first = source()
         names = [t.name for t in first.tasks]
         run_dir = first.run_dir
@@ -346,13 +333,9 @@ class Dashboard(_box_class()):  # type: ignore[misc]
                       f"{html.escape(spares_text(c))}"
                       + (" · <b>persistent mode</b>: every cell runs here" if c.persistent_mode
                          else ""))
-            if header != self.header.value:
-                self.header.value = header
-                changed = True
-            text = "".join(f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
-                           for a in map(str, alerts[-5:]))
-            if text != self.alerts.value:
-                self.alerts.value = text
-                changed = True
+            changed |= set_value(self.header, header)
+            changed |= set_value(self.alerts, "".join(
+                f"<div style='color:#c62828'>⚠ {html.escape(a)}</div>"
+                for a in map(str, alerts[-5:])))
             self.updates += changed
             return changed

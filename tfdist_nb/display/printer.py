@@ -67,7 +67,9 @@ class LivePrinter:
         elif isinstance(event, RichOutput) and event.msg_type != "update_display_data":
             self._write(self.stdout, f"{label(event.task, self.colour)} output:\n")
             self.flush()
-            self._show_rich(event)
+            from IPython.display import display
+
+            (self._display or display)(event.data, raw=True, metadata=event.metadata)
         elif isinstance(event, TaskNote) and event.level in ("WARNING", "ERROR"):
             self._write(self.stderr, f"{label(event.task, self.colour)} tfdist_nb: {event.text}\n")
 
@@ -138,17 +140,6 @@ class LivePrinter:
         if self.max_lines is None:
             return 0
         return sum(max(0, n - self.max_lines) for n in self.per_task.values())
-
-    def _show_rich(self, event: RichOutput) -> None:
-        if self._display is not None:
-            self._display(event.data, raw=True, metadata=event.metadata)
-            return
-        try:
-            from IPython.display import display
-        except ImportError:  # plain Python: the text form is enough
-            self.stdout.write(str(event.data.get("text/plain", "")) + "\n")
-            return
-        display(event.data, raw=True, metadata=event.metadata)
 
 
 def failure_report(result: RunResult, colour: bool = True) -> str:

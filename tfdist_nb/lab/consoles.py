@@ -92,51 +92,47 @@ class TaskKernels:
         self.index = index
         self.known: dict[tuple[str, str], tuple[str, str, str]] = {}  # -> kernel id, path, key
         self._pruner: PeriodicCallback | None = None
-        self._lock = asyncio.Lock()  # one registration at a time (a double click: one kernel)
+        self._lock = asyncio.Lock()
 
     async def kernel_for(self, cluster_id: str, task: str, path: str,
                          info: dict[str, Any]) -> str:
         """(loop) The kernel id of the task's kernel, registered now unless it already is."""
-        async with self._lock:
-            return await self._register(cluster_id, task, path, info)
-
-    async def _register(self, cluster_id: str, task: str, path: str,
-                        info: dict[str, Any]) -> str:
-        known = self.known.get((cluster_id, task))
-        if known is not None:
-            if known[0] in self.manager and known[1:] == (path, info["key"]):
-                return known[0]
-            await self.forget(cluster_id, task)
-        manager = self.manager
-        km = manager.kernel_manager_factory(parent=manager, log=manager.log, owns_kernel=False)
-        lacking = [n for obj, kind in ((manager, "MappingKernelManager"), (km, "KernelManager"))
-                   for n in SERVER_INTERNALS[kind] if not hasattr(obj, n)]
-        if lacking:
-            raise Refused(501, f"this Jupyter server's kernel manager has no {', '.join(lacking)}"
-                               f" (consoles on a task were read against {_releases()}): open "
-                               "one with `jupyter console --existing` on the task's connection "
-                               "file instead")
-        km.load_connection_info(info)
-        kernel_id = manager.new_kernel_id()
-        km.kernel_id = kernel_id
-        km.kernel_name = info.get("kernel_name") or KERNEL_NAME
-        km.execution_state, km.reason = "idle", ""
-        km.ready.set_result(None)
-        # a restart from JupyterLab is refused at once: with launch arguments ({} by default) it
-        # would start a kernel of that name in the server instead (or fail half-way)
-        km._launch_args = None
-        # as jupyter_client registers an external kernel (MultiKernelManager.list_kernel_ids),
-        # then jupyter_server's own end of a start: ports, activity watch
-        manager._kernels[kernel_id] = km
-        manager._kernel_connections[kernel_id] = 0
-        await manager._finish_kernel_start(kernel_id)
-        self.known[(cluster_id, task)] = (kernel_id, path, info["key"])
-        manager.log.info("tfdist_nb.lab: %s of cluster %s is kernel %s (a console on the task)",
-                         task, cluster_id, kernel_id)
-        if self._pruner is None:
-            self._pruner = PeriodicCallback(self.prune, PRUNE_S * 1000)
-            self._pruner.start()
-        return kernel_id
+        async with self._lock:  # one registration at a time (a double click: one kernel)
+            known = self.known.get((cluster_id, task))
+            if known is not None:
+                if known[0] in self.manager and known[1:] == (path, info["key"]):
+                    return known[0]
+                await self.forget(cluster_id, task)
+            manager = self.manager
+            km = manager.kernel_manager_factory(parent=manager, log=manager.log, owns_kernel=False)
+            lacking = [n for obj, kind in ((manager, "MappingKernelManager"), (km, "KernelManager"))
+                       for n in SERVER_INTERNALS[kind] if not hasattr(obj, n)]
+            if lacking:
+                raise Refused(501, "this Jupyter server's kernel manager has no "
+                                   f"{', '.join(lacking)} (consoles on a task were read against "
+                                   f"{_releases()}): open one with `jupyter console --existing` "
+                                   "on the task's connection file instead")
+            km.load_connection_info(info)
+            kernel_id = manager.new_kernel_id()
+            km.kernel_id = kernel_id
+            km.kernel_name = info.get("kernel_name") or KERNEL_NAME
+            km.execution_state, km.reason = "idle", ""
+            km.ready.set_result(None)
+            # a restart from JupyterLab is refused at once: with launch arguments ({} by default) it
+            # would start a kernel of that name in the server instead (or fail half-way)
+            km._launch_args = None
+            # as jupyter_client registers an external kernel (MultiKernelManager.list_kernel_ids),
+            # then jupyter_server's own end of a start: ports, activity watch
+            manager._kernels[kernel_id] = km
+            manager._kernel_connections[kernel_id] = 0
+            await manager._finish_kernel_start(kernel_id)
+            self.known[(cluster_id, task)] = (kernel_id, path, info["key"])
+            manager.log.info("tfdist_nb.lab: %s of cluster %s is kernel %s (a console on the task)",
+                             task, cluster_id, kernel_id)
+            if self._pruner is None:
+                self._pruner = PeriodicCallback(self.prune, PRUNE_S * 1000)
+                self._pruner.start()
+            return kernel_id
 
     async def forget(self, cluster_id: str, task: str) -> None:
         """(loop) Drop the registration; the task's process is not touched (not ours)."""

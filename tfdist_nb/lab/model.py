@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections import deque
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
 from tfdist_nb import chart_axes
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
-from tfdist_nb.events import Restart, gpu_summary
+from tfdist_nb.events import Restart, as_float, gpu_summary
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.owned_files import regular_stat
 from tfdist_nb.store.collectives import LedgerView
@@ -32,10 +32,6 @@ TEXT_MAX = 4000
 TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-(\d+)$")
 
 
-def _num(value: object) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
     """An events.jsonl record as the panes show it: one text line with its task and stream."""
     kind = rec.get("kind")
@@ -51,8 +47,8 @@ def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
         stream, text = "rich", data.get("text/plain", "") if isinstance(data, dict) else ""
     else:
         return None
-    out = {"time": _num(rec.get("time")), "task": str(rec.get("task", "")), "stream": stream,
-           "text": str(text)[:TEXT_MAX], "cell": rec.get("cell")}
+    out = {"time": as_float(rec.get("time")), "task": str(rec.get("task", "")),
+           "stream": stream, "text": str(text)[:TEXT_MAX], "cell": rec.get("cell")}
     if kind == "note":
         out["level"] = str(rec.get("level", "INFO"))
     return out
@@ -88,7 +84,7 @@ class ClusterWatch:
         self.status = "unknown"
         self._state_key: tuple[int, int, int] | None = None
         self.lines: deque[dict[str, Any]] = deque(maxlen=LINES_KEPT)
-        self.series: dict[str, TaskSeries] = {}
+        self.series: defaultdict[str, TaskSeries] = defaultdict(TaskSeries)
         self._pending: dict[int, dict[str, list[Any]]] = {}
 
     # ------------------------------------------------------------------ the state file
@@ -117,7 +113,7 @@ class ClusterWatch:
             self.lines.append(ev)
             events.append(ev)
             if ev["stream"] != "note":
-                self._task(ev["task"]).last_output = ev["time"]
+                self.series[ev["task"]].last_output = ev["time"]
         samples: list[dict[str, Any]] = []
         lateness: list[Any] = []
         for rec in self.telemetry.read_new():
@@ -128,25 +124,20 @@ class ClusterWatch:
         return {"events": events[skipped:], "skipped": skipped, "telemetry": samples,
                 "lateness": lateness}
 
-    def _task(self, name: str) -> TaskSeries:
-        if name not in self.series:
-            self.series[name] = TaskSeries()
-        return self.series[name]
-
     def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
         data, task = rec.get("data"), str(rec.get("task", ""))
         if not isinstance(data, dict) or not task:
             return None
-        series = self._task(task)
+        series = self.series[task]
         if isinstance(data.get("ledger"), dict):
             series.ledger.update(data["ledger"])
         if data.get("kind") == "ledger":  # rows sent between samples: only the collective moved
             series.latest = {**series.latest, **series.collective()}
             return {**series.latest, "task": task, "steps": [], "ledger_only": True}
-        t = _num(rec.get("time"))
+        t = as_float(rec.get("time"))
         util, mem = gpu_summary(data.get("gpus"))
-        latest = {"time": t, "cpu_percent": _num(data.get("cpu_percent")),
-                  "rss_mb": _num(data.get("rss_mb")), "gpu_util_percent": util,
+        latest = {"time": t, "cpu_percent": as_float(data.get("cpu_percent")),
+                  "rss_mb": as_float(data.get("rss_mb")), "gpu_util_percent": util,
                   "gpu_mem_mb": mem, "gpus": len(data.get("gpus") or ()),
                   "step": data.get("step"),
                   "total_steps": data.get("total_steps"), **series.collective()}
@@ -156,8 +147,8 @@ class ClusterWatch:
         for row in data.get("steps") or ():
             if not isinstance(row, list) or len(row) < 3:
                 continue
-            steps.append([row[0], _num(row[1]), _num(row[2]), _num(row[3]) if len(row) > 3
-                          else None])
+            steps.append([row[0], as_float(row[1]), as_float(row[2]),
+                          as_float(row[3]) if len(row) > 3 else None])
             series.steps.append(steps[-1])
             self._lateness(task, row, lateness)
         return {**latest, "task": task, "steps": steps}
@@ -187,7 +178,7 @@ class ClusterWatch:
                 return
             for name, lag in lags.items():
                 point = [row[0], round(lag, 3)]
-                self._task(name).lateness.append(point)
+                self.series[name].lateness.append(point)
                 out.append({"task": name, "step": row[0], "lateness_ms": point[1]})
         while len(self._pending) > PENDING_STEPS:
             del self._pending[min(self._pending)]

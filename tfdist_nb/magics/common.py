@@ -12,17 +12,16 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
 from IPython.core.magic import line_magic
 from IPython.core.magic_arguments import argument, magic_arguments
 
+from tfdist_nb.cluster.registry import current, last_cluster
 from tfdist_nb.cluster.state import CannotRun
 from tfdist_nb.errors import AgentError, ClusterNotRunningError, SpecError
 from tfdist_nb.magics.request import EXAMPLE
-from tfdist_nb.store.rundir import replace_private
 
 if TYPE_CHECKING:
     from tfdist_nb.cluster.facade import Cluster
@@ -53,7 +52,7 @@ def usage(exc: Exception | str, example: str = EXAMPLE) -> UsageError:
 def user_errors(example: str = EXAMPLE,
                 *more: type[Exception]) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """A magic whose user errors (``USER_ERRORS``, and ``more``) end as one UsageError with
-    ``example``, which ``parse_line(self.<magic>, line)`` uses too."""
+    ``example``."""
     caught = USER_ERRORS + more
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:
@@ -63,27 +62,28 @@ def user_errors(example: str = EXAMPLE,
                 return fn(*args, **kwargs)
             except caught as exc:
                 raise usage(exc, example) from None
-
-        magic.example = example  # type: ignore[attr-defined]
         return magic
     return wrap
 
 
-def parse_line(magic: Any, line: str) -> argparse.Namespace:
-    """Split like a POSIX shell (quotes group words and are removed), then parse with the
-    magic's own arguments; a mistake is a UsageError with the magic's example."""
-    return _parse(magic, line, magic.parser.parse_args)
+def magic(example: str, *more: type[Exception]) -> Callable[[Callable[[Any, argparse.Namespace],
+                                                                     R]], Any]:
+    """A line magic called with its line parsed by the ``@argument`` lines under this one; a
+    mistake in the line, and the user errors of :func:`user_errors`, are a UsageError with
+    ``example``."""
+    def wrap(fn: Callable[[Any, argparse.Namespace], R]) -> Any:
+        @functools.wraps(fn)
+        def parsed(self: Any, line: str) -> R:
+            return fn(self, parse_line(line, outer.parser.parse_args, example))
+
+        outer: Any = magic_arguments()(user_errors(example, *more)(parsed))
+        return line_magic(outer)
+    return wrap
 
 
-def parse_line_and_rest(magic: Any, line: str) -> tuple[argparse.Namespace, list[str]]:
-    """:func:`parse_line`, leaving the words the magic's arguments do not take to the caller
-    (``%%tfcluster``: a plugin launcher's flags)."""
-    args, rest = _parse(magic, line, magic.parser.parse_known_args)
-    return args, list(rest)
-
-
-def _parse(magic: Any, line: str, parse: Callable[[list[str]], R]) -> R:
-    example = getattr(magic, "example", EXAMPLE)
+def parse_line(line: str, parse: Callable[[list[str]], R], example: str = EXAMPLE) -> R:
+    """Split like a POSIX shell (quotes group words and are removed), then ``parse`` (a magic's
+    parser's); a mistake is a UsageError with ``example``."""
     try:
         return parse(shlex.split(line))
     except ValueError as exc:  # unbalanced quotes
@@ -116,26 +116,8 @@ NOT_NEGATIVE = number(float, 0.0, inclusive=True)
 NOT_NEGATIVE_N = number(int, 0, inclusive=True)
 
 
-def on_option(fn: F) -> F:
-    return argument("--on", metavar="TASKS", default=None,
-                    help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")(fn)
-
-
-def tasks_magic(example: str) -> Callable[[F], F]:
-    """A line magic whose one option is ``--on TASKS``; a bad line is a UsageError with
-    ``example``."""
-    def wrap(fn: F) -> F:
-        return magic_arguments()(on_option(line_magic(user_errors(example)(fn))))
-    return wrap
-
-
-def save_private(path: str, text: str, example: str) -> None:
-    """Write ``text`` to ``path`` owner-only (logs carry what the cells printed), never through a
-    symlink; a path that cannot be written is a UsageError naming why."""
-    try:
-        replace_private(Path(path), text)
-    except OSError as exc:
-        raise usage(f"--save: cannot write {path}: {exc.strerror or exc}", example) from None
+on_option = argument("--on", metavar="TASKS", default=None,
+                     help="tasks to act on: 0,1 | worker:0,ps:0 | all (default)")
 
 
 def notebook_asks() -> Callable[[str, str, bool], str] | None:
@@ -169,13 +151,6 @@ def answers_from(commands: str) -> Callable[[str, str, bool], str]:
     return answer
 
 
-def current() -> Cluster | None:
-    """The active cluster, or None."""
-    from tfdist_nb.cluster.registry import current as active
-
-    return active()
-
-
 def require() -> Cluster:
     """The active cluster, or a UsageError saying how to start one."""
     cluster = current()
@@ -186,8 +161,6 @@ def require() -> Cluster:
 
 def require_any() -> Cluster:
     """The active cluster, or the last one that ran (export works after a stop too)."""
-    from tfdist_nb.cluster.registry import last_cluster
-
     cluster = current() or last_cluster()
     if cluster is None:
         raise UsageError("no cluster has run here yet; start one with\n  %%tfcluster 2 workers")

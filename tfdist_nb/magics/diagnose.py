@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import argument
 
 from tfdist_nb.errors import SpecError
 from tfdist_nb.magics.common import (
@@ -20,32 +20,28 @@ from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_N,
     POSITIVE_S,
+    F,
     current,
+    magic,
     on_option,
-    parse_line,
     require,
     require_any,
     usage,
-    user_errors,
 )
 
 if TYPE_CHECKING:
     from tfdist_nb.diagnostics.isolate_report import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
 
-F = TypeVar("F", bound=Callable[..., Any])
 CHECK_EXAMPLE = ("example: %tfdist_check network   (kinds: tfconfig, network, env, all, "
                  "sharding EXPR, variables EXPR, gpu)")
 
 
-def writes_files(what: str, replaced: str, example: str) -> Callable[[F], F]:
-    """The line magic of a command that writes ``what`` into a directory (``DIR [--force]``)."""
+def writes_files(what: str, replaced: str) -> Callable[[F], F]:
+    """The arguments of a command that writes ``what`` into a directory (``DIR [--force]``)."""
     def wrap(fn: F) -> F:
-        # Any: IPython 9 types line_magic's result as "F | Callable[[F], F]", 8.x as F
-        magic: Any = line_magic(user_errors(example)(fn))
-        magic = argument("--force", action="store_true", help=f"replace {replaced}")(magic)
-        magic = argument("directory", help=f"where {what} go (created if missing)")(magic)
-        return cast(F, magic_arguments()(magic))
+        fn = argument("--force", action="store_true", help=f"replace {replaced}")(fn)
+        return argument("directory", help=f"where {what} go (created if missing)")(fn)
     return wrap
 
 
@@ -53,7 +49,7 @@ def writes_files(what: str, replaced: str, example: str) -> Callable[[F], F]:
 class DiagnoseMagics(Magics):
     """Checks, NaN/Inf hunting, profiles, and the reproducer."""
 
-    @magic_arguments()
+    @magic(CHECK_EXAMPLE)
     @argument("kind", help="tfconfig | network | env | all | sharding | variables | gpu")
     @argument("expr", nargs="*",
               help="tfconfig: a TF_CONFIG to check instead of the tasks' own (JSON text, a "
@@ -71,9 +67,7 @@ class DiagnoseMagics(Magics):
     @argument("--rtol", type=NOT_NEGATIVE, default=None,
               help="variables: relative tolerance (1e-5)")
     @on_option
-    @line_magic
-    @user_errors(CHECK_EXAMPLE)
-    def tfdist_check(self, line: str) -> CheckReport:
+    def tfdist_check(self, args: argparse.Namespace) -> CheckReport:
         """Preflight and consistency checks; each returns a CheckReport (.ok, .summary, .table).
 
         - ``tfconfig``: every task's TF_CONFIG now: structure, task types, indices, duplicate
@@ -116,7 +110,6 @@ class DiagnoseMagics(Magics):
         """
         from tfdist_nb.cluster.checks import EXPR_KINDS, KINDS, check_tf_config
 
-        args = parse_line(self.tfdist_check, line)
         if args.kind not in KINDS:
             raise usage(f"unknown check {args.kind!r}; one of {', '.join(KINDS)}", CHECK_EXAMPLE)
         expr = " ".join(args.expr) or None
@@ -140,14 +133,12 @@ class DiagnoseMagics(Magics):
                              "%tfdist_check tfconfig cfg.json)")
         return cluster.check(args.kind, expr, on=args.on, **options)
 
-    @magic_arguments()
+    @magic("example: %tfdist_numerics on   (or: off, on --dump DIR)")
     @argument("state", choices=["on", "off"], help="on | off")
     @argument("--dump", metavar="DIR",
               help="also write TensorBoard Debugger V2 dumps, one root per task (DIR/worker-0, "
                    "DIR/worker-1, ...): a root shared by several tasks cannot be read")
-    @line_magic
-    @user_errors("example: %tfdist_numerics on   (or: off, on --dump DIR)")
-    def tfdist_numerics(self, line: str) -> None:
+    def tfdist_numerics(self, args: argparse.Namespace) -> None:
         """NaN/Inf checking on every task (``tf.debugging.enable_check_numerics``).
 
         The first op whose output holds NaN or Inf raises on its task; when a cell fails that
@@ -160,10 +151,9 @@ class DiagnoseMagics(Magics):
             %tfdist_numerics on --dump /tmp/dbg
             %tfdist_numerics off
         """
-        args = parse_line(self.tfdist_numerics, line)
         print(f"tfdist_nb: {require().numerics(args.state == 'on', args.dump)}")
 
-    @magic_arguments()
+    @magic("example: %tfdist_profile --duration-ms 3000")
     @argument("--duration-ms", type=POSITIVE_N, default=2000, metavar="N",
               help="how long to trace (default 2000)")
     @argument("--logdir", metavar="DIR", help="where the trace goes (default: the run "
@@ -173,9 +163,7 @@ class DiagnoseMagics(Magics):
                    "capture for the next cell")
     @argument("--delay-ms", type=NOT_NEGATIVE_N, default=500, metavar="N",
               help="with an armed capture: start this long after the next cell is sent")
-    @line_magic
-    @user_errors("example: %tfdist_profile --duration-ms 3000")
-    def tfdist_profile(self, line: str) -> None:
+    def tfdist_profile(self, args: argparse.Namespace) -> None:
         """A TensorFlow profiler trace of every task at once, in one logdir for TensorBoard.
 
         By default the capture is armed and starts with the next ``%%tfcluster`` cell (all tasks
@@ -188,15 +176,14 @@ class DiagnoseMagics(Magics):
             %tfdist_profile --duration-ms 3000
             %tfdist_profile --now --logdir /tmp/prof
         """
-        args = parse_line(self.tfdist_profile, line)
         said = require().profile(args.duration_ms, args.logdir, now=args.now,
                                   delay_ms=args.delay_ms)
         print(f"tfdist_nb: {said}")
 
+    @magic("example: %tfdist_export repro/")
     @writes_files("train.py and launch.sh",
-                  "a train.py / launch.sh there that %%tfdist_export did not write",
-                  "example: %tfdist_export repro/")
-    def tfdist_export(self, line: str) -> None:
+                  "a train.py / launch.sh there that %%tfdist_export did not write")
+    def tfdist_export(self, args: argparse.Namespace) -> None:
         """Write a standalone reproducer of what the cluster ran: ``DIR/train.py`` (the cells,
         in order, without notebook machinery) and ``DIR/launch.sh`` (the same tasks on this
         machine, same TF_CONFIG layout with fresh ports, same ``--env``).
@@ -206,17 +193,16 @@ class DiagnoseMagics(Magics):
 
             %tfdist_export repro/
         """
-        args = parse_line(self.tfdist_export, line)
         out = require_any().export(args.directory, force=args.force)
         print(f"tfdist_nb: wrote {out / 'train.py'} and {out / 'launch.sh'}; run it with: "
               f"bash {out / 'launch.sh'}")
 
+    @magic("example: %tfdist_report issue/")
+    @writes_files("report.md (and the reproducer)",
+                  "a report.md, train.py or launch.sh there that tfdist_nb did not write")
     @argument("--show-env", action="store_true",
               help="show the --env values that do not look like secrets (hidden by default)")
-    @writes_files("report.md (and the reproducer)",
-                  "a report.md, train.py or launch.sh there that tfdist_nb did not write",
-                  "example: %tfdist_report issue/")
-    def tfdist_report(self, line: str) -> None:
+    def tfdist_report(self, args: argparse.Namespace) -> None:
         """A report to share: ``DIR/report.md`` with the tasks and their software, every
         task's TF_CONFIG, the alerts, the last failing cell with each task's result, the last
         lines of each task and the collective ledger, secrets redacted and ``--env`` values
@@ -227,13 +213,12 @@ class DiagnoseMagics(Magics):
 
             %tfdist_report issue/
         """
-        args = parse_line(self.tfdist_report, line)
         path = require_any().report(args.directory, force=args.force, show_env=args.show_env)
         print(f"tfdist_nb: wrote {path} (secrets redacted"
               f"{'' if args.show_env else ', --env values hidden'}) with train.py and launch.sh "
               "beside it: paste the report into an issue")
 
-    @magic_arguments()
+    @magic("example: %tfdist_isolate --budget-s 120")
     @argument("--cell", type=POSITIVE_N, default=None, metavar="N",
               help="the failing cell to isolate, by its number in this cluster's run "
                    "(default: the last that failed)")
@@ -242,9 +227,7 @@ class DiagnoseMagics(Magics):
                    "within it")
     @argument("--export", metavar="DIR", default=None,
               help="also write the smallest failing variant there as %%tfdist_export does")
-    @line_magic
-    @user_errors("example: %tfdist_isolate --budget-s 120")
-    def tfdist_isolate(self, line: str) -> IsolateReport:
+    def tfdist_isolate(self, args: argparse.Namespace) -> IsolateReport:
         """Re-run the last failing cell (with the cells that set the tasks up) in fresh kernels
         under smaller variants and name the smallest that still fails: the same cluster again
         (flaky?), fewer workers, each task's share alone, MirroredStrategy on one task, eager
@@ -257,7 +240,6 @@ class DiagnoseMagics(Magics):
             %tfdist_isolate
             %tfdist_isolate --cell 4 --budget-s 120 --export repro/
         """
-        args = parse_line(self.tfdist_isolate, line)
         cluster = require_any()  # a stopped cluster's failing cells can be isolated too
         report = cluster.isolate(cell=args.cell, budget_s=args.budget_s,
                                  on_progress=lambda text: print(f"tfdist_nb: {text}",

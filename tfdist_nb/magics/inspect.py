@@ -4,25 +4,25 @@ collectives, env, and debug (pdb on one task's last exception).
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import argument
 
 from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_N,
     answers_from,
+    magic,
     notebook_asks,
     on_option,
-    parse_line,
     require,
-    save_private,
-    tasks_magic,
     usage,
-    user_errors,
 )
+from tfdist_nb.store.rundir import replace_private
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,20 +32,17 @@ if TYPE_CHECKING:
 class InspectMagics(Magics):
     """What the tasks are doing: status, logs, stacks, collectives, environment."""
 
-    @magic_arguments()
+    @magic("example: %tfdist_status --table")
     @argument("--table", action="store_true", help="return a pandas DataFrame, one row per task")
     @argument("--lab", action="store_true",
               help="open the cluster's JupyterLab pane (tfdist-nb lab extension) instead")
-    @line_magic
-    @user_errors("example: %tfdist_status --table")
-    def tfdist_status(self, line: str) -> pd.DataFrame | None:
+    def tfdist_status(self, args: argparse.Namespace) -> pd.DataFrame | None:
         """The live dashboard of every task; ``--table``: a DataFrame; ``--lab``: the cluster's
         dockable JupyterLab pane, fed by the Jupyter server (docs/reference.md).
 
         The dashboard has a panel per task (state, steps, resources, a filterable log tail) and
         charts of step time, CPU, RSS and GPU per task; it refreshes a few times a second.
         """
-        args = parse_line(self.tfdist_status, line)
         cluster = require()
         if args.table:
             return cluster.status()
@@ -63,7 +60,7 @@ class InspectMagics(Magics):
         display(cluster.dashboard())
         return None
 
-    @magic_arguments()
+    @magic("example: %tfdist_logs --on 1 --grep 'loss|step' --tail 50", ValueError)
     @on_option
     @argument("--grep", metavar="RE", help="only lines matching this regular expression")
     @argument("--tail", type=POSITIVE_N, metavar="N", help="only the last N lines")
@@ -71,9 +68,7 @@ class InspectMagics(Magics):
               help="only lines of these levels, comma separated: DEBUG, INFO, WARNING, ERROR, "
                    "CRITICAL, FATAL (e.g. --level INFO: TensorFlow's INFO records)")
     @argument("--save", metavar="PATH", help="also write the lines as JSON Lines to PATH")
-    @line_magic
-    @user_errors("example: %tfdist_logs --on 1 --grep 'loss|step' --tail 50", ValueError)
-    def tfdist_logs(self, line: str) -> pd.DataFrame:
+    def tfdist_logs(self, args: argparse.Namespace) -> pd.DataFrame:
         """The merged log of every task (from the run directory), as a DataFrame.
 
         Every line the tasks wrote is there, also TensorFlow's INFO records that the cell did not
@@ -82,16 +77,20 @@ class InspectMagics(Magics):
             %tfdist_logs --on 1 --grep loss --tail 50
             %tfdist_logs --level WARNING,ERROR
         """
-        args = parse_line(self.tfdist_logs, line)
         cluster = require()
         df = cluster.logs(on=args.on, grep=args.grep, tail=args.tail, level=args.level)
         if args.save:
-            save_private(args.save, df.to_json(orient="records", lines=True, date_format="iso"),
-                         "example: %tfdist_logs --save ./tfdist_logs.jsonl")
+            try:  # owner-only (logs carry what the cells printed), never through a symlink
+                replace_private(Path(args.save), df.to_json(orient="records", lines=True,
+                                                            date_format="iso"))
+            except OSError as exc:
+                raise usage(f"--save: cannot write {args.save}: {exc.strerror or exc}",
+                            "example: %tfdist_logs --save ./tfdist_logs.jsonl") from None
         return df
 
-    @tasks_magic("example: %tfdist_stacks --on 1")
-    def tfdist_stacks(self, line: str) -> None:
+    @magic("example: %tfdist_stacks --on 1")
+    @on_option
+    def tfdist_stacks(self, args: argparse.Namespace) -> None:
         """Python stacks of every thread of each task, and where each main thread stands.
 
         They are taken in each task's inspection subshell, so they come back while the main
@@ -99,20 +98,17 @@ class InspectMagics(Magics):
         """
         from tfdist_nb.display.printer import label
 
-        args = parse_line(self.tfdist_stacks, line)
         cluster = require()
         found = cluster.stacks(on=args.on)
         stands = cluster.collectives_now(on=args.on)
         for task, text in found.items():
             print(f"{label(task)} collective: {stands.get(task, '?')}\n{text}\n")
 
-    @magic_arguments()
+    @magic("example: %tfdist_collectives --last 50")
     @on_option
     @argument("--last", type=NOT_NEGATIVE_N, default=20, metavar="N",
               help="the last N collectives of each task (default 20; 0: all kept)")
-    @line_magic
-    @user_errors("example: %tfdist_collectives --last 50")
-    def tfdist_collectives(self, line: str) -> pd.DataFrame:
+    def tfdist_collectives(self, args: argparse.Namespace) -> pd.DataFrame:
         """Every task's collective ledger side by side, as a DataFrame: each collective it
         issued (eager or inside tf.function) with its kind, dtype, shape, the line that made it,
         its state and times. Examples::
@@ -120,22 +116,16 @@ class InspectMagics(Magics):
             %tfdist_collectives
             %tfdist_collectives --on 1 --last 50
         """
-        args = parse_line(self.tfdist_collectives, line)
-        if args.last < 0:
-            raise usage(ValueError("--last must be 0 (all) or a positive number"),
-                        "example: %tfdist_collectives --on 1 --last 50")
         return require().collectives(on=args.on, last=args.last or None)
 
-    @magic_arguments()
+    @magic("example: %tfdist_debug --on 1")
     @argument("--on", metavar="TASK", default=None,
               help="the task to debug: 1 | worker:1 (default: the first task that raised in "
                    "the last failing cell)")
     @argument("--commands", metavar="'CMD; CMD'", default=None,
               help="answer the debugger's prompts with these, one per prompt, then quit: no "
                    "person needed (a headless run, a workshop notebook), e.g. 'p x; up; p step'")
-    @line_magic
-    @user_errors("example: %tfdist_debug --on 1")
-    def tfdist_debug(self, line: str) -> None:
+    def tfdist_debug(self, args: argparse.Namespace) -> None:
         """A post-mortem debugger (pdb) on one task's last exception, run in that task and
         driven from this cell: its prompts (``[worker:1] ipdb>``) come here, one line at a time.
 
@@ -150,15 +140,13 @@ class InspectMagics(Magics):
         from tfdist_nb.display.printer import LivePrinter, failure_report
         from tfdist_nb.results import RunResult
 
-        example = "example: %tfdist_debug --on 1"
-        args = parse_line(self.tfdist_debug, line)
         cluster = require()
         ask = answers_from(args.commands) if args.commands else notebook_asks()
         if ask is None:
             raise usage("this frontend takes no input for the cell (nbclient, a script), so no "
                         "debugger can be driven from it; in JupyterLab or Notebook the prompts "
                         "come into the cell (--commands 'p x; q' answers them, or "
-                        "cluster.debug(on_input=...) from code)", example)
+                        "cluster.debug(on_input=...) from code)", "example: %tfdist_debug --on 1")
         printer = LivePrinter(run_dir=cluster.run_dir, verbose=True)
         try:
             result = cluster.debug(on=args.on, on_input=ask, on_event=printer)
@@ -168,12 +156,10 @@ class InspectMagics(Magics):
             sys.stderr.write(failure_report(RunResult(cell=0, tasks={result.task: result})))
             sys.stderr.flush()
 
-    @magic_arguments()
+    @magic("example: %tfdist_env --all")
     @argument("--all", action="store_true",
               help="every property, not only the ones that differ between tasks")
-    @line_magic
-    @user_errors("example: %tfdist_env --all")
-    def tfdist_env(self, line: str) -> pd.DataFrame:
+    def tfdist_env(self, args: argparse.Namespace) -> pd.DataFrame:
         """Each task's environment, read now, side by side; ``mismatch`` marks differences.
 
         Python, TensorFlow and the CUDA/cuDNN it was built for, Keras / tf_keras, numpy, NVIDIA
@@ -181,7 +167,6 @@ class InspectMagics(Magics):
         set), and installed packages whose versions differ. Without ``--all`` only the rows
         that differ are shown (and a line says when none do).
         """
-        args = parse_line(self.tfdist_env, line)
         df = require().env()
         if args.all:
             return df

@@ -82,17 +82,12 @@ def glue_values(line: str) -> str:
     if not options.keys() & set(words[:-1]):
         return line
     glued: list[str] = []
-    i = 0
-    while i < len(words):
-        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
-        option = options.get(word)
-        if option is not None and value is not None and (option.dashed
-                                                         or not value.startswith("-")):
-            glued.append(f"{word}={value}")
-            i += 2
+    for word in words:  # a flag's value joins it: a glued word is no flag any more
+        option = options.get(glued[-1]) if glued else None
+        if option is not None and (option.dashed or not word.startswith("-")):
+            glued[-1] = f"{glued[-1]}={word}"
         else:
             glued.append(word)
-            i += 1
     return shlex.join(glued)
 
 

@@ -73,8 +73,8 @@ def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> Cluster
     options = dict(line.values)
     hosts = options.pop(HOSTS, None)
     # A remote interpreter is looked up on its hosts, a local one here.
-    python = (resolve_python(args.python) if args.python and _runs_here(line.name)
-              else args.python)
+    remote = launcher_class(line.name or "local").remote
+    python = resolve_python(args.python) if args.python and not remote else args.python
     return ClusterRequest(spec=spec, on=args.on, env=env, timeout=args.timeout,
                           stall_timeout=args.stall_timeout, restart=args.restart, python=python,
                           launcher=line.name, hosts=hosts, launcher_options=options,
@@ -82,11 +82,6 @@ def build_request(args: argparse.Namespace, rest: Sequence[str] = ()) -> Cluster
                           verbose=bool(getattr(args, "verbose", False)),
                           warm=getattr(args, "warm", None), gpus=gpus,
                           gpus_per_task=per_task)
-
-
-def _runs_here(launcher: str | None) -> bool:
-    """Whether the tasks of ``launcher`` (None: local) run on this host (``remote`` False)."""
-    return not launcher_class(launcher or "local").remote
 
 
 class PlanAction(StrEnum):
@@ -152,21 +147,22 @@ def plan(request: ClusterRequest, running: Running | None) -> Plan:
     line does not change, and takes over the running cluster's spares when it keeps spares
     itself (docs/reference.md, Magics).
     """
+    spec = request.spec or (running.spec if running is not None else None)
+    if spec is None:
+        raise SpecError(f"no cluster is running and no SPEC was given; example: {SPEC_EXAMPLE}")
+    if request.on is not None:
+        parse_targets(request.on, spec)
     if running is None:
-        if request.spec is None:
-            raise SpecError(f"no cluster is running and no SPEC was given; example: "
-                            f"{SPEC_EXAMPLE}")
-        _check_targets(request, request.spec)
-        return Plan(PlanAction.START, request.spec, new=_new(request, request.spec, None))
-    spec = request.spec or running.spec
-    _check_targets(request, spec)
+        return Plan(PlanAction.START, spec, new=_new(request, spec, None))
     why = _why_replace(request, spec, running)
     if why is None and request.restart and not running.restartable:
         why = f"restarting all tasks of {spec}"  # its launcher starts them anew
     if why is not None:
         new = _new(request, spec, running)
+        # the running cluster's spares go over to a new one of its launcher that keeps spares
         return Plan(PlanAction.REPLACE, spec, why, new=new,
-                    keep_spares=_spares_go_over(running, new))
+                    keep_spares=(running.warm > 0 and new.launcher == running.launcher
+                                 and new.warm is not False))
     if request.restart:
         return Plan(PlanAction.RESTART, spec, f"restarting all tasks of {spec}",
                     set_warm=request.warm)
@@ -197,12 +193,6 @@ def _by_option(options: dict[str, Any], hosts: list[str] | None) -> dict[str, ob
     return {**options, **({HOSTS: hosts} if hosts is not None else {})}
 
 
-def _spares_go_over(running: Running, new: NewCluster) -> bool:
-    """Whether the replacement takes over the running cluster's spares: it has some, and the
-    new one has the same launcher and no --no-warm (docs/design.md, Spare kernels)."""
-    return running.warm > 0 and new.launcher == running.launcher and new.warm is not False
-
-
 def _new(request: ClusterRequest, spec: ClusterSpec, running: Running | None) -> NewCluster:
     options: dict[str, Any] | None = dict(request.launcher_options) or None
     launcher, hosts = request.launcher, request.hosts
@@ -226,8 +216,3 @@ def _gpus(request: ClusterRequest, running: Running | None) -> GpuRequest:
     choice = have.choice if request.gpus is None else gpu_request(request.gpus).choice
     per_task = have.per_task if request.gpus_per_task is None else request.gpus_per_task
     return GpuRequest(choice, per_task)
-
-
-def _check_targets(request: ClusterRequest, spec: ClusterSpec) -> None:
-    if request.on is not None:
-        parse_targets(request.on, spec)

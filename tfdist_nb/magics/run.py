@@ -8,18 +8,19 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.errors import TaskError
+from tfdist_nb.launchers.registry import BUILTIN, launcher_class
 from tfdist_nb.magics.common import (
+    F,
     current,
+    magic,
     notebook_asks,
     on_option,
     parse_line,
-    parse_line_and_rest,
     require,
-    tasks_magic,
     usage,
     user_errors,
 )
@@ -40,6 +41,15 @@ if TYPE_CHECKING:
 
 DASHBOARD_LINES = 200  # per task and cell in the cell output; the dashboard and disk have all
 PLAIN_LINES = 5000
+
+
+def builtin_launcher_flags(fn: F) -> F:
+    """The built-in launchers' flags (their ``line_options``), declared so that ``%%tfcluster?``
+    lists them; a plugin's are read from the rest of the line."""
+    flags = [o for name in BUILTIN for o in launcher_class(name).line_options]
+    for option in reversed(flags):  # the parser takes them in the order declared
+        fn = argument(option.flag, metavar=option.metavar, help=option.help)(fn)
+    return fn
 
 
 @magics_class
@@ -72,34 +82,10 @@ class RunMagics(Magics):
                    "a list (0,1 or GPU-UUIDs) shared out the same way. ps tasks get none")
     @argument("--gpus-per-task", type=int, metavar="N",
               help="GPUs each worker and the chief get (default: an even share)")
-    # The built-in launchers' flags, declared so that %%tfcluster? lists them (their
-    # line_options say which takes them; a plugin's are read from the rest of the line).
-    @argument("--net", metavar="auto|private|host",
-              help="where the tasks' TF ports listen: auto (default) a private "
-                   "network where slirp4netns keeps the tasks' outbound network, "
-                   "else the host's; private: always (no outbound network without "
-                   "slirp4netns); host: the host's network")
-    @argument("--hosts", metavar="H1,H2",
-              help="ssh destinations as in ~/.ssh/config, tasks placed round-robin "
-                   "(implies --launcher ssh)")
     @argument("--launcher", metavar="NAME",
               help="local (default) | ssh (with --hosts) | attach (with --connection-dir) | "
                    "slurm (one sbatch job, --sbatch for its options) | ray (--ray-address)")
-    @argument("--ray-address", metavar="ADDR",
-              help="for --launcher ray (implied): the Ray cluster, e.g. "
-                   "ray://head:10001 (Ray Client); default $RAY_ADDRESS, else a local "
-                   "Ray started and stopped with the cluster")
-    @argument("--ray-strategy", metavar="PACK|SPREAD|STRICT_SPREAD",
-              help="for --launcher ray (implied): how the placement group places the "
-                   "tasks on Ray's nodes (default SPREAD)")
-    @argument("--sbatch", metavar='"ARGS"',
-              help="for --launcher slurm (implied): sbatch options of the job, quoted, e.g. "
-                   "--sbatch \"--partition=gpu --nodes=2 --time=1:00:00\"; SLURM_CONF and "
-                   "the rest of the environment configure SLURM's tools as usual")
-    @argument("--connection-dir", metavar="DIR",
-              help="for --launcher attach: where workers started by a scheduler with "
-                   "'python -m tfdist_nb.worker --task worker:0 --connection-dir DIR' announce "
-                   "themselves")
+    @builtin_launcher_flags
     @argument("--warm", dest="warm", action="store_true", default=None,
               help="keep spare worker kernels with TensorFlow imported, so --restart and a "
                    "resize take well under a second (default for the local launcher)")
@@ -158,7 +144,8 @@ class RunMagics(Magics):
     def _read_line(self, line: str) -> tuple[argparse.Namespace, ClusterRequest]:
         """The parsed ``%%tfcluster`` line and the request it makes; what the magic's parser
         does not take goes to the chosen launcher's flags."""
-        args, rest = parse_line_and_rest(self.tfcluster, glue_values(line))
+        parse = self.tfcluster.parser.parse_known_args
+        args, rest = parse_line(glue_values(line), parse)
         return args, build_request(args, rest)
 
     def _ensure(self, request: ClusterRequest) -> Cluster:
@@ -169,18 +156,14 @@ class RunMagics(Magics):
         decided = plan(request, running_of(active))
         if decided.message:
             print(f"tfdist_nb: {decided.message}")
-        # plan() keeps, restarts or re-warms a running cluster only
-        if decided.set_warm is not None:
-            assert active is not None
-            active.set_warm(decided.set_warm)
-        if decided.action is PlanAction.REUSE:
-            assert active is not None
-            return active
-        if decided.action is PlanAction.RESTART:
-            assert active is not None
-            active.restart()  # from spare kernels where they fit (docs/design.md)
-            if active.warm_outcome is not None:
-                print(f"tfdist_nb: {active.warm_outcome}")
+        if decided.action in (PlanAction.REUSE, PlanAction.RESTART):
+            assert active is not None  # plan() keeps, restarts or re-warms a running one only
+            if decided.set_warm is not None:
+                active.set_warm(decided.set_warm)
+            if decided.action is PlanAction.RESTART:
+                active.restart()  # from spare kernels where they fit (docs/design.md)
+                if active.warm_outcome is not None:
+                    print(f"tfdist_nb: {active.warm_outcome}")
             return active
         new = decided.new
         assert new is not None
@@ -245,20 +228,20 @@ class RunMagics(Magics):
             raise TaskError(result.summary(), result)
         return None
 
-    @tasks_magic("example: %tfdist_interrupt --on 1")
-    def tfdist_interrupt(self, line: str) -> None:
+    @magic("example: %tfdist_interrupt --on 1")
+    @on_option
+    def tfdist_interrupt(self, args: argparse.Namespace) -> None:
         """Interrupt the targeted tasks: SIGINT, then, for a task still stuck inside a TensorFlow
         op (a collective) two seconds later, abort its collectives (restart before the next)."""
-        args = parse_line(self.tfdist_interrupt, line)
         aborted = require().interrupt(on=args.on)
         if aborted:
             print(f"tfdist_nb: {', '.join(aborted)} did not answer SIGINT inside a TensorFlow "
                   "op; their collectives were aborted: %tfdist_restart before training again")
 
-    @tasks_magic("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
-    def tfdist_restart(self, line: str) -> None:
+    @magic("example: %tfdist_restart --on 1   (or: --on worker:0,worker:1)")
+    @on_option
+    def tfdist_restart(self, args: argparse.Namespace) -> None:
         """Restart the targeted tasks as fresh kernels with the same TF_CONFIG."""
-        args = parse_line(self.tfdist_restart, line)
         cluster = require()
         cluster.restart(on=args.on)
         warm = cluster.warm_outcome  # spare kernels: how they were used
@@ -271,12 +254,9 @@ class RunMagics(Magics):
                   "together (the others still belong to the old collective group): run "
                   "%tfdist_restart without --on to restart them all")
 
-    @magic_arguments()
-    @line_magic
-    @user_errors("example: %tfdist_stop")
-    def tfdist_stop(self, line: str) -> None:
+    @magic("example: %tfdist_stop")
+    def tfdist_stop(self, args: argparse.Namespace) -> None:
         """Stop every task of the active cluster (fast: short grace, then SIGKILL)."""
-        parse_line(self.tfdist_stop, line)
         cluster = current()
         if cluster is None:
             print("tfdist_nb: no cluster is running")
@@ -284,15 +264,13 @@ class RunMagics(Magics):
         reports = cluster.stop()
         print(f"tfdist_nb: stopped {len(reports)} task(s) of {cluster.spec}")
 
-    @magic_arguments()
+    @magic("example: %tfdist_loglevel INFO --cpp 0")
     @argument("level", help="DEBUG | INFO | WARNING | ERROR | CRITICAL (Python and tf logger)")
     @argument("--cpp", type=int, metavar="N",
               help="TF_CPP_MIN_LOG_LEVEL for TensorFlow's C++ logs (0-3); restarts the tasks")
     @argument("--vmodule", metavar="SPEC",
               help="TF_CPP_VMODULE, e.g. 'collective_ops=2'; restarts the tasks")
-    @line_magic
-    @user_errors("example: %tfdist_loglevel INFO --cpp 0")
-    def tfdist_loglevel(self, line: str) -> None:
+    def tfdist_loglevel(self, args: argparse.Namespace) -> None:
         """Set the log level on every task.
 
         The Python level (root and ``tensorflow`` loggers) changes at once. TensorFlow reads its
@@ -304,17 +282,14 @@ class RunMagics(Magics):
             %tfdist_loglevel DEBUG
             %tfdist_loglevel INFO --cpp 0 --vmodule collective_ops=2
         """
-        args = parse_line(self.tfdist_loglevel, line)
         print(f"tfdist_nb: {require().set_log_level(args.level, args.cpp, args.vmodule)}")
 
-    @magic_arguments()
+    @magic("example: %tfdist_mode on --timeout 600   (then: %tfdist_mode off)")
     @argument("state", nargs="?", choices=["on", "off"], help="on | off (none: say the mode)")
     @argument("options", nargs=argparse.REMAINDER,
               help="with on: the %%%%tfcluster line every cell gets, e.g. --on 1 --timeout 600 "
                    "(or a SPEC: 2 workers)")
-    @line_magic
-    @user_errors("example: %tfdist_mode on --timeout 600   (then: %tfdist_mode off)")
-    def tfdist_mode(self, line: str) -> None:
+    def tfdist_mode(self, args: argparse.Namespace) -> None:
         """Persistent mode: while on, every cell runs on the cluster as if it began with
         ``%%tfcluster`` and the options given here (ipyparallel's ``%autopx``); cells that
         begin with a tfdist_nb magic (``%tfdist_*``, ``%%tfcluster``) still run here.
@@ -325,7 +300,6 @@ class RunMagics(Magics):
             %tfdist_mode on --on 1 --timeout 600
             %tfdist_mode off
         """
-        args = parse_line(self.tfdist_mode, line)
         if args.state is None:
             print(f"tfdist_nb: persistent mode is {self._mode_said()}")
             return

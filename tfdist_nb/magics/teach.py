@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from IPython.core.magic import Magics, line_magic, magics_class
-from IPython.core.magic_arguments import argument, magic_arguments
+import argparse
+
+from IPython.core.magic import Magics, magics_class
+from IPython.core.magic_arguments import argument
 
 from tfdist_nb.magics.common import (
     NOT_NEGATIVE_N,
     POSITIVE_S,
+    magic,
     on_option,
-    parse_line,
     require,
-    user_errors,
 )
 
 
@@ -19,7 +20,7 @@ from tfdist_nb.magics.common import (
 class TeachMagics(Magics):
     """Faults to plant, for teaching."""
 
-    @magic_arguments()
+    @magic("example: %tfdist_inject crash --on 1 --at-step 20")
     @argument("kind",
               help="straggler | hang | raise | uneven | crash | nan | oom | bad-shard | clear")
     @on_option
@@ -30,9 +31,7 @@ class TeachMagics(Magics):
     @argument("--where", choices=["input", "step"], help="straggler: delay the input or step")
     @argument("--limit-mb", type=POSITIVE_S, metavar="MB",
               help="oom: memory this task may grow by before its limit kills it (500)")
-    @line_magic
-    @user_errors("example: %tfdist_inject crash --on 1 --at-step 20")
-    def tfdist_inject(self, line: str) -> None:
+    def tfdist_inject(self, args: argparse.Namespace) -> None:
         """Inject a classic distributed-training failure into one task, for teaching.
 
         Faults act through the task's own training code: ``with tw.step():`` /
@@ -60,7 +59,6 @@ class TeachMagics(Magics):
             %tfdist_inject straggler --on worker:0 --seconds 0.5
             %tfdist_inject clear
         """
-        args = parse_line(self.tfdist_inject, line)
         said = require().inject(args.kind, on=args.on, at_step=args.at_step,
                                  seconds=args.seconds, where=args.where,
                                  limit_mb=args.limit_mb)

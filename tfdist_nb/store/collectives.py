@@ -26,32 +26,29 @@ class LedgerView:
 
     def update(self, ledger: dict[str, Any]) -> None:
         with self._lock:
-            self._update(ledger)
-
-    def _update(self, ledger: dict[str, Any]) -> None:
-        if ledger.get("issued", 0) < self.issued:  # a new process under this name
-            self._clear()
-        self.issued = int(ledger.get("issued", 0))
-        self.counts = {str(k): int(v) for k, v in (ledger.get("counts") or {}).items()}
-        rows = list(ledger.get("rows") or ())
-        for run in ledger.get("runs") or ():
-            rows.extend(unfold(run))
-        if ledger.get("runs"):
-            rows.sort(key=lambda r: r["seq"])
-        for row in rows:
-            seq = row["seq"]
-            self.rows[seq] = row
-            self.rows.move_to_end(seq)
-            if row.get("index") is not None:
-                self._at[(str(row.get("group")), row["index"])] = seq
-            if row.get("state") == "entered":
-                self.open[seq] = row
-            else:
+            if ledger.get("issued", 0) < self.issued:  # a new process under this name
+                self._clear()
+            self.issued = int(ledger.get("issued", 0))
+            self.counts = {str(k): int(v) for k, v in (ledger.get("counts") or {}).items()}
+            rows = list(ledger.get("rows") or ())
+            for run in ledger.get("runs") or ():
+                rows.extend(unfold(run))
+            if ledger.get("runs"):
+                rows.sort(key=lambda r: r["seq"])
+            for row in rows:
+                seq = row["seq"]
+                self.rows[seq] = row
+                self.rows.move_to_end(seq)
+                if row.get("index") is not None:
+                    self._at[(str(row.get("group")), row["index"])] = seq
+                if row.get("state") == "entered":
+                    self.open[seq] = row
+                else:
+                    self.open.pop(seq, None)
+            while len(self.rows) > KEEP_ROWS:
+                seq, row = self.rows.popitem(last=False)
                 self.open.pop(seq, None)
-        while len(self.rows) > KEEP_ROWS:
-            seq, row = self.rows.popitem(last=False)
-            self.open.pop(seq, None)
-            self._at.pop((str(row.get("group")), row.get("index")), None)
+                self._at.pop((str(row.get("group")), row.get("index")), None)
 
     def reset(self) -> None:
         with self._lock:

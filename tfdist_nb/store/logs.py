@@ -34,13 +34,11 @@ def level_of(stream: str, text: str) -> str | None:
     """The log level a line carries, when it looks like a TF C++ or Python logging record."""
     if stream == "error":
         return "ERROR"
-    m = _CPP.match(text)
-    if m:
+    if m := _CPP.match(text):
         return _CPP_LEVELS[m.group(1) or text[0]]
     if m := _NCCL.match(text):
         return _NCCL_LEVELS[m.group(1)]
-    m = _PY.match(text)
-    return m.group(1) if m else None
+    return m.group(1) if (m := _PY.match(text)) else None
 
 
 def tensorflow_info(stream: str, text: str) -> bool:
@@ -48,8 +46,7 @@ def tensorflow_info(stream: str, text: str) -> bool:
     preamble): held back from the cell by default (docs/reference.md, Output in the cell)."""
     if stream not in ("stdout", "stderr"):
         return False
-    m = _CPP.match(text)
-    if m:
+    if m := _CPP.match(text):
         return (m.group(1) or text[0]) == "I"
     return _TF_PY_INFO.match(text) is not None or text == ABSL_PREAMBLE
 

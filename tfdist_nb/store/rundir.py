@@ -35,6 +35,8 @@ from tfdist_nb.store.appender import DiskChange, HeldAppender
 DEFAULT_ROOT = "tfdist_runs"
 HOLD_EVENTS_BYTES = 64 << 20  # output held in memory while the disk refuses it
 HOLD_OTHER_BYTES = 16 << 20  # telemetry, cells
+#: the run's JSON Lines files (``<name>.jsonl``) and what each holds in memory at most
+FILES = {"events": HOLD_EVENTS_BYTES, "telemetry": HOLD_OTHER_BYTES, "cells": HOLD_OTHER_BYTES}
 _ENCODER = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=...) builds one a call
 _STR = json.encoder.encode_basestring_ascii  # C-accelerated
 
@@ -194,35 +196,32 @@ class RunDirectory:
         self._lock = threading.Lock()
         self._troubled = self._dropping_said = False  # said: cannot be written / dropping
         self._recovered = 0  # held lines written out since the trouble began
-        self._events = _private_appender(self.path / "events.jsonl", HOLD_EVENTS_BYTES)
-        self._cells = _private_appender(self.path / "cells.jsonl", HOLD_OTHER_BYTES)
-        self._telemetry = _private_appender(self.path / "telemetry.jsonl", HOLD_OTHER_BYTES)
+        self._files = {name: _private_appender(self.path / f"{name}.jsonl", limit)
+                       for name, limit in FILES.items()}
 
     def ensure(self) -> str | None:
         """Make the directory and its files again if they were removed while the cluster ran
         (``rm -rf`` of the run directory): writes would otherwise go to files no one can read
         and every task start would fail. Returns what to tell the user, else None."""
-        names = ("events", "cells", "telemetry")
         with self._lock:
-            found = {n: lstat_or_none(self.path / f"{n}.jsonl") for n in names}
+            found = {n: lstat_or_none(self.path / f"{n}.jsonl") for n in self._files}
             replaced = [f"{n}.jsonl" for n, st in found.items()
                         if st is not None and not ours_regular(st)]
             if not replaced and all(st is not None and (st.st_ino, st.st_dev) ==
-                                    _inode(getattr(self, f"_{n}")) for n, st in found.items()):
+                                    _inode(self._files[n]) for n, st in found.items()):
                 return None
         _make_missing_dirs(self.path.parent)
         _cluster_dir(self.path)
         with self._lock:
-            for name in ("_events", "_cells", "_telemetry"):
-                old = getattr(self, name)
-                fresh = _private_appender(self.path / f"{name[1:]}.jsonl", old.limit)
+            for name, old in self._files.items():
+                fresh = _private_appender(self.path / f"{name}.jsonl", old.limit)
                 if _inode(old) != _inode(fresh):  # what was written lives on in our old fd
                     _copy_written(old.fd, fresh.fd)
                 fresh.held = old.held  # what waited for the disk goes to the new file
                 fresh.error = old.error
                 old.held = bytearray()
                 old.close()
-                setattr(self, name, fresh)
+                self._files[name] = fresh
         if replaced:
             return (f"{', '.join(replaced)} in the run directory {self.path} was replaced by "
                     "something that is not a file of yours (a link, a FIFO): made a new one "
@@ -247,23 +246,22 @@ class RunDirectory:
                   for e in events if e.kind != "telemetry"]
         telemetry = [_ENCODER.encode(e.to_json()) for e in events if e.kind == "telemetry"]
         with self._lock:
-            changes = [out.append(("\n".join(lines) + "\n").encode())
-                       for out, lines in ((self._events, output), (self._telemetry, telemetry))
-                       if lines]
+            changes = [self._files[name].append(("\n".join(lines) + "\n").encode())
+                       for name, lines in (("events", output), ("telemetry", telemetry)) if lines]
             self._retry_others(changes)
         return self._said(changes)
 
     def write_cell(self, seq: int, code: str, targets: list[str]) -> tuple[str, str] | None:
         rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
         with self._lock:
-            changes = [self._cells.append((json.dumps(rec) + "\n").encode())]
+            changes = [self._files["cells"].append((json.dumps(rec) + "\n").encode())]
             self._retry_others(changes)
         return self._said(changes)
 
     def _retry_others(self, changes: list[DiskChange | None]) -> None:
         """One file written again: the others share its disk, so theirs go out now too."""
         if any(c is not None and c.kind == "recovered" for c in changes):
-            changes.extend(f.retry() for f in (self._events, self._telemetry, self._cells))
+            changes.extend(f.retry() for f in self._files.values())
 
     def _said(self, changes: list[DiskChange | None]) -> tuple[str, str] | None:
         """What to say of the directory as a whole (its three files share one disk): that it
@@ -274,7 +272,7 @@ class RunDirectory:
             return None
         with self._lock:
             self._recovered += sum(c.lines for c in said if c.kind == "recovered")
-            files = (self._events, self._telemetry, self._cells)
+            files = self._files.values()
             refused = next((f.error for f in files if f.error), None)
             if refused is not None and not self._troubled:
                 self._troubled, self._recovered = True, 0
@@ -294,19 +292,19 @@ class RunDirectory:
     def held_lines(self) -> int:
         """Output lines waiting in memory for the disk (0 when everything is on disk)."""
         with self._lock:
-            return self._events.held_lines()
+            return self._files["events"].held_lines()
 
     def trouble(self) -> str | None:
         """The disk's refusal while output is held in memory, else None."""
         with self._lock:
-            return self._events.error or self._telemetry.error or self._cells.error
+            return next((f.error for f in self._files.values() if f.error), None)
 
     def iter_events(self) -> Iterator[dict[str, Any]]:
         """Every event kept: the file, then what waits in memory for the disk."""
-        return self._records(self._events, "events.jsonl")
+        return self._records(self._files["events"], "events.jsonl")
 
     def cells(self) -> list[dict[str, Any]]:
-        return list(self._records(self._cells, "cells.jsonl"))
+        return list(self._records(self._files["cells"], "cells.jsonl"))
 
     def _records(self, out: HeldAppender, name: str) -> Iterator[dict[str, Any]]:
         with self._lock:  # the file as far as written, and the rest, at one moment
@@ -327,10 +325,10 @@ class RunDirectory:
     def close(self) -> str | None:
         """Close the files; what could still not be written is said (it is lost)."""
         with self._lock:
-            left = self._events.held_lines() + self._telemetry.held_lines()
-            for out in (self._events, self._cells, self._telemetry):
+            left = sum(self._files[n].held_lines() for n in ("events", "telemetry"))
+            for out in self._files.values():
                 out.close()
-            left_after = sum(out.held_lines() for out in (self._events, self._telemetry))
+            left_after = sum(self._files[n].held_lines() for n in ("events", "telemetry"))
         if not left_after:
             return None
         return (f"{left_after} of {left} line(s) held in memory could not be written to "
