@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -104,6 +105,13 @@ def test_line_form_is_checked_the_same_way(ip: Any) -> None:
 def test_magics_need_a_cluster(ip: Any, magic: str) -> None:
     with pytest.raises(UsageError, match="no cluster is running"):
         ip.run_line_magic(magic, "")
+
+
+def test_report_takes_its_documented_show_env_flag(ip: Any, tmp_path: Path) -> None:
+    """--show-env was declared after the parser was built and refused as unrecognized."""
+    with pytest.raises(UsageError, match="no cluster has run here yet"):
+        ip.run_line_magic("tfdist_report", f"--show-env {tmp_path / 'issue'}")
+    assert not (tmp_path / "issue").exists()
 
 
 def test_stop_without_cluster_says_so(ip: Any, capsys: pytest.CaptureFixture[str]) -> None:
