@@ -55,7 +55,8 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 def test_a_stopped_process_and_a_zombie_are_seen(seam: str,
                                                  sleeper: subprocess.Popen[bytes]) -> None:
     task = SimpleNamespace(pid=sleeper.pid, handle=SimpleNamespace(host="localhost"))
-    assert host_os.process_state(sleeper.pid) in ("S", "R")
+    # running: R, S, or D while exec pages the binary in (seen under CI's load)
+    assert host_os.process_state(sleeper.pid) in ("S", "R", "D")
     assert not _process_stopped(task)  # type: ignore[arg-type]  # running: nothing said
     os.kill(sleeper.pid, signal.SIGSTOP)
     wait_for(lambda: host_os.process_state(sleeper.pid) == "T", 10, "the stopped state")

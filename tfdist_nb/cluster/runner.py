@@ -37,6 +37,7 @@ _THIS_HOST = {"localhost", "127.0.0.1", socket.gethostname()}
 IDLE_AFTER_REPLY_S = 5.0
 STALL_SLACK_S = 2.0
 CRASH_LEDGER_WAIT_S = 1.0
+ABORT_ANSWER_S = 1.0
 
 
 class RunEnd(StrEnum):
@@ -280,9 +281,15 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
             inspector.hang_named(control.hang)
     if inspector is not None and reason in _DETECTED:
         why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else str(reason)
+        # an aborted collective raises TensorFlow's error at once; a SIGINT landing while that
+        # error is built replaces it (pybind11's "MISMATCH of original and normalized active
+        # exception types", seen on TF 2.16): a task inside one gets a moment to answer first
+        inside = [execs[rt.name].reply for rt in reachable if ledgers[rt.name].open_rows()]
         await inspector.abort_collectives(reachable, f"{why} in the cluster")
-    await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable),
-                         return_exceptions=True)
+        if inside:
+            await asyncio.wait(inside, timeout=ABORT_ANSWER_S)
+    await asyncio.gather(*(rt.live_handle.interrupt() for rt in reachable
+                           if not execs[rt.name].reply.done()), return_exceptions=True)
     grace_s = 0.0 if reason is RunEnd.STOPPED else grace_s
     if reachable:
         await asyncio.wait([execs[rt.name].reply for rt in reachable], timeout=grace_s)
