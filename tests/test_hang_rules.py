@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tfdist_nb.diagnostics.hangs import judge
@@ -207,3 +209,38 @@ def test_a_task_released_by_a_peers_abort_is_not_named_the_culprit() -> None:
              "worker:3": Ended("worker:3", "error", CULPRIT_ERROR, "cell 1 line 8")}
     hang = judge(ended, busy, {**ledgers, **busy}, EIGHT, set(), {}, now=101.0)
     assert hang is not None and hang.culprit == "worker:3"
+
+
+def test_a_strategy_made_again_counts_its_collectives_anew_so_a_failure_before_one_is_named(
+        ) -> None:
+    """The first strategy's cell left worker:0 one collective ahead (released in one that
+    worker:1 never entered). A strategy made again in the same processes pairs collectives
+    from the first again (TensorFlow's instance keys are per strategy), and so do the ledgers:
+    worker:0 failing before its third all-reduce under the new strategy is named while
+    worker:1 waits in it; its older rows of the same position are not taken for its side."""
+    from tfdist_nb.diagnostics.hangs import Ended
+    from tfdist_nb.worker.ledger import Ledger, Op
+
+    op = Op("all_reduce", 2, 1, "float32", (), 4, "cell 3 line 4")
+    tasks = {"worker:0": Ledger(), "worker:1": Ledger()}
+    for _ in range(3):
+        for task in tasks.values():
+            task.close(task.enter([op], "eager"))
+    tasks["worker:0"].close(tasks["worker:0"].enter([op], "eager"), "aborted")
+    for task in tasks.values():
+        task.new_strategy()
+        for _ in range(2):
+            task.close(task.enter([op], "eager"))
+    tasks["worker:1"].enter([op], "eager")  # waits: worker:0 raised before it
+    views = {name: LedgerView() for name in tasks}
+    for name, task in tasks.items():
+        views[name].update(task.drain() or {})
+    ended = {"worker:0": Ended("worker:0", "error", "ValueError: bad batch", "cell 3 line 3")}
+    hang = judge(ended, {"worker:1": views["worker:1"]}, views, set(tasks), set(), {},
+                 now=time.time())
+    assert hang is not None and (hang.rule, hang.culprit) == ("failed", "worker:0")
+    assert "in a collective that worker:0 never entered: all_reduce" in hang.cause, hang.cause
+    assert "#3 eagerly at cell 3 line 4" in hang.cause, hang.cause
+    # under the first strategy the positions are as before: worker:1's 4th, never entered
+    assert [r.get("index") for r in views["worker:1"].recent() if not r.get("strategy")] == [
+        0, 1, 2]

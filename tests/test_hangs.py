@@ -473,6 +473,40 @@ print(float(total(tf.constant(2.0))))
 """
 
 
+LEAVES_WORKER_0_AHEAD = """for i in range(3):
+    strategy.reduce("SUM", tf.constant(1.0), axis=None)
+if tw.task[1] == 1:
+    raise ValueError("worker 1 gives up")
+strategy.reduce("SUM", tf.constant(1.0), axis=None)
+"""
+STRATEGY_AGAIN = """strategy = tf.distribute.MultiWorkerMirroredStrategy()
+for i in range(2):
+    strategy.reduce("SUM", tf.constant(1.0), axis=None)
+if tw.task[1] == 0:
+    raise ValueError("worker 0 gives up")
+strategy.reduce("SUM", tf.constant(1.0), axis=None)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_strategy_made_again_in_the_same_tasks_is_judged_by_its_own_collectives(
+        cluster: Cluster) -> None:
+    """A cell that ended with worker:0 released from a 4th all-reduce worker:1 never entered,
+    then a strategy made again in the same processes (workshop exercise 10 does this): its
+    collectives pair from the first again, so worker:0 raising before its 3rd is named at
+    once, not taken to have done its side by its older 3rd (the stall timeout, 120 s here)."""
+    first, took = timed(cluster, LEAVES_WORKER_0_AHEAD)
+    assert took < NAMED_WITHIN_S and first.hang is not None
+    assert first.hang.culprit == "worker:1" and first.tasks["worker:0"].status == "aborted"
+    again, took = timed(cluster, STRATEGY_AGAIN)
+    assert took < NAMED_WITHIN_S, (took, again.summary())
+    assert again.hang is not None and again.hang.culprit == "worker:0", again.summary()
+    assert again.tasks["worker:1"].status == "aborted", again.summary()
+    assert ("worker:0 failed (ValueError: worker 0 gives up) at cell 3 line 5 while worker:1 "
+            "waited in a collective that worker:0 never entered: all_reduce float32[] #3"
+            in again.summary()), again.summary()
+
+
 @pytest.mark.timeout(300)
 def test_every_waiter_of_eight_is_released_because_of_the_culprit() -> None:
     """At 8 workers TensorFlow's abort of the first waiter reaches the others before their

@@ -47,9 +47,23 @@ def test_the_controller_holds_every_row_the_task_drained_in_a_mixed_history() ->
 
     assert view.recent() == ledger.recent()
     assert view.open_rows() == []
-    assert view.count(1) == 2 * 11 and view.count(2) == 11 + 3
-    assert view.at(1, 7)["call"] == 4 and view.at(2, 9)["function"] == "train_step"
+    assert view.count("1") == 2 * 11 and view.count("2") == 11 + 3
+    assert view.at("1", 7)["call"] == 4 and view.at("2", 9)["function"] == "train_step"
     assert view.checked("k1")["state"] == "done"
+
+
+def test_a_strategy_made_again_counts_anew_and_its_runs_keep_which_strategy() -> None:
+    ledger, view = Ledger(), LedgerView()
+    for call in range(1, 4):
+        ledger.close(ledger.enter(STEP, "train_step", call=call, called_at="cell 3 line 20"))
+    ledger.new_strategy()
+    for call in range(1, 5):
+        ledger.close(ledger.enter(STEP, "train_step", call=call, called_at="cell 6 line 20"))
+    _send(ledger, view)
+    assert view.recent() == ledger.recent()  # the runs of the second strategy keep its mark
+    assert (view.count("1"), view.count("1/1"), view.count("1/2")) == (6, 8, 4)
+    assert view.at("1/1", 0)["called_at"] == "cell 6 line 20"
+    assert view.at("1", 0)["called_at"] == "cell 3 line 20"
 
 
 def test_a_training_loops_ledger_travels_in_a_tenth_of_the_row_by_row_size() -> None:

@@ -22,7 +22,16 @@ RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
 
 # The fields a row's collective shares with the same collective in the next call of the run.
 SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in_control_flow")
-CALL = ("function", "called_at")
+
+
+def pair_key(row: dict[str, Any]) -> str:
+    """What a row's ``index`` counts within: its group, under the strategy it ran in. A later
+    strategy in the same process hands out instance keys from the start again (TensorFlow's
+    ``CollectiveKeys`` are per strategy, its group keys the same), so its rows count anew;
+    ``strategy`` is set on the rows of the second and later ones."""
+    strategy = row.get("strategy")
+    return f"{strategy}/{row.get('group')}" if strategy else str(row.get("group"))
+CALL = ("function", "called_at", "strategy")  # strategy: set from the second one on
 
 
 def fold(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -40,7 +49,7 @@ def fold(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[st
             run["calls"].append([call[0]["seq"], call[0]["entered"], call[0]["done"]])
             continue
         run = {"ops": [{k: r.get(k) for k in SHARED} for r in call],
-               **{k: call[0].get(k) for k in CALL},
+               **{k: call[0][k] for k in CALL if k in call[0]},
                "index": [r.get("index") for r in call], "call": call[0].get("call"),
                "calls": [[call[0]["seq"], call[0]["entered"], call[0]["done"]]]}
         runs.append(run)
@@ -58,7 +67,8 @@ def unfold(run: dict[str, Any]) -> list[dict[str, Any]]:
             index = None if first[j] is None else first[j] + k * per_group[str(op["group"])]
             out.append({"seq": seq + j, **op, "index": index, "function": run.get("function"),
                         "call": call, "called_at": run.get("called_at"), "state": "done",
-                        "entered": entered, "done": done})
+                        "entered": entered, "done": done,
+                        **({"strategy": run["strategy"]} if "strategy" in run else {})})
     return out
 
 

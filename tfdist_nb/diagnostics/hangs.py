@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS
+from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, pair_key
 from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskResult, TaskStatus
 from tfdist_nb.topology import task_order
 
@@ -26,9 +26,9 @@ class LedgerView(Protocol):
 
     issued: int
 
-    def at(self, group: int | str | None, index: int) -> dict[str, Any] | None: ...
+    def at(self, key: str, index: int) -> dict[str, Any] | None: ...
     def checked(self, key: str | None) -> dict[str, Any] | None: ...
-    def count(self, group: int | str | None) -> int: ...
+    def count(self, key: str) -> int: ...
     def recent(self, last: int | None = None) -> list[dict[str, Any]]: ...
     def current(self) -> dict[str, Any] | None: ...
     def open_rows(self) -> list[dict[str, Any]]: ...
@@ -108,7 +108,7 @@ def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: s
     """Whether ``row`` (another task's open collective) cannot complete without ``task``."""
     if row.get("kind") in BARRIER_KINDS:
         return task in (row.get("members") or ())
-    if ledger is not None and ledger.count(row.get("group")) > 0:
+    if ledger is not None and ledger.count(pair_key(row)) > 0:
         return True
     return task in members and (row.get("group_size") or 0) >= len(members) > 1
 
@@ -126,9 +126,9 @@ def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None
     if ledger is None:
         return "never entered"
     index = row.get("index")
-    if index is None or index >= ledger.count(row.get("group")):
+    if index is None or index >= ledger.count(pair_key(row)):
         return "never entered"
-    mine = ledger.at(row.get("group"), index)
+    mine = ledger.at(pair_key(row), index)
     if mine is not None and mine.get("state") in ("failed", "aborted"):
         return "entered and failed in"
     return None
@@ -251,7 +251,7 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
              if row.get("kind") in BARRIER_KINDS else
              f"{head} in a collective that {end.task} {entered}: {describe_row(row)}")
     theirs = ledgers.get(end.task)
-    mine = theirs.at(row.get("group"), row["index"]) if theirs and row.get("index") is not None \
+    mine = theirs.at(pair_key(row), row["index"]) if theirs and row.get("index") is not None \
         else None
     likely, advice = (LikelyCause.CULPRIT_ERROR,
                       f"fix {end.task}'s error; the other tasks only waited for it")
@@ -270,7 +270,7 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
 
 def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
               ledgers: Mapping[str, LedgerView], steps: dict[str, int], waits: _Waits) -> Hang:
-    group = row.get("group")
+    group = pair_key(row)
     waiting, waited_in = waits
     if row.get("kind") == "check":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
@@ -303,16 +303,16 @@ def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
 
 
 def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
-                       group: int | str | None) -> list[tuple[str, dict[str, int]]]:
-    """The lines whose collectives (of ``group``, in the rows still kept) ran a different
-    number of times on different tasks, with the count per task; a traced function's
+                       group: str) -> list[tuple[str, dict[str, int]]]:
+    """The lines whose collectives (of ``group``, a ``pair_key``, in the rows still kept) ran
+    a different number of times on different tasks, with the count per task; a traced function's
     collectives count at the line that called it (the same traced line serves every call)."""
     per_line: dict[str, dict[str, int]] = collections.defaultdict(dict)
     for t in tasks:
         if t not in ledgers:
             continue
         for r in ledgers[t].recent():
-            if r.get("index") is not None and str(r.get("group")) == str(group):
+            if r.get("index") is not None and pair_key(r) == group:
                 line = r.get("called_at") or r["where"]
                 per_line[line][t] = per_line[line].get(t, 0) + 1
     full = {where: {t: per.get(t, 0) for t in tasks} for where, per in per_line.items()}
@@ -365,7 +365,7 @@ def _diverged(busy: Mapping[str, LedgerView], now: float) -> Hang | None:
     for task, view in busy.items():
         for row in view.open_rows():
             if row.get("index") is not None:
-                slots[(str(row.get("group")), row["index"])][task] = row
+                slots[(pair_key(row), row["index"])][task] = row
     for (_, index), rows in sorted(slots.items(), key=lambda kv: kv[0][1]):
         tasks = sorted(rows, key=task_order)
         if all(_same(rows[tasks[0]], rows[t]) for t in tasks[1:]):
@@ -415,7 +415,7 @@ def where_each_stands(ledgers: Mapping[str, LedgerView], now: float) -> dict[str
             continue
         view = ledgers[task]
         last = view.recent(1)
-        missing = [r for r in others if r["index"] >= view.count(r.get("group"))]
+        missing = [r for r in others if r["index"] >= view.count(pair_key(r))]
         how = f"never entered {describe_row(missing[0])}" if missing else "in no collective"
         tail = f"; its last: {describe_row(last[0])}, {last[0].get('state')}" if last else ""
         said[task] = f"{how} ({view.issued} issued{tail})"

@@ -1,5 +1,6 @@
 """The controller's bounded copy of one task's collective ledger, from its telemetry samples:
-``open`` the rows it is inside now, ``counts`` per group what the hang rules compare
+``open`` the rows it is inside now, ``counts`` per group (``ledger_runs.pair_key``) what the
+hang rules compare
 (diagnostics/hangs.py). The run directory keeps every row.
 """
 
@@ -10,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfdist_nb.ledger_runs import unfold
+from tfdist_nb.ledger_runs import pair_key, unfold
 
 KEEP_ROWS = 2000
 
@@ -40,7 +41,7 @@ class LedgerView:
                 self.rows[seq] = row
                 self.rows.move_to_end(seq)
                 if row.get("index") is not None:
-                    self._at[(str(row.get("group")), row["index"])] = seq
+                    self._at[(pair_key(row), row["index"])] = seq
                 if row.get("state") == "entered":
                     self.open[seq] = row
                 else:
@@ -48,7 +49,7 @@ class LedgerView:
             while len(self.rows) > KEEP_ROWS:
                 seq, row = self.rows.popitem(last=False)
                 self.open.pop(seq, None)
-                self._at.pop((str(row.get("group")), row.get("index")), None)
+                self._at.pop((pair_key(row), row.get("index")), None)
 
     def reset(self) -> None:
         with self._lock:
@@ -61,10 +62,11 @@ class LedgerView:
         self.issued = 0
         self._at.clear()
 
-    def at(self, group: int | str | None, index: int) -> dict[str, Any] | None:
-        """This task's row for the ``index``-th collective of ``group``, if still kept."""
+    def at(self, key: str, index: int) -> dict[str, Any] | None:
+        """This task's row for the ``index``-th collective of ``key`` (a ``pair_key``), if
+        still kept."""
         with self._lock:
-            seq = self._at.get((str(group), index))
+            seq = self._at.get((key, index))
             return None if seq is None else self.rows.get(seq)
 
     def checked(self, key: str | None) -> dict[str, Any] | None:
@@ -73,8 +75,9 @@ class LedgerView:
             rows = [r for r in self.rows.values() if r.get("check") == key]
         return rows[-1] if rows else None
 
-    def count(self, group: int | str | None) -> int:
-        return self.counts.get(str(group), 0)
+    def count(self, key: str) -> int:
+        """This task's collectives of ``key`` (a ``pair_key``) so far."""
+        return self.counts.get(key, 0)
 
     def recent(self, last: int | None = None) -> list[dict[str, Any]]:
         with self._lock:

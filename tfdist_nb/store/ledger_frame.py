@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 COLUMNS = ["task", "seq", "kind", "function", "dtype", "shape", "bytes", "where", "state",
-           "entered", "done", "waited_s", "called_at", "group", "index", "call", "position"]
+           "entered", "done", "waited_s", "called_at", "group", "strategy", "index", "call",
+           "position"]
 
 
 def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
@@ -30,6 +31,7 @@ def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
             end = r.get("done") or now
             rows.append({**{c: r.get(c) for c in COLUMNS if c != "task"}, "task": task,
                          "shape": None if r.get("shape") is None else tuple(r["shape"]),
+                         "strategy": 1 + (r.get("strategy") or 0),
                          "waited_s": round(end - r["entered"], 3)})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for col in ("entered", "done"):

@@ -55,6 +55,7 @@ def _enter() -> list[dict[str, Any]] | None:
     site = cellmap.main_thread_site()
     if nth:
         _second_strategy(nth, site)
+        LEDGER.new_strategy()
     op = Op("startup", len(everyone), None, "", None, None, site)
     rows = LEDGER.enter([op], STRATEGY, members=[t for t in everyone if t != mine],
                         check=f"tfdist/startup/{nth}")

@@ -1,9 +1,10 @@
 """This task's collective ledger: one row per collective execution, in order, with its state
 (docs/reference.md, "Collectives and hangs").
 
-A row's ``index`` is its position among this task's collectives of the same group, which is how
-TensorFlow pairs them across tasks (instance keys are handed out in that order): rows with the
-same group and index on two tasks are the same collective, or should be.
+A row's ``index`` is its position among this task's collectives of the same group under the same
+strategy (``ledger_runs.pair_key``), which is how TensorFlow pairs them across tasks (instance
+keys are handed out in that order, anew for each strategy): rows with the same key and index on
+two tasks are the same collective, or should be.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, fold
+from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, fold, pair_key
 
 T = TypeVar("T")
 KEEP = 5000
@@ -62,7 +63,8 @@ class Ledger:
     def __init__(self, keep: int = KEEP) -> None:
         self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
         self._seq = 0
-        self._counts: dict[int | None, int] = {}
+        self._counts: dict[str, int] = {}  # by pair_key
+        self._strategy = 0  # strategies made before the current one in this process
         self._dirty: dict[int, dict[str, Any]] = {}
         self._open: dict[int, dict[str, Any]] = {}  # entered, not yet closed
         self._lock = threading.Lock()
@@ -73,21 +75,31 @@ class Ledger:
         """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch);
         ``called_at``: the line that called the traced function they run in."""
         now = time.time()
-        extra = {**({"members": members} if members is not None else {}),
-                 **({"check": check} if check is not None else {})}  # the same key on every task
+        extra: dict[str, object] = {  # the same on every task
+            **({"members": members} if members is not None else {}),
+            **({"check": check} if check is not None else {})}
         rows = []
         with self._lock:
+            if self._strategy:
+                extra["strategy"] = self._strategy
             for op in ops:
                 index = None
                 if op.kind not in BARRIER_KINDS:
-                    index = self._counts.get(op.group_key, 0)
-                    self._counts[op.group_key] = index + 1
+                    key = pair_key({"group": op.group_key, **extra})
+                    index = self._counts.get(key, 0)
+                    self._counts[key] = index + 1
                 row = self._add(op, function, index=index, call=call, where=where or op.where,
                                 called_at=called_at, state="entered", entered=now, done=None,
                                 **extra)
                 self._open[row["seq"]] = row
                 rows.append(row)
         return rows
+
+    def new_strategy(self) -> None:
+        """A second (third...) strategy is being made in this process: its collectives count
+        from the first again, as TensorFlow pairs them."""
+        with self._lock:
+            self._strategy += 1
 
     def traced(self, ops: list[Op], function: str, check: str,
                differs_at: int | None = None) -> None:
@@ -155,7 +167,7 @@ class Ledger:
             seqs = sorted(self._dirty)[:MAX_ROWS_PER_MESSAGE]
             rows = [dict(self._dirty.pop(s)) for s in seqs]
             issued, more = self._seq, bool(self._dirty)
-            counts = {str(k): v for k, v in self._counts.items()}
+            counts = dict(self._counts)
         single, runs = fold(rows)
         return {"rows": single, **({"runs": runs} if runs else {}), "issued": issued,
                 "counts": counts, "more": more}
