@@ -283,8 +283,8 @@ async def _end_early(by_name: dict[str, TaskRuntime], execs: dict[str, Execution
         why = f"{control.hang.rule} task {control.hang.culprit}" if control.hang else str(reason)
         # an aborted collective raises TensorFlow's error at once; a SIGINT landing while that
         # error is built (pybind11's "MISMATCH of original and normalized active exception
-        # types" on TF 2.16) or its traceback formatted (8 tasks on 2 cores: seconds) replaces
-        # it: a task inside one gets a few seconds to answer before it is interrupted
+        # types" on TF 2.16) or its traceback formatted (IPython takes 1-2 s over TensorFlow's
+        # frames) replaces it or empties the traceback: a task inside one answers first
         inside = [execs[rt.name].reply for rt in reachable if ledgers[rt.name].open_rows()]
         await inspector.abort_collectives(reachable, f"{why} in the cluster")
         if inside:
