@@ -22,6 +22,7 @@ RELEASED_ERRORS = ("UnavailableError", "CancelledError", "AbortedError")
 
 # The fields a row's collective shares with the same collective in the next call of the run.
 SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in_control_flow")
+CALL = ("function", "called_at", "strategy")  # strategy: set from the second one on
 
 
 def pair_key(row: dict[str, Any]) -> str:
@@ -31,7 +32,6 @@ def pair_key(row: dict[str, Any]) -> str:
     ``strategy`` is set on the rows of the second and later ones."""
     strategy = row.get("strategy")
     return f"{strategy}/{row.get('group')}" if strategy else str(row.get("group"))
-CALL = ("function", "called_at", "strategy")  # strategy: set from the second one on
 
 
 def fold(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -270,7 +270,7 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
 
 def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
               ledgers: Mapping[str, LedgerView], steps: dict[str, int], waits: _Waits) -> Hang:
-    group = pair_key(row)
+    key = pair_key(row)
     waiting, waited_in = waits
     if row.get("kind") == "check":
         cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited for it to "
@@ -287,12 +287,12 @@ def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
                     f"return): every task of TF_CONFIG must make the {row.get('function')}",
                     LikelyCause.STRATEGY_ON_SOME_TASKS, waited_in)
     tasks = [end.task, *waiters]
-    counts = {t: ledgers[t].count(group) if t in ledgers else 0 for t in tasks}
+    counts = {t: ledgers[t].count(key) if t in ledgers else 0 for t in tasks}
     how_far = ", ".join(f"{t} {steps.get(t, 0)} step(s) and {counts[t]} collective(s)"
                         for t in tasks)
     cause = (f"{end.task} finished the cell while {', '.join(waiters)} waited in "
              f"{describe_row(row)}, which {end.task} never entered; so far {how_far}")
-    lines = _lines_that_differ(tasks, ledgers, group)
+    lines = _lines_that_differ(tasks, ledgers, key)
     likely, advice = _advice_for_uneven(end.task, waiters[0], steps, lines)
     if lines:
         cause += "; collectives per line: " + "; ".join(
@@ -303,8 +303,8 @@ def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
 
 
 def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
-                       group: str) -> list[tuple[str, dict[str, int]]]:
-    """The lines whose collectives (of ``group``, a ``pair_key``, in the rows still kept) ran
+                       key: str) -> list[tuple[str, dict[str, int]]]:
+    """The lines whose collectives (of ``key``, a ``pair_key``, in the rows still kept) ran
     a different number of times on different tasks, with the count per task; a traced function's
     collectives count at the line that called it (the same traced line serves every call)."""
     per_line: dict[str, dict[str, int]] = collections.defaultdict(dict)
@@ -312,7 +312,7 @@ def _lines_that_differ(tasks: list[str], ledgers: Mapping[str, LedgerView],
         if t not in ledgers:
             continue
         for r in ledgers[t].recent():
-            if r.get("index") is not None and pair_key(r) == group:
+            if r.get("index") is not None and pair_key(r) == key:
                 line = r.get("called_at") or r["where"]
                 per_line[line][t] = per_line[line].get(t, 0) + 1
     full = {where: {t: per.get(t, 0) for t in tasks} for where, per in per_line.items()}

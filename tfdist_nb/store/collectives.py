@@ -1,7 +1,6 @@
 """The controller's bounded copy of one task's collective ledger, from its telemetry samples:
 ``open`` the rows it is inside now, ``counts`` per group (``ledger_runs.pair_key``) what the
-hang rules compare
-(diagnostics/hangs.py). The run directory keeps every row.
+hang rules compare (diagnostics/hangs.py). The run directory keeps every row.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ class Ledger:
     def __init__(self, keep: int = KEEP) -> None:
         self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
         self._seq = 0
-        self._counts: dict[str, int] = {}  # by pair_key
+        self._counts: dict[tuple[int, int | None], int] = {}  # by (strategy, group key)
         self._strategy = 0  # strategies made before the current one in this process
         self._dirty: dict[int, dict[str, Any]] = {}
         self._open: dict[int, dict[str, Any]] = {}  # entered, not yet closed
@@ -85,7 +85,7 @@ class Ledger:
             for op in ops:
                 index = None
                 if op.kind not in BARRIER_KINDS:
-                    key = pair_key({"group": op.group_key, **extra})
+                    key = (self._strategy, op.group_key)
                     index = self._counts.get(key, 0)
                     self._counts[key] = index + 1
                 row = self._add(op, function, index=index, call=call, where=where or op.where,
@@ -167,7 +167,8 @@ class Ledger:
             seqs = sorted(self._dirty)[:MAX_ROWS_PER_MESSAGE]
             rows = [dict(self._dirty.pop(s)) for s in seqs]
             issued, more = self._seq, bool(self._dirty)
-            counts = dict(self._counts)
+            counts = {pair_key({"strategy": s, "group": g}): n
+                      for (s, g), n in self._counts.items()}
         single, runs = fold(rows)
         return {"rows": single, **({"runs": runs} if runs else {}), "issued": issued,
                 "counts": counts, "more": more}
