@@ -546,3 +546,39 @@ def test_at_interpreter_exit_forked_tasks_end_through_the_stop_path_before_their
                           text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-2000:]
     assert marker.read_text() == "bye"
+
+
+def test_the_servers_idle_warm_up_finds_every_file_and_starts_no_tensorflow_runtime() -> None:
+    """The warm-up before later forks (IPython's traceback machinery, TensorFlow's error paths
+    parsed) runs no op and no thread: a fork after it is still a fork before any runtime. Every
+    listed module exists in this TensorFlow, so a release that moves one fails here, not as a
+    slower first traceback nobody sees."""
+    code = ("import json, threading, tensorflow\n"
+            "from tensorflow.python.eager import context\n"
+            "from tfdist_nb.launchers import zygote\n"
+            "steps, threads = zygote.traceback_warm_up(), threading.active_count()\n"
+            "for step in steps:\n"
+            "    step()\n"
+            "print(json.dumps({'steps': len(steps), 'context': context.context()._initialized,\n"
+            "    'threads': threading.active_count() - threads}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    from tfdist_nb.launchers.zygote import TRACEBACK_MODULES
+
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "steps": 1 + len(TRACEBACK_MODULES), "threads": 0, "context": False}
+
+
+def test_a_forked_tasks_garbage_collection_leaves_the_servers_pages_shared() -> None:
+    """A full collection in a task walks what the task holds, not TensorFlow's import in the
+    server: the task's own memory (USS) stays as it was, where it took 80 MB before."""
+    with Cluster(workers=1, warm=False) as c:
+        result = c.run("import gc, psutil\n"
+                       "me = psutil.Process()\n"
+                       "before = me.memory_full_info().uss\n"
+                       "gc.collect()\n"
+                       "print('grew', (me.memory_full_info().uss - before) / 2**20)")
+        assert result.ok, result.summary()
+        grew = float(result.tasks["worker:0"].stdout.split()[-1])
+        assert grew < 16, f"a collection made {grew:.0f} MB of the server's pages the task's own"

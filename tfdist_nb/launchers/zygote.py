@@ -13,6 +13,8 @@ kernel ended, so a record would land in the task's output or nowhere. Nothing of
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import importlib
 import json
 import logging
@@ -43,6 +45,22 @@ KERNEL_MODULE = "tfdist_nb.worker.kernel"
 MAX_MESSAGE = 1 << 20
 #: seconds between two looks at whether the controller is still there
 LOOK_S = 1.0
+#: the files of TensorFlow's error paths (an op's failed status, a tf.function's call) and of a
+#: collective's under a strategy: IPython's first traceback over one parses it (stack_data),
+#: about 1 s in all in a fresh kernel. Parsed here, one per idle moment (0.25 s at most each),
+#: a forked kernel's first TensorFlow traceback takes a tenth of that, and a task an abort
+#: released answers sooner (docs/design.md, "Fork server"). Those not imported are skipped.
+TRACEBACK_MODULES = (
+    "tensorflow.python.framework.ops", "tensorflow.python.eager.execute",
+    "tensorflow.python.util.traceback_utils", "tensorflow.python.ops.collective_ops",
+    "tensorflow.python.ops.gen_collective_ops", "tensorflow.python.distribute.distribute_lib",
+    "tensorflow.python.distribute.collective_all_reduce_strategy",
+    "tensorflow.python.distribute.cross_device_ops",
+    "tensorflow.python.distribute.cross_device_utils", "multiprocessing.pool",
+    "tensorflow.python.eager.polymorphic_function.polymorphic_function",
+    "tensorflow.python.eager.polymorphic_function.concrete_function")
+#: seconds of quiet before the next step of that warm-up
+WARM_IDLE_S = 0.25
 
 
 def quietly(*calls: Callable[[], object]) -> None:
@@ -177,12 +195,16 @@ def serve(sock: socket.socket, said: bytes, imported: Imported) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     parent = os.getppid()
+    warm_up = traceback_warm_up()
     while os.getppid() == parent:
-        readable, _, _ = select.select([sock, wake_r], [], [], LOOK_S)
+        readable, _, _ = select.select([sock, wake_r], [], [], WARM_IDLE_S if warm_up else LOOK_S)
         if wake_r in readable:
             with contextlib.suppress(OSError):
                 os.read(wake_r, 4096)
         reap(sock)
+        if not readable and warm_up:
+            with swallowed(logger):
+                warm_up.pop(0)()
         if sock not in readable:
             continue
         try:
@@ -192,6 +214,34 @@ def serve(sock: socket.socket, said: bytes, imported: Imported) -> None:
         if not data:
             return  # the controller closed its end (or ended)
         fork_one(sock, json.loads(data), fds, said, imported, closing=(wake_r, wake_w))
+
+
+def traceback_warm_up() -> list[Callable[[], object]]:
+    """Steps of a quarter second or less that leave IPython's traceback machinery warm for
+    every later fork: one traceback of plain Python (its pygments lexer, ``inspect``'s table of
+    module files), then each of ``TRACEBACK_MODULES`` parsed as stack_data reads it. No
+    TensorFlow op runs: a fork after one would inherit a started runtime."""
+    try:
+        import stack_data
+        from IPython.core import ultratb
+    except ImportError:
+        return []
+
+    def plain() -> None:
+        def raised() -> None:
+            raise ValueError("a traceback to warm up IPython's formatting")
+        try:
+            raised()
+        except ValueError:
+            ultratb.AutoFormattedTB(mode="Context").structured_traceback(*sys.exc_info())
+
+    def parsed(path: str) -> None:
+        source = stack_data.Source.for_filename(path)
+        source.asttext()  # the node positions a frame's highlight needs (not its tokens)
+        _ = source.pieces  # type: ignore[attr-defined]  # a cached property, untyped
+
+    files = [getattr(sys.modules.get(name), "__file__", None) for name in TRACEBACK_MODULES]
+    return [plain, *(functools.partial(parsed, f) for f in files if f)]
 
 
 def reap(sock: socket.socket) -> None:
@@ -210,6 +260,10 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
     """Fork the kernel ``request`` asks for; answer with its pid once it leads its session."""
     sync_r, sync_w = os.pipe()
     flush()
+    # what the server holds goes where the cyclic collector never looks: a child's collections
+    # would otherwise write into every object of TensorFlow's import, and each task would keep
+    # its own copy of those pages (80 MB) instead of sharing the server's
+    gc.freeze()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
