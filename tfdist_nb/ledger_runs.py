@@ -9,7 +9,8 @@ positions and call numbers, so ``unfold`` gives back exactly the rows.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict, cast
 
 #: Ledger rows that are waits for other tasks, not TensorFlow collectives (no group, no
 #: position): ``check`` compares a tf.function's collectives before its first run, ``startup``
@@ -25,7 +26,56 @@ SHARED = ("kind", "group", "group_size", "dtype", "shape", "bytes", "where", "in
 CALL = ("function", "called_at", "strategy")  # strategy: set from the second one on
 
 
-def pair_key(row: dict[str, Any]) -> str:
+class LedgerRow(TypedDict, total=False):
+    """One collective execution (or barrier, or traced collective) in a task's ledger; the
+    fields docs/reference.md lists for ``cluster.collectives()``."""
+
+    seq: int  # this task's sequence number, from 1
+    kind: str  # all_reduce | all_gather | broadcast | check | startup (BARRIER_KINDS)
+    group: int | None  # TensorFlow's group key
+    group_size: int | None
+    dtype: str
+    shape: list[int | None] | None  # None: rank unknown
+    bytes: int | None
+    function: str  # the tf.function it ran in, or "eager"
+    in_control_flow: bool
+    index: int | None  # position among the pair_key's collectives; None for a barrier
+    call: int | None  # the function's call number
+    where: str  # cell N line L
+    called_at: str | None  # the line that called the traced function
+    state: str  # entered | done | failed | aborted | traced | differs
+    entered: float
+    done: float | None
+    strategy: int  # the strategy it ran under, from the second one in the process on
+    members: list[str]  # a barrier's tasks
+    check: str  # a manifest check's key
+    traced_for: str  # a traced row's check
+    position: int  # a traced row's place in its function's manifest
+
+
+class LedgerRun(TypedDict, total=False):
+    """Consecutive completed calls of one line folded into one message (``fold``)."""
+
+    ops: list[LedgerRow]  # the SHARED fields of each collective of a call
+    index: list[int | None]  # each collective's index in the first call
+    call: int | None
+    calls: list[tuple[int, float, float | None]]  # per call: first seq, entered, done
+    function: str
+    called_at: str | None
+    strategy: int
+
+
+class LedgerDrain(TypedDict, total=False):
+    """What a task's ledger sends with a telemetry sample (``worker.ledger.Ledger.drain``)."""
+
+    rows: list[LedgerRow]
+    runs: list[LedgerRun]
+    issued: int  # rows made so far: fewer than last time means a new process
+    counts: dict[str, int]  # per pair_key
+    more: bool  # rows left for the next message
+
+
+def pair_key(row: LedgerRow) -> str:
     """What a row's ``index`` counts within: its group, under the strategy it ran in. A later
     strategy in the same process hands out instance keys from the start again (TensorFlow's
     ``CollectiveKeys`` are per strategy, its group keys the same), so its rows count anew;
@@ -34,46 +84,52 @@ def pair_key(row: dict[str, Any]) -> str:
     return f"{strategy}/{row.get('group')}" if strategy else str(row.get("group"))
 
 
-def fold(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def fold(rows: list[LedgerRow]) -> tuple[list[LedgerRow], list[LedgerRun]]:
     """Split ``rows`` (in sequence order) into rows sent as they are and runs of completed
     calls; a call is the rows one ledger entry made (same function and call number)."""
-    single: list[dict[str, Any]] = []
-    runs: list[dict[str, Any]] = []
-    run: dict[str, Any] | None = None
+    single: list[LedgerRow] = []
+    runs: list[LedgerRun] = []
+    run: LedgerRun | None = None
     for call in _calls(rows):
         if not _foldable(call):
             single.extend(call)
             run = None
             continue
+        first = call[0]
         if run is not None and _continues(run, call):
-            run["calls"].append([call[0]["seq"], call[0]["entered"], call[0]["done"]])
+            run["calls"].append((first["seq"], first["entered"], first.get("done")))
             continue
-        run = {"ops": [{k: r.get(k) for k in SHARED} for r in call],
-               **{k: call[0][k] for k in CALL if k in call[0]},
-               "index": [r.get("index") for r in call], "call": call[0].get("call"),
-               "calls": [[call[0]["seq"], call[0]["entered"], call[0]["done"]]]}
+        run = cast(LedgerRun, {
+            "ops": [{k: _field(r, k) for k in SHARED} for r in call],
+            **{k: _field(first, k) for k in CALL if k in first},
+            "index": [r.get("index") for r in call], "call": first.get("call"),
+            "calls": [(first["seq"], first["entered"], first.get("done"))]})
         runs.append(run)
     return single, runs
 
 
-def unfold(run: dict[str, Any]) -> list[dict[str, Any]]:
+def unfold(run: LedgerRun) -> list[LedgerRow]:
     """The rows ``fold`` made ``run`` of, in sequence order."""
-    ops, first = run["ops"], run["index"]
+    ops, first, start = run["ops"], run["index"], run.get("call")
     per_group = _per_group(ops)
-    out = []
+    out: list[LedgerRow] = []
     for k, (seq, entered, done) in enumerate(run["calls"]):
-        call = None if run.get("call") is None else run["call"] + k
         for j, op in enumerate(ops):
-            index = None if first[j] is None else first[j] + k * per_group[str(op["group"])]
-            out.append({"seq": seq + j, **op, "index": index, "function": run.get("function"),
-                        "call": call, "called_at": run.get("called_at"), "state": "done",
-                        "entered": entered, "done": done,
-                        **({"strategy": run["strategy"]} if "strategy" in run else {})})
+            at = first[j]
+            row: LedgerRow = {
+                "seq": seq + j, **op,
+                "index": None if at is None else at + k * per_group[str(op["group"])],
+                "function": run["function"], "call": None if start is None else start + k,
+                "called_at": run.get("called_at"), "state": "done", "entered": entered,
+                "done": done}
+            if "strategy" in run:
+                row["strategy"] = run["strategy"]
+            out.append(row)
     return out
 
 
-def _calls(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    calls: list[list[dict[str, Any]]] = []
+def _calls(rows: list[LedgerRow]) -> list[list[LedgerRow]]:
+    calls: list[list[LedgerRow]] = []
     for row in rows:
         last = calls[-1][-1] if calls else None
         if (last is not None and row.get("function") != "eager" and row.get("call") is not None
@@ -86,7 +142,7 @@ def _calls(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return calls
 
 
-def _foldable(call: list[dict[str, Any]]) -> bool:
+def _foldable(call: list[LedgerRow]) -> bool:
     first = call[0]
     return all(r.get("state") == "done" and r.get("kind") not in BARRIER_KINDS
                and "members" not in r
@@ -94,24 +150,21 @@ def _foldable(call: list[dict[str, Any]]) -> bool:
                and r.get("done") == first.get("done") for r in call)
 
 
-def _continues(run: dict[str, Any], call: list[dict[str, Any]]) -> bool:
+def _continues(run: LedgerRun, call: list[LedgerRow]) -> bool:
     """Whether ``call`` is the next call of ``run``: the same collectives from the same place,
     the next sequence numbers, positions and call number."""
-    ops = run["ops"]
+    ops, start = run["ops"], run.get("call")
     k = len(run["calls"])
-    if len(call) != len(ops) or any(call[0].get(f) != run.get(f) for f in CALL):
+    if len(call) != len(ops) or any(_field(call[0], f) != _field(run, f) for f in CALL):
         return False
     last_seq = run["calls"][-1][0]
     if call[0]["seq"] != last_seq + len(ops):
         return False
-    if run.get("call") is None:
-        if call[0].get("call") is not None:
-            return False
-    elif call[0].get("call") != run["call"] + k:
+    if call[0].get("call") != (None if start is None else start + k):
         return False
     per_group = _per_group(ops)
     for j, (op, row) in enumerate(zip(ops, call, strict=True)):
-        if any(op[f] != row.get(f) for f in SHARED):
+        if any(_field(op, f) != _field(row, f) for f in SHARED):
             return False
         first = run["index"][j]
         want = None if first is None else first + k * per_group[str(op["group"])]
@@ -120,7 +173,12 @@ def _continues(run: dict[str, Any], call: list[dict[str, Any]]) -> bool:
     return True
 
 
-def _per_group(ops: list[dict[str, Any]]) -> dict[str, int]:
+def _field(row: LedgerRow | LedgerRun, name: str) -> object:
+    """A field named at run time (one of SHARED or CALL)."""
+    return cast(Mapping[str, object], row).get(name)
+
+
+def _per_group(ops: list[LedgerRow]) -> dict[str, int]:
     """How many of a call's collectives belong to each group: a group's positions advance by
     that much per call."""
     counts: dict[str, int] = {}

@@ -21,6 +21,7 @@ from tfdist_nb.diagnostics.crash import crash_report, describe_exit, likely_oom
 from tfdist_nb.diagnostics.explain import explain
 from tfdist_nb.diagnostics.hangs import Ended, hang_said, judge, ledger_overview, release_waiters
 from tfdist_nb.diagnostics.stall import StallWatch
+from tfdist_nb.ledger_runs import LedgerRow
 from tfdist_nb.results import Hang, RemoteError, TaskResult, TaskStatus, error_site
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.transport.channel import Execution, Prompt
@@ -322,7 +323,7 @@ async def _released(hang: Hang, inspector: Inspector, results: dict[str, TaskRes
                     execs: dict[str, Execution], aborted: set[str]) -> None:
     """Every task released because of the hang's culprit ends ``aborted`` naming it
     (hangs.release_waiters); its rows may come a moment after its reply: up to a second."""
-    def rows(name: str) -> list[dict[str, Any]]:  # this cell's
+    def rows(name: str) -> list[LedgerRow]:  # this cell's
         return [r for r in inspector.ledger(name).recent(50)
                 if r.get("entered", 0.0) >= execs[name].started - 1.0]
 

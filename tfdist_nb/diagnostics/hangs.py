@@ -12,10 +12,10 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, pair_key
+from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, LedgerRow, pair_key
 from tfdist_nb.results import Collective, Hang, HangRule, LikelyCause, TaskResult, TaskStatus
 from tfdist_nb.topology import task_order
 
@@ -26,12 +26,12 @@ class LedgerView(Protocol):
 
     issued: int
 
-    def at(self, key: str, index: int) -> dict[str, Any] | None: ...
-    def checked(self, key: str | None) -> dict[str, Any] | None: ...
+    def at(self, key: str, index: int) -> LedgerRow | None: ...
+    def checked(self, key: str | None) -> LedgerRow | None: ...
     def count(self, key: str) -> int: ...
-    def recent(self, last: int | None = None) -> list[dict[str, Any]]: ...
-    def current(self) -> dict[str, Any] | None: ...
-    def open_rows(self) -> list[dict[str, Any]]: ...
+    def recent(self, last: int | None = None) -> list[LedgerRow]: ...
+    def current(self) -> LedgerRow | None: ...
+    def open_rows(self) -> list[LedgerRow]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Ended:
         object.__setattr__(self, "status", TaskStatus(self.status))
 
 
-def collective(row: dict[str, Any]) -> Collective:
+def collective(row: LedgerRow) -> Collective:
     """A ledger row as the typed ``Collective`` a ``Hang`` carries."""
     index = row.get("index")
     return Collective(kind=str(row.get("kind")),
@@ -64,14 +64,14 @@ def collective(row: dict[str, Any]) -> Collective:
 _Waits = tuple[dict[str, str], dict[str, Collective]]
 
 
-def _waits(rows: Mapping[str, dict[str, Any]], now: float) -> _Waits:
+def _waits(rows: Mapping[str, LedgerRow], now: float) -> _Waits:
     """What each waiter (task -> the row it waits in) waited in: in words (with how long), and
     typed; in task order."""
     order = sorted(rows, key=task_order)
     return ({w: _waited(rows[w], now) for w in order}, {w: collective(rows[w]) for w in order})
 
 
-def describe_row(row: dict[str, Any]) -> str:
+def describe_row(row: LedgerRow) -> str:
     """``all_reduce float32[3] #5 in 'step' at cell 3 line 9``."""
     if row.get("kind") == "check":
         return (f"the check that tf.function '{row.get('function')}' issues the same "
@@ -81,7 +81,8 @@ def describe_row(row: dict[str, Any]) -> str:
                 f"before it returns) at {row.get('where')}")
     fn = row.get("function")
     inside = "eagerly" if fn == "eager" else f"in '{fn}'"
-    pos = f" #{row['index'] + 1}" if row.get("index") is not None else ""
+    index = row.get("index")
+    pos = f" #{index + 1}" if index is not None else ""
     called = row.get("called_at")
     via = f", called at {called}" if called and called != row.get("where") else ""
     return (f"{row.get('kind')} {describe_tensor(row.get('dtype', '?'), row.get('shape'))}{pos} "
@@ -104,7 +105,7 @@ def judge(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
     return found
 
 
-def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: set[str]) -> bool:
+def _needs(row: LedgerRow, task: str, ledger: LedgerView | None, members: set[str]) -> bool:
     """Whether ``row`` (another task's open collective) cannot complete without ``task``."""
     if row.get("kind") in BARRIER_KINDS:
         return task in (row.get("members") or ())
@@ -113,7 +114,7 @@ def _needs(row: dict[str, Any], task: str, ledger: LedgerView | None, members: s
     return task in members and (row.get("group_size") or 0) >= len(members) > 1
 
 
-def _never_entered(row: dict[str, Any], ledger: LedgerView | None) -> str | None:
+def _never_entered(row: LedgerRow, ledger: LedgerView | None) -> str | None:
     """How the ended task stands to ``row``: None if it completed its side (the other's done
     is merely not reported yet), else 'never entered' or 'entered and failed'."""
     if row.get("kind") in BARRIER_KINDS:
@@ -141,7 +142,7 @@ def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
     # abort or death), not the cause: the others are judged first
     for name, end in sorted(ended.items(), key=lambda kv: released_error(kv[1].error)):
         ledger = ledgers.get(name)
-        stuck: dict[str, tuple[dict[str, Any], str]] = {}
+        stuck: dict[str, tuple[LedgerRow, str]] = {}
         for waiter, view in busy.items():
             for row in view.open_rows():
                 if not _needs(row, name, ledger, members):
@@ -161,7 +162,7 @@ def _failed_or_finished(ended: dict[str, Ended], busy: Mapping[str, LedgerView],
     return None
 
 
-def _waited(row: dict[str, Any], now: float) -> str:
+def _waited(row: LedgerRow, now: float) -> str:
     return f"{describe_row(row)} (waited {max(0.0, now - row.get('entered', now)):.1f}s)"
 
 
@@ -172,7 +173,7 @@ def released_error(error: str | None, interrupt: bool = False) -> bool:
     return name in RELEASED_ERRORS or (interrupt and name == "KeyboardInterrupt")
 
 
-def released_from(hang: Hang, task: str, error: str | None, rows: list[dict[str, Any]],
+def released_from(hang: Hang, task: str, error: str | None, rows: list[LedgerRow],
                   culprit: LedgerView | None, culprit_crashed: bool, members: set[str],
                   aborted: bool, now: float) -> tuple[str, Collective | None] | None:
     """What ``task`` was released from because of ``hang``'s culprit (in words, and the
@@ -199,7 +200,7 @@ def released_from(hang: Hang, task: str, error: str | None, rows: list[dict[str,
 
 
 def release_waiters(hang: Hang, results: Mapping[str, TaskResult],
-                    rows: Callable[[str], list[dict[str, Any]]], culprit: LedgerView | None,
+                    rows: Callable[[str], list[LedgerRow]], culprit: LedgerView | None,
                     members: set[str], aborted: set[str], now: float) -> bool:
     """Mark ``aborted`` every task of ``results`` that ``released_from`` finds released by the
     hang's culprit, as a waiter with the culprit's explanation (its ``error`` keeps what
@@ -240,7 +241,7 @@ def hang_said(hang: Hang, r: TaskResult) -> str:
     return said
 
 
-def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
+def _failed(end: Ended, waiters: list[str], stuck: tuple[LedgerRow, str],
             ledgers: Mapping[str, LedgerView], waits: _Waits) -> Hang:
     how = "crashed" if end.status is TaskStatus.CRASHED else "failed"
     what = f" ({end.error})" if end.error else ""
@@ -251,8 +252,8 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
              if row.get("kind") in BARRIER_KINDS else
              f"{head} in a collective that {end.task} {entered}: {describe_row(row)}")
     theirs = ledgers.get(end.task)
-    mine = theirs.at(pair_key(row), row["index"]) if theirs and row.get("index") is not None \
-        else None
+    index = row.get("index")
+    mine = theirs.at(pair_key(row), index) if theirs and index is not None else None
     likely, advice = (LikelyCause.CULPRIT_ERROR,
                       f"fix {end.task}'s error; the other tasks only waited for it")
     if mine is not None and not _same(mine, row):
@@ -268,7 +269,7 @@ def _failed(end: Ended, waiters: list[str], stuck: tuple[dict[str, Any], str],
                 culprit_in=collective(mine) if mine is not None else None)
 
 
-def _finished(end: Ended, waiters: list[str], row: dict[str, Any],
+def _finished(end: Ended, waiters: list[str], row: LedgerRow,
               ledgers: Mapping[str, LedgerView], steps: dict[str, int], waits: _Waits) -> Hang:
     key = pair_key(row)
     waiting, waited_in = waits
@@ -361,11 +362,11 @@ def _absent(busy: Mapping[str, LedgerView], ledgers: Mapping[str, LedgerView],
 
 
 def _diverged(busy: Mapping[str, LedgerView], now: float) -> Hang | None:
-    slots: dict[tuple[str, int], dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+    slots: dict[tuple[str, int], dict[str, LedgerRow]] = collections.defaultdict(dict)
     for task, view in busy.items():
         for row in view.open_rows():
-            if row.get("index") is not None:
-                slots[(pair_key(row), row["index"])][task] = row
+            if (index := row.get("index")) is not None:
+                slots[(pair_key(row), index)][task] = row
     for (_, index), rows in sorted(slots.items(), key=lambda kv: kv[0][1]):
         tasks = sorted(rows, key=task_order)
         if all(_same(rows[tasks[0]], rows[t]) for t in tasks[1:]):
@@ -381,7 +382,7 @@ def _diverged(busy: Mapping[str, LedgerView], now: float) -> Hang | None:
     return None
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _same(a: LedgerRow, b: LedgerRow) -> bool:
     """The same collective as far as the rows tell: kind, dtype, and shapes that agree where
     both are known (a traced row may have a dimension unknown at trace time)."""
     if (a.get("kind"), a.get("dtype")) != (b.get("kind"), b.get("dtype")):
@@ -415,7 +416,8 @@ def where_each_stands(ledgers: Mapping[str, LedgerView], now: float) -> dict[str
             continue
         view = ledgers[task]
         last = view.recent(1)
-        missing = [r for r in others if r["index"] >= view.count(pair_key(r))]
+        missing = [r for r in others
+                   if (index := r.get("index")) is not None and index >= view.count(pair_key(r))]
         how = f"never entered {describe_row(missing[0])}" if missing else "in no collective"
         tail = f"; its last: {describe_row(last[0])}, {last[0].get('state')}" if last else ""
         said[task] = f"{how} ({view.issued} issued{tail})"

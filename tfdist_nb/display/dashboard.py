@@ -32,6 +32,7 @@ from tfdist_nb.display.compact import (
 )
 from tfdist_nb.display.printer import task_colour
 from tfdist_nb.events import Alert
+from tfdist_nb.ledger_runs import LedgerRow
 from tfdist_nb.results import ANSI
 from tfdist_nb.store.snapshot import ClusterSnapshot
 from tfdist_nb.store.tails import LiveStore, TaskView
@@ -140,7 +141,7 @@ COLLECTIVE_SHOWN_AFTER_S = 0.5
 COLLECTIVE_LONG_S = 5.0
 
 
-def _collective_html(row: dict[str, Any] | None) -> str:
+def _collective_html(row: LedgerRow | None) -> str:
     """The collective the task is in and how long it has waited (from its ledger); nothing for
     one that completes at once, orange once the wait is long."""
     if row is None:

@@ -8,23 +8,22 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
 
-from tfdist_nb.ledger_runs import pair_key, unfold
+from tfdist_nb.ledger_runs import LedgerDrain, LedgerRow, pair_key, unfold
 
 KEEP_ROWS = 2000
 
 
 @dataclass
 class LedgerView:
-    rows: OrderedDict[int, dict[str, Any]] = field(default_factory=OrderedDict)
-    open: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rows: OrderedDict[int, LedgerRow] = field(default_factory=OrderedDict)
+    open: dict[int, LedgerRow] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     issued: int = 0
     _at: dict[tuple[str, int | None], int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)  # written on the loop thread
 
-    def update(self, ledger: dict[str, Any]) -> None:
+    def update(self, ledger: LedgerDrain) -> None:
         with self._lock:
             if ledger.get("issued", 0) < self.issued:  # a new process under this name
                 self._clear()
@@ -61,14 +60,14 @@ class LedgerView:
         self.issued = 0
         self._at.clear()
 
-    def at(self, key: str, index: int) -> dict[str, Any] | None:
+    def at(self, key: str, index: int) -> LedgerRow | None:
         """This task's row for the ``index``-th collective of ``key`` (a ``pair_key``), if
         still kept."""
         with self._lock:
             seq = self._at.get((key, index))
             return None if seq is None else self.rows.get(seq)
 
-    def checked(self, key: str | None) -> dict[str, Any] | None:
+    def checked(self, key: str | None) -> LedgerRow | None:
         """This task's row of the manifest check ``key``, if still kept."""
         with self._lock:
             rows = [r for r in self.rows.values() if r.get("check") == key]
@@ -78,18 +77,18 @@ class LedgerView:
         """This task's collectives of ``key`` (a ``pair_key``) so far."""
         return self.counts.get(key, 0)
 
-    def recent(self, last: int | None = None) -> list[dict[str, Any]]:
+    def recent(self, last: int | None = None) -> list[LedgerRow]:
         with self._lock:
             rows = list(self.rows.values())
         return rows if last is None else rows[-last:]
 
-    def current(self) -> dict[str, Any] | None:
+    def current(self) -> LedgerRow | None:
         """The collective this task is in now (its oldest open row), or None."""
         with self._lock:
             rows = list(self.open.values())
         return min(rows, key=lambda r: r["seq"]) if rows else None
 
-    def open_rows(self) -> list[dict[str, Any]]:
+    def open_rows(self) -> list[LedgerRow]:
         with self._lock:
             return sorted(self.open.values(), key=lambda r: r["seq"])
 

@@ -30,7 +30,7 @@ def collectives_frame(ledgers: dict[str, LedgerView], last: int | None = 20,
         for r in ledgers[task].recent(last):
             end = r.get("done") or now
             rows.append({**{c: r.get(c) for c in COLUMNS if c != "task"}, "task": task,
-                         "shape": None if r.get("shape") is None else tuple(r["shape"]),
+                         "shape": None if (shape := r.get("shape")) is None else tuple(shape),
                          "strategy": 1 + (r.get("strategy") or 0),
                          "waited_s": round(end - r["entered"], 3)})
     frame = pd.DataFrame(rows, columns=COLUMNS)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tfdist_nb.ledger_runs import LedgerRow
 from tfdist_nb.worker import agreement, cellmap, state
 from tfdist_nb.worker.hooks import instrument, replace_method
 from tfdist_nb.worker.ledger import LEDGER, Op
@@ -44,7 +45,7 @@ def patch_strategy(module: ModuleType) -> bool:
                           wrap)
 
 
-def _enter() -> list[dict[str, Any]] | None:
+def _enter() -> list[LedgerRow] | None:
     """A ``startup`` row naming the tasks this one waits for; None outside a multi-task
     TF_CONFIG that names this task (nothing to wait for)."""
     everyone, mine = agreement.members(), state.task_name()

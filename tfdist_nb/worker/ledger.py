@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tfdist_nb.events import describe_tensor
-from tfdist_nb.ledger_runs import BARRIER_KINDS, RELEASED_ERRORS, fold, pair_key
+from tfdist_nb.ledger_runs import (
+    BARRIER_KINDS,
+    RELEASED_ERRORS,
+    LedgerDrain,
+    LedgerRow,
+    fold,
+    pair_key,
+)
 
 T = TypeVar("T")
 KEEP = 5000
@@ -61,23 +68,25 @@ class Ledger:
     """Thread-safe: eager collectives may be launched from a strategy's worker thread."""
 
     def __init__(self, keep: int = KEEP) -> None:
-        self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=keep)
+        self._rows: collections.deque[LedgerRow] = collections.deque(maxlen=keep)
         self._seq = 0
         self._counts: dict[tuple[int, int | None], int] = {}  # by (strategy, group key)
         self._strategy = 0  # strategies made before the current one in this process
-        self._dirty: dict[int, dict[str, Any]] = {}
-        self._open: dict[int, dict[str, Any]] = {}  # entered, not yet closed
+        self._dirty: dict[int, LedgerRow] = {}
+        self._open: dict[int, LedgerRow] = {}  # entered, not yet closed
         self._lock = threading.Lock()
 
     def enter(self, ops: list[Op] | tuple[Op, ...], function: str, call: int | None = None,
               where: str | None = None, members: list[str] | None = None,
-              called_at: str | None = None, check: str | None = None) -> list[dict[str, Any]]:
+              called_at: str | None = None, check: str | None = None) -> list[LedgerRow]:
         """Rows for ``ops`` entered now; ``where`` overrides the ops' own (an eager launch);
         ``called_at``: the line that called the traced function they run in."""
         now = time.time()
-        extra: dict[str, object] = {  # the same on every task
-            **({"members": members} if members is not None else {}),
-            **({"check": check} if check is not None else {})}
+        extra: LedgerRow = {}  # the same on every task
+        if members is not None:
+            extra["members"] = members
+        if check is not None:
+            extra["check"] = check
         rows = []
         with self._lock:
             if self._strategy:
@@ -88,9 +97,10 @@ class Ledger:
                     key = (self._strategy, op.group_key)
                     index = self._counts.get(key, 0)
                     self._counts[key] = index + 1
-                row = self._add(op, function, index=index, call=call, where=where or op.where,
-                                called_at=called_at, state="entered", entered=now, done=None,
-                                **extra)
+                row = self._add(op, function, {
+                    "index": index, "call": call, "where": where or op.where,
+                    "called_at": called_at, "state": "entered", "entered": now, "done": None,
+                    **extra})
                 self._open[row["seq"]] = row
                 rows.append(row)
         return rows
@@ -110,15 +120,16 @@ class Ledger:
         now = time.time()
         with self._lock:
             for position, op in enumerate(ops):
-                self._add(op, function, index=None, call=None, where=op.where, called_at=None,
-                          traced_for=check, position=position + 1,
-                          state="differs" if position == differs_at else "traced",
-                          entered=now, done=now)
+                self._add(op, function, {
+                    "index": None, "call": None, "where": op.where, "called_at": None,
+                    "traced_for": check, "position": position + 1,
+                    "state": "differs" if position == differs_at else "traced",
+                    "entered": now, "done": now})
 
-    def _add(self, op: Op, function: str, **fields: object) -> dict[str, Any]:
+    def _add(self, op: Op, function: str, fields: LedgerRow) -> LedgerRow:
         """A new row for ``op``, kept and marked unsent (call with the lock held)."""
         self._seq += 1
-        row = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
+        row: LedgerRow = {"seq": self._seq, "kind": op.kind, "group": op.group_key,
                "group_size": op.group_size, "dtype": op.dtype,
                "shape": None if op.shape is None else list(op.shape), "bytes": op.nbytes,
                "function": function, "in_control_flow": op.in_control_flow, **fields}
@@ -126,7 +137,7 @@ class Ledger:
         self._dirty[self._seq] = row
         return row
 
-    def close(self, rows: list[dict[str, Any]], state: str = "done") -> None:
+    def close(self, rows: list[LedgerRow], state: str = "done") -> None:
         now = time.time()
         with self._lock:
             for row in rows:
@@ -134,7 +145,7 @@ class Ledger:
                 self._dirty[row["seq"]] = row
                 self._open.pop(row["seq"], None)
 
-    def run(self, rows: list[dict[str, Any]], fn: Callable[..., T], *args: object,
+    def run(self, rows: list[LedgerRow], fn: Callable[..., T], *args: object,
             **kwargs: object) -> T:
         """``fn(*args, **kwargs)`` with ``rows`` (just entered) closed as it ends: done, or
         ``failed_state`` of what it raised."""
@@ -158,14 +169,14 @@ class Ledger:
             return any(r["entered"] <= limit and seq in self._dirty
                        for seq, r in self._open.items())
 
-    def drain(self) -> dict[str, Any] | None:
+    def drain(self) -> LedgerDrain | None:
         """The rows that are new or changed since the last drain (copies; completed calls
         folded into runs), with this task's per-group counts; None when nothing changed."""
         with self._lock:
             if not self._dirty:
                 return None
             seqs = sorted(self._dirty)[:MAX_ROWS_PER_MESSAGE]
-            rows = [dict(self._dirty.pop(s)) for s in seqs]
+            rows = [self._dirty.pop(s).copy() for s in seqs]
             issued, more = self._seq, bool(self._dirty)
             counts = {pair_key({"strategy": s, "group": g}): n
                       for (s, g), n in self._counts.items()}
@@ -173,10 +184,10 @@ class Ledger:
         return {"rows": single, **({"runs": runs} if runs else {}), "issued": issued,
                 "counts": counts, "more": more}
 
-    def recent(self, last: int | None = None) -> list[dict[str, Any]]:
+    def recent(self, last: int | None = None) -> list[LedgerRow]:
         with self._lock:
             rows = list(self._rows)
-        return [dict(r) for r in (rows if last is None else rows[-last:])]
+        return [r.copy() for r in (rows if last is None else rows[-last:])]
 
 
 LEDGER = Ledger()
