@@ -27,8 +27,8 @@ CALL = ("function", "called_at", "strategy")  # strategy: set from the second on
 
 
 class LedgerRow(TypedDict, total=False):
-    """One collective execution (or barrier, or traced collective) in a task's ledger; the
-    fields docs/reference.md lists for ``cluster.collectives()``."""
+    """One collective execution (or barrier, or traced collective) in a task's ledger;
+    ``cluster.collectives()`` shows most fields (docs/reference.md, "Collectives and hangs")."""
 
     seq: int  # this task's sequence number, from 1
     kind: str  # all_reduce | all_gather | broadcast | check | startup (BARRIER_KINDS)
