@@ -104,3 +104,30 @@ def test_a_flush_with_unsent_output_returns_only_after_it_went_out(iopub: Any) -
     assert received(sub, session)["text"] == "b\n"
     stream.flush()  # and nothing is sent twice
     assert not sub.poll(0)
+
+
+def test_a_control_requests_idle_leaves_a_half_written_line_whole() -> None:
+    """A kernel goes idle after every control request too (a debugger's ``continue``): an idle
+    that is not the writer's own must not cut ``print('double', f(21))``'s line in two, and the
+    writer's own idle still ends an unfinished line."""
+    from jupyter_client.asynchronous import AsyncKernelClient
+
+    from tfdist_nb.events import OutputLine
+    from tfdist_nb.transport.channel import KernelChannel
+
+    seen: list[Any] = []
+    channel = KernelChannel("worker:1", AsyncKernelClient(), seen.extend)
+
+    def message(kind: str, parent: str, content: dict[str, Any]) -> dict[str, Any]:
+        return {"msg_type": kind, "parent_header": {"msg_id": parent, "session": "console"},
+                "header": {"msg_type": kind, "date": None}, "content": content}
+
+    stream = {"name": "stdout"}
+    for msg in (message("stream", "run", {**stream, "text": "double"}),
+                message("status", "continue", {"execution_state": "idle"}),
+                message("stream", "run", {**stream, "text": " 42\nno newline"}),
+                message("status", "other", {"execution_state": "idle"}),
+                message("status", "run", {"execution_state": "idle"})):
+        channel._on_iopub(msg)
+    lines = [(e.text, e.origin) for e in seen if isinstance(e, OutputLine)]
+    assert lines == [("double 42", "console"), ("no newline", "console")]

@@ -215,7 +215,7 @@ class KernelChannel:
             self.client.input(EOF_ANSWER)
             return
         await asyncio.sleep(PROMPT_SETTLE_S)
-        self._flush_partials(ex.cell)  # "name: " printed before input() shows first
+        self._flush_partials(ex.msg_id)  # "name: " printed before input() shows first
         content = msg.get("content", {})
         ex.prompt = Prompt(self.task, str(content.get("prompt", "")),
                            bool(content.get("password")), ex.msg_id)
@@ -296,14 +296,15 @@ class KernelChannel:
         elif kind == "execute_input" and parent in self._console:
             self._emit_lines(t, "input", str(content.get("code", "")).splitlines(), parent)
         elif kind == "status" and content.get("execution_state") == "idle":
-            self._flush_partials(cell)
+            self._flush_partials(parent)
             if ex is not None and not ex.idle.done():
                 ex.idle.set_result(t)
 
-    def _flush_partials(self, cell: int | None) -> None:
-        """The cell went idle: every write is in; unfinished lines go out as they are."""
+    def _flush_partials(self, parent: str | None) -> None:
+        """Request ``parent`` went idle (None: the channel closes): every write is in; its
+        unfinished lines go out as they are."""
         self._sink_lines(self._order.release(time.time(), force=True))
-        self._sink_lines(self._order.partials())
+        self._sink_lines(self._order.partials(parent))
 
     def _origin(self, parent: str) -> str | None:
         return CONSOLE if parent in self._console else None

@@ -70,10 +70,16 @@ class StreamOrder:
             out += self._lines(w)
         return out
 
-    def partials(self) -> list[Line]:
-        """Unfinished lines, as they are (the cell went idle)."""
-        out = [(t, stream, text, parent) for stream, (t, text, parent) in self._partial.items()]
-        self._partial.clear()
+    def partials(self, of: str | None = None) -> list[Line]:
+        """Unfinished lines, as they are: those begun by request ``of`` (it went idle), or all.
+
+        Only that request's idle ends them: a kernel also goes idle after each control request
+        (a debugger's ``continue``, an interrupt), and such an idle mid-``print`` would cut a line
+        in two (``print('double', f(21))`` writes ``double`` and `` 42`` separately)."""
+        out = [(t, stream, text, parent) for stream, (t, text, parent) in self._partial.items()
+               if of is None or parent in (of, "")]
+        for _, stream, _, _ in out:
+            del self._partial[stream]
         return sorted(out, key=lambda line: line[0])
 
     def _writes(self, stream: str, text: str, marks: Any, parent: str,
