@@ -119,15 +119,25 @@ def test_a_control_requests_idle_leaves_a_half_written_line_whole() -> None:
     channel = KernelChannel("worker:1", AsyncKernelClient(), seen.extend)
 
     def message(kind: str, parent: str, content: dict[str, Any]) -> dict[str, Any]:
-        return {"msg_type": kind, "parent_header": {"msg_id": parent, "session": "console"},
-                "header": {"msg_type": kind, "date": None}, "content": content}
+        request = "debug_request" if parent == "continue" else "execute_request"
+        return {"msg_type": kind, "header": {"msg_type": kind, "date": None},
+                "parent_header": {"msg_id": parent, "session": "console", "msg_type": request},
+                "content": content}
 
-    stream = {"name": "stdout"}
-    for msg in (message("stream", "run", {**stream, "text": "double"}),
-                message("status", "continue", {"execution_state": "idle"}),
-                message("stream", "run", {**stream, "text": " 42\nno newline"}),
-                message("status", "other", {"execution_state": "idle"}),
-                message("status", "run", {"execution_state": "idle"})):
-        channel._on_iopub(msg)
-    lines = [(e.text, e.origin) for e in seen if isinstance(e, OutputLine)]
-    assert lines == [("double 42", "console"), ("no newline", "console")]
+    def said(*messages: dict[str, Any]) -> list[tuple[str, str | None]]:
+        for msg in messages:
+            channel._on_iopub(msg)
+        lines = [(e.text, e.origin) for e in seen if isinstance(e, OutputLine)]
+        seen.clear()
+        return lines
+
+    stdout, idle = {"name": "stdout"}, {"execution_state": "idle"}
+    assert said(message("stream", "run", {**stdout, "text": "double"}),
+                message("status", "continue", idle),
+                message("stream", "run", {**stdout, "text": " 42\nno newline"}),
+                message("status", "probe", idle)) == [("double 42", "console")]
+    assert said(message("status", "run", idle)) == [("no newline", "console")]
+    # what a thread writes after its cell ended goes out at the next request's idle
+    assert said(message("stream", "run", {**stdout, "text": "tick"}),
+                message("status", "continue", idle)) == []
+    assert said(message("status", "next", idle)) == [("tick", "console")]

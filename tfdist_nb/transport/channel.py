@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +81,7 @@ class KernelChannel:
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
         self._console: set[str] = set()  # requests of another client (a console), by msg_id
+        self._ended: set[str] = set()  # requests that went idle: what they left unfinished goes
         #: JupyterLab's debugger holds the kernel at a breakpoint (a ``debug_event`` said
         #: ``stopped`` and nothing since said it goes on): a person is at it, not a hang
         self.debug_stopped = False
@@ -215,7 +216,7 @@ class KernelChannel:
             self.client.input(EOF_ANSWER)
             return
         await asyncio.sleep(PROMPT_SETTLE_S)
-        self._flush_partials(ex.msg_id)  # "name: " printed before input() shows first
+        self._flush_partials({ex.msg_id})  # "name: " printed before input() shows first
         content = msg.get("content", {})
         ex.prompt = Prompt(self.task, str(content.get("prompt", "")),
                            bool(content.get("password")), ex.msg_id)
@@ -296,15 +297,17 @@ class KernelChannel:
         elif kind == "execute_input" and parent in self._console:
             self._emit_lines(t, "input", str(content.get("code", "")).splitlines(), parent)
         elif kind == "status" and content.get("execution_state") == "idle":
-            self._flush_partials(parent)
+            if header.get("msg_type") == "execute_request":  # (a control request writes none)
+                self._ended.add(parent)
+                self._flush_partials(self._ended)
             if ex is not None and not ex.idle.done():
                 ex.idle.set_result(t)
 
-    def _flush_partials(self, parent: str | None) -> None:
-        """Request ``parent`` went idle (None: the channel closes): every write is in; its
-        unfinished lines go out as they are."""
+    def _flush_partials(self, ended: Container[str] | None) -> None:
+        """The requests in ``ended`` wrote all they will (None: the channel closes): their
+        unfinished lines go out as they are, also what a thread wrote after its cell."""
         self._sink_lines(self._order.release(time.time(), force=True))
-        self._sink_lines(self._order.partials(parent))
+        self._sink_lines(self._order.partials(ended))
 
     def _origin(self, parent: str) -> str | None:
         return CONSOLE if parent in self._console else None

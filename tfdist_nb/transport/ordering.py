@@ -7,6 +7,7 @@ and the cell's idle releases all. Unnumbered messages (no agent, a forked child)
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,14 +71,15 @@ class StreamOrder:
             out += self._lines(w)
         return out
 
-    def partials(self, of: str | None = None) -> list[Line]:
-        """Unfinished lines, as they are: those begun by request ``of`` (it went idle), or all.
+    def partials(self, of: Container[str] | None = None) -> list[Line]:
+        """Unfinished lines, as they are: those begun by a request in ``of`` (requests that went
+        idle or ask for input), or all.
 
-        Only that request's idle ends them: a kernel also goes idle after each control request
-        (a debugger's ``continue``, an interrupt), and such an idle mid-``print`` would cut a line
-        in two (``print('double', f(21))`` writes ``double`` and `` 42`` separately)."""
+        Only the writer's own idle ends its line: a kernel also goes idle after each control
+        request (a debugger's ``continue``, an interrupt), and such an idle mid-``print`` would
+        cut a line in two (``print('double', f(21))`` writes ``double`` and `` 42`` apart)."""
         out = [(t, stream, text, parent) for stream, (t, text, parent) in self._partial.items()
-               if of is None or parent in (of, "")]
+               if of is None or not parent or parent in of]
         for _, stream, _, _ in out:
             del self._partial[stream]
         return sorted(out, key=lambda line: line[0])
