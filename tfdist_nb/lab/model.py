@@ -14,9 +14,10 @@ from tfdist_nb import chart_axes
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
 from tfdist_nb.events import Restart, RestartRecord, as_float, gpu_summary
-from tfdist_nb.lab.tail import JsonlTail, Record
+from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.owned_files import regular_stat
 from tfdist_nb.store.collectives import LedgerView
+from tfdist_nb.store.rundir import Record
 from tfdist_nb.store.state import STATE_FILE, StateDoc, StateTask, cluster_status, read_state
 from tfdist_nb.topology import spec_words, task_order
 

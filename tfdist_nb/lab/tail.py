@@ -8,12 +8,10 @@ import json
 from pathlib import Path
 
 from tfdist_nb.owned_files import read_regular, regular_stat
+from tfdist_nb.store.rundir import Record
 
 INITIAL_BYTES = 1 << 20  # the first read of a file: its last MiB
 MAX_READ = 4 << 20       # at most this much per poll; the rest comes with the next ones
-
-#: one line of a JSON Lines file: a JSON object, its fields not yet checked
-Record = dict[str, object]
 
 
 class JsonlTail:
