@@ -43,8 +43,8 @@ class _Rich(TypedDict):
     time: float
     task: str
     msg_type: str
-    data: dict[str, Any]  # a MIME bundle, as the kernel sent it
-    metadata: dict[str, Any]
+    data: dict[str, object]  # a MIME bundle, as the kernel sent it
+    metadata: dict[str, object]
     cell: int | None
     kind: str  # "rich"
 

@@ -61,7 +61,6 @@ class PaneLatest(TypedDict, total=False):
 
     collective: str | None
     collective_since: float | None
-
     time: float | None
     cpu_percent: float | None
     rss_mb: float | None
@@ -82,6 +81,8 @@ class PaneSample(PaneLatest, total=False):
 
 
 class LatenessPoint(TypedDict):
+    """How long the others waited for ``task`` in ``step`` (the lateness chart)."""
+
     task: str
     step: int
     lateness_ms: float
@@ -97,6 +98,8 @@ class News(TypedDict):
 
 
 class SeriesJson(TypedDict):
+    """A task's series in a cluster's detail (``TaskSeries.to_json``)."""
+
     samples: list[Point]
     steps: list[Point]
     lateness: list[Point]
