@@ -6,9 +6,10 @@ thing. No I/O here.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 from tfdist_nb.strenum import StrEnum
 
@@ -21,6 +22,61 @@ class Finding(StrEnum):
     STRATEGY = "strategy"
     RING_ON_GPUS = "ring_on_gpus"  # the advice the controller derives from STRATEGY's facts
     GPU_XID = "gpu_xid"  # the driver reported an XID error on one of the task's GPUs
+
+
+class _Output(TypedDict):
+    time: float
+    task: str
+    stream: str
+    text: str
+    cell: int | None
+    kind: str  # "output"
+
+
+class OutputRecord(_Output, total=False):
+    """An ``OutputLine`` as ``events.jsonl`` holds it (``to_json``)."""
+
+    origin: str
+
+
+class _Rich(TypedDict):
+    time: float
+    task: str
+    msg_type: str
+    data: dict[str, object]  # a MIME bundle, as the kernel sent it
+    metadata: dict[str, object]
+    cell: int | None
+    kind: str  # "rich"
+
+
+class RichRecord(_Rich, total=False):
+    """A ``RichOutput`` as ``events.jsonl`` holds it."""
+
+    origin: str
+
+
+class _Note(TypedDict):
+    time: float
+    task: str
+    text: str
+    level: str
+    kind: str  # "note"
+
+
+class NoteRecord(_Note, total=False):
+    """A ``TaskNote`` as ``events.jsonl`` holds it."""
+
+    topic: str
+
+
+class RestartRecord(TypedDict):
+    """A ``Restart`` as ``events.jsonl`` holds it; ``Restart(**record)`` reads it back."""
+
+    time: float
+    tasks: dict[str, str]
+    moved: dict[str, str]
+    seconds: float
+    kind: str  # "restart"
 
 
 @dataclass(frozen=True)
@@ -62,10 +118,10 @@ class OutputLine:
     kind: str = "output"
     origin: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> OutputRecord:
         # by hand: dataclasses.asdict deep-copies, and this runs for every line of a flood
-        out = {"time": self.time, "task": self.task, "stream": self.stream, "text": self.text,
-               "cell": self.cell, "kind": self.kind}
+        out: OutputRecord = {"time": self.time, "task": self.task, "stream": self.stream,
+                             "text": self.text, "cell": self.cell, "kind": self.kind}
         if self.origin is not None:
             out["origin"] = self.origin
         return out
@@ -89,10 +145,14 @@ class RichOutput:
     kind: str = "rich"
     origin: str | None = None  # as OutputLine's
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.origin is None:
-            del out["origin"]
+    def to_json(self) -> RichRecord:
+        # as dataclasses.asdict gave it: the bundle deep-copied, no origin when it has none
+        out: RichRecord = {"time": self.time, "task": self.task, "msg_type": self.msg_type,
+                           "data": copy.deepcopy(self.data),
+                           "metadata": copy.deepcopy(self.metadata), "cell": self.cell,
+                           "kind": self.kind}
+        if self.origin is not None:
+            out["origin"] = self.origin
         return out
 
 
@@ -107,10 +167,11 @@ class TaskNote:
     kind: str = "note"
     topic: str | None = None  # what a program reads it by (HANG), never by its text
 
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        if self.topic is None:
-            del out["topic"]
+    def to_json(self) -> NoteRecord:
+        out: NoteRecord = {"time": self.time, "task": self.task, "text": self.text,
+                           "level": self.level, "kind": self.kind}
+        if self.topic is not None:
+            out["topic"] = self.topic
         return out
 
 
@@ -176,8 +237,9 @@ class Restart:
         ports = "on fresh TF ports" if self.moved else "with the same TF_CONFIGs"
         return f"restarted in {self.seconds:.1f}s, {ports}: {said}"
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> RestartRecord:
+        return {"time": self.time, "tasks": dict(self.tasks), "moved": dict(self.moved),
+                "seconds": self.seconds, "kind": self.kind}
 
 
 Event = OutputLine | RichOutput | TaskNote | TelemetrySample | Restart

@@ -10,7 +10,7 @@ import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TypedDict
 
 import bqplot as bq
 import ipywidgets as w
@@ -30,7 +30,7 @@ _STATE_BG = {"starting": "#eeeeee", "idle": "#e8f5e9", "busy": "#e3f2fd", "promp
              "stopped": "#f5f5f5"}
 
 
-def set_value(widget: Any, value: object) -> bool:
+def set_value(widget: w.ValueWidget, value: object) -> bool:
     """Set ``widget.value`` only when it differs (each set is an update sent); True if set."""
     if value == widget.value:
         return False
@@ -68,6 +68,21 @@ def outliers(values: dict[str, float], unit: str, min_gap: float = 0.0) -> str:
     return (", ".join(f"{t} {v:.0f}{unit}" for _, t, v in far) + f" (median {med:.0f}{unit})")
 
 
+class GridRow(TypedDict):
+    """A task's row of the grid (``grid_rows``)."""
+
+    task: str
+    state: str
+    step: int
+    step_ms: float | None
+    late_ms: float | None  # None: not a straggler
+    cpu: float | None
+    rss: float | None
+    gpus: str  # the GPUs it was given
+    gpu: float | None
+    alerts: int
+
+
 class TaskGrid:
     """Every task in one HTML table (one widget update per refresh, whatever the task count)."""
 
@@ -80,7 +95,7 @@ class TaskGrid:
 
     ROWS_PER_TABLE = 16  # tables side by side: 64 tasks stay on one screen
 
-    def update(self, rows: list[dict[str, Any]]) -> bool:
+    def update(self, rows: list[GridRow]) -> bool:
         head = "".join(f"<th style='padding:0 5px;text-align:right'>{c}</th>"
                        for c in self.COLUMNS)
         tables = "".join(
@@ -92,7 +107,7 @@ class TaskGrid:
         return set_value(self.widget, text)
 
     @staticmethod
-    def _row(r: dict[str, Any]) -> str:
+    def _row(r: GridRow) -> str:
         def cell(v: object, digits: int = 0) -> str:
             text = "" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
             return f"<td style='padding:0 5px;text-align:right'>{html.escape(text)}</td>"
@@ -109,11 +124,11 @@ class TaskGrid:
 def grid_rows(names: list[str], views: dict[str, TaskView],
               state_pid: Callable[[str], tuple[str, int | None]],
               stragglers: dict[str, float], alerts: list[Alert],
-              gpus: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+              gpus: Mapping[str, str] | None = None) -> list[GridRow]:
     """One grid row per task; ``stragglers``: task -> lateness (ms); ``gpus``: task -> the GPUs
     it was given."""
     counts = Counter(task for alert in alerts for task in set(alert.tasks))
-    rows = []
+    rows: list[GridRow] = []
     for name in names:
         v, (state, _) = views[name], state_pid(name)
         latest = v.latest
@@ -139,7 +154,8 @@ class RevisionCharts:
         self.box = w.VBox([self.row, self.empty])
 
     @staticmethod
-    def _figure(chart: axes.Chart, marks: list[Any], title: str, layout: Any) -> Any:
+    def _figure(chart: axes.Chart, marks: list[bq.Lines], title: str,
+                layout: w.Layout) -> bq.Figure:
         xs, ys = marks[0].scales["x"], marks[0].scales["y"]
         fig = bq.Figure(marks=marks, title=title,
                         axes=[bq.Axis(scale=xs, label="step" if chart.x == "steps" else
@@ -159,7 +175,7 @@ class RevisionCharts:
         t0 = min((v.samples[0][0] for v in views if v.samples), default=time.time())
         now = max((v.samples[-1][0] for v in views if v.samples), default=t0)
         said: list[str] = []
-        shown: list[Any] = []
+        shown: list[w.DOMWidget] = []
         for i, chart in enumerate(CHARTS):
             drawn = self._draw(i, chart, views, t0, now)
             if drawn is None:
@@ -175,23 +191,25 @@ class RevisionCharts:
         return True
 
     def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
-              now: float) -> Any:
+              now: float) -> w.DOMWidget | None:
         """Draw chart ``i`` (seconds since ``t0``, up to ``now``); the widget that shows it, or
         None when it has no data."""
         raise NotImplementedError
 
     @staticmethod
-    def _rows(chart: axes.Chart, view: TaskView, now: float) -> list[Any]:
-        """A task's rows with a value for ``chart``: its last CHART_POINTS steps, or its
-        samples of the time window up to ``now``."""
+    def _values(chart: axes.Chart, view: TaskView, now: float) -> list[tuple[float, float]]:
+        """``(x, value)`` of a task's rows with a value for ``chart``: its last CHART_POINTS
+        steps (x: the step), or its samples of the time window up to ``now`` (x: the time)."""
         col = chart.column
         if chart.x == "steps":
-            return [r for r in list(view.steps)[-CHART_POINTS:] if r[col] is not None]
-        return [r for r in view.samples if r[col] is not None and r[0] >= now - axes.WINDOW_S]
+            return [(r[0], r[col]) for r in list(view.steps)[-CHART_POINTS:]
+                    if r[col] is not None]
+        return [(r[0], r[col]) for r in view.samples
+                if r[col] is not None and r[0] >= now - axes.WINDOW_S]
 
     @staticmethod
-    def _rescale(chart: axes.Chart, scales: tuple[Any, Any], x_first: float, x_last: float,
-                 values: list[float]) -> None:
+    def _rescale(chart: axes.Chart, scales: tuple[bq.LinearScale, bq.LinearScale],
+                 x_first: float, x_last: float, values: list[float]) -> None:
         xs, ys = scales
         x_range, y_range = axes.x_range(chart, x_first, x_last), axes.y_range(chart, values)
         if (xs.min, xs.max) != x_range:
@@ -211,7 +229,11 @@ class BandCharts(RevisionCharts):
                 "rss": (" MB", 100.0), "gpu": ("%", 15.0)}
 
     def __init__(self) -> None:
-        self.figures, self.marks, self.notes, self.scales, self.panels = [], [], [], [], []
+        self.figures: list[bq.Figure] = []
+        self.marks: list[bq.Lines] = []
+        self.notes: list[w.HTML] = []
+        self.scales: list[tuple[bq.LinearScale, bq.LinearScale]] = []
+        self.panels: list[w.VBox] = []
         for chart in CHARTS:
             xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
             mark = bq.Lines(x=[0.0], y=[[0.0], [0.0], [0.0]],
@@ -230,7 +252,7 @@ class BandCharts(RevisionCharts):
         self._boxes()
 
     def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
-              now: float) -> Any:
+              now: float) -> w.VBox | None:
         per_x, latest = self._bands(chart, views, t0, now)
         if not per_x:
             return None
@@ -254,11 +276,10 @@ class BandCharts(RevisionCharts):
         the time window), and each task's recent median (for the outliers)."""
         per_x: dict[float, list[float]] = defaultdict(list)
         latest: dict[str, float] = {}
-        col = chart.column
         for v in views:
-            rows = RevisionCharts._rows(chart, v, now)
-            for row in rows:
-                per_x[row[0] if chart.x == "steps" else round(row[0] - t0)].append(row[col])
-            if recent := [r[col] for r in rows[-20:]]:
+            values = RevisionCharts._values(chart, v, now)
+            for x, y in values:
+                per_x[x if chart.x == "steps" else round(x - t0)].append(y)
+            if recent := [y for _, y in values[-20:]]:
                 latest[v.task] = statistics.median(recent)
         return per_x, latest

@@ -183,9 +183,9 @@ class Charts(RevisionCharts):
 
     def __init__(self, tasks: list[str]) -> None:
         self.tasks = tasks
-        self.figures: list[Any] = []
-        self.marks: list[list[Any]] = []
-        self.scales: list[tuple[Any, Any]] = []
+        self.figures: list[bq.Figure] = []
+        self.marks: list[list[bq.Lines]] = []
+        self.scales: list[tuple[bq.LinearScale, bq.LinearScale]] = []
         for chart in CHARTS:
             xs, ys = bq.LinearScale(min=0.0, max=1.0), bq.LinearScale(min=0.0, max=1.0)
             marks = [bq.Lines(x=[0.0], y=[0.0], colors=[colour_of(t)], labels=[t],
@@ -197,7 +197,7 @@ class Charts(RevisionCharts):
         self._boxes()
 
     def _draw(self, i: int, chart: axes.Chart, views: list[TaskView], t0: float,
-              now: float) -> Any:
+              now: float) -> bq.Figure | None:
         shown = [self._points(chart, v, t0, now) for v in views]
         values = [y for _, line in shown for y in line]
         if not values:
@@ -216,9 +216,9 @@ class Charts(RevisionCharts):
                 now: float) -> tuple[list[float], list[float]]:
         """A task's points of ``chart``: its last CHART_POINTS steps, or its samples of the
         time window (seconds since ``t0``)."""
-        rows = Charts._rows(chart, view, now)
-        xs = [r[0] for r in rows] if chart.x == "steps" else [r[0] - t0 for r in rows]
-        return xs, [r[chart.column] for r in rows]
+        values = Charts._values(chart, view, now)
+        xs = [x for x, _ in values] if chart.x == "steps" else [x - t0 for x, _ in values]
+        return xs, [y for _, y in values]
 
 
 def spares_text(snap: ClusterSnapshot) -> str:

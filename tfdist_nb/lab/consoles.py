@@ -15,7 +15,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
@@ -42,6 +42,22 @@ PRUNE_S = 5.0  # how often registered task kernels are checked against their clu
 KERNEL_NAME = "tfdist-worker"
 
 
+class ConnectionInfo(TypedDict, total=False):
+    """A kernel connection file (jupyter_client's ``KernelConnectionInfo``, which the lab may
+    not import), as ``connection_of`` read and checked it."""
+
+    transport: str  # ipc | tcp
+    ip: str
+    key: str
+    signature_scheme: str
+    kernel_name: str
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+
+
 class Refused(Exception):
     """Why no console can be opened on the task, with the HTTP status said."""
 
@@ -50,7 +66,7 @@ class Refused(Exception):
         self.status = status
 
 
-def connection_of(index: ClusterIndex, cluster_id: str, task: str) -> tuple[str, dict[str, Any]]:
+def connection_of(index: ClusterIndex, cluster_id: str, task: str) -> tuple[str, ConnectionInfo]:
     """(reading thread) The path and contents of the live task's kernel connection file."""
     watch = index.get(cluster_id)
     if watch is None:
@@ -81,7 +97,7 @@ def connection_of(index: ClusterIndex, cluster_id: str, task: str) -> tuple[str,
             "ipc", "tcp"):
         raise Refused(409, f"{task}'s connection file {path} is not a whole kernel connection "
                            "file (yet)")
-    return path, info
+    return path, cast(ConnectionInfo, info)  # JSON, its key and transport checked
 
 
 class TaskKernels:
@@ -95,7 +111,7 @@ class TaskKernels:
         self._lock = asyncio.Lock()
 
     async def kernel_for(self, cluster_id: str, task: str, path: str,
-                         info: dict[str, Any]) -> str:
+                         info: ConnectionInfo) -> str:
         """(loop) The kernel id of the task's kernel, registered now unless it already is."""
         async with self._lock:  # one registration at a time (a double click: one kernel)
             known = self.known.get((cluster_id, task))

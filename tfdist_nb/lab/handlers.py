@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized, ws_authenticated
@@ -31,13 +31,15 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from tfdist_nb.lab.discovery import CLUSTER_ID, find_clusters
-from tfdist_nb.lab.model import ClusterWatch
+from tfdist_nb.lab.model import ClusterWatch, Detail, Summary
 
 AUTH_RESOURCE = "tfdist"
 T = TypeVar("T")
 SCAN_CACHE_S = 2.0
 HEARTBEAT_S = 10.0  # an update with the summary at least this often to a subscriber
 IO_TIMEOUT_S = 10.0  # a request waits this long for the run directories, then 504
+#: one poll of the watched clusters: each watch and its update message (None: nothing new)
+Collected = list[tuple[ClusterWatch, str | None]]
 
 
 class ClusterIndex:
@@ -88,10 +90,10 @@ class ClusterIndex:
         watch.refresh_state()
         return watch
 
-    def summaries(self) -> list[dict[str, Any]]:
+    def summaries(self) -> list[Summary]:
         return [w.summary() for cid in self.scan() if (w := self.get(cid)) is not None]
 
-    def detail(self, cluster_id: str) -> tuple[dict[str, Any], Callable[[], None]] | None:
+    def detail(self, cluster_id: str) -> tuple[Detail, Callable[[], None]] | None:
         """(reading thread) One cluster's detail, and the delivery of its news to the
         subscribers, for the loop to call."""
         watch = self.get(cluster_id)
@@ -146,9 +148,8 @@ class ClusterIndex:
         done = self._io.submit(self._collect_all, watched)
         IOLoop.current().add_future(done, self._delivered)
 
-    def _collect_all(self, watched: list[tuple[str, ClusterWatch]]
-                     ) -> list[tuple[ClusterWatch, str | None]]:
-        out = []
+    def _collect_all(self, watched: list[tuple[str, ClusterWatch]]) -> Collected:
+        out: Collected = []
         for cid, watch in watched:
             try:
                 out.append((watch, self.collect(watch)))
@@ -157,7 +158,7 @@ class ClusterIndex:
                     self.log.exception("tfdist: polling cluster %s failed", cid)
         return out
 
-    def _delivered(self, done: Future[Any] | asyncio.Future[Any]) -> None:
+    def _delivered(self, done: Future[Collected] | asyncio.Future[Collected]) -> None:
         self._ticking = False
         try:
             found = done.result()

@@ -8,16 +8,17 @@ import os
 import re
 from collections import defaultdict, deque
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from tfdist_nb import chart_axes
 from tfdist_nb.diagnostics.hangs import describe_row
 from tfdist_nb.diagnostics.straggler import MIN_LAG_MS, step_lags
-from tfdist_nb.events import Restart, as_float, gpu_summary
+from tfdist_nb.events import Restart, RestartRecord, as_float, gpu_summary
 from tfdist_nb.lab.tail import JsonlTail
 from tfdist_nb.owned_files import regular_stat
 from tfdist_nb.store.collectives import LedgerView
-from tfdist_nb.store.state import STATE_FILE, cluster_status, read_state
+from tfdist_nb.store.rundir import Record
+from tfdist_nb.store.state import STATE_FILE, StateDoc, StateTask, cluster_status, read_state
 from tfdist_nb.topology import spec_words, task_order
 
 #: states of a task without a kernel to open a console on
@@ -31,8 +32,134 @@ PENDING_STEPS = 400      # steps waiting for the other tasks' rows (lateness)
 TEXT_MAX = 4000
 TASK_DIR = re.compile(r"^(chief|worker|ps|evaluator)-(\d+)$")
 
+#: a chart row: ``[time, cpu, rss, gpu util, gpu mem]``, ``[step, begin, ms, input wait ms]``
+#: or ``[step, lateness ms]``
+Point = list[float | None]
 
-def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
+
+class _Line(TypedDict):
+    time: float | None
+    task: str
+    stream: str  # stdout | stderr | ... | note | rich
+    text: str
+    cell: object  # as the record has it
+
+
+class PaneLine(_Line, total=False):
+    """A line of a pane's log (``compact_event``); a note's has its level."""
+
+    level: str
+
+
+class CollectiveAt(TypedDict):
+    collective: str | None  # the collective the task is in now, in words
+    collective_since: float | None
+
+
+class PaneLatest(TypedDict, total=False):
+    """A task's newest sample as the panes show it ({} before the first)."""
+
+    collective: str | None
+    collective_since: float | None
+    time: float | None
+    cpu_percent: float | None
+    rss_mb: float | None
+    gpu_util_percent: float | None
+    gpu_mem_mb: float | None
+    gpus: int
+    step: int | None
+    total_steps: int | None
+
+
+class PaneSample(PaneLatest, total=False):
+    """A sample in an ``update`` message: its task, its new step rows; ``ledger_only``: only
+    the collective moved."""
+
+    task: str
+    steps: list[Point]
+    ledger_only: bool
+
+
+class LatenessPoint(TypedDict):
+    """How long the others waited for ``task`` in ``step`` (the lateness chart)."""
+
+    task: str
+    step: int
+    lateness_ms: float
+
+
+class News(TypedDict):
+    """What was appended since the last poll (``ClusterWatch.poll``)."""
+
+    events: list[PaneLine]
+    skipped: int  # lines left out of a flood
+    telemetry: list[PaneSample]
+    lateness: list[LatenessPoint]
+
+
+class SeriesJson(TypedDict):
+    """A task's series in a cluster's detail (``TaskSeries.to_json``)."""
+
+    samples: list[Point]
+    steps: list[Point]
+    lateness: list[Point]
+    latest: PaneLatest
+    last_output: float | None
+
+
+class TaskLine(TypedDict):
+    """A task in the listing: its ``state.json`` fields, and whether a console can open."""
+
+    task: str | None
+    role: str | None
+    state: str | None
+    step: int | None
+    pid: int | None
+    host: str | None
+    step_time_ms: float | None
+    lateness_ms: float | None
+    straggler: bool | None
+    gpus: str | None
+    console: bool
+
+
+class ControllerLine(TypedDict):
+    pid: int | None
+    host: str | None
+
+
+class _Summary(TypedDict):
+    id: str
+    spec: str
+    state: str  # live | finished | orphaned | unknown (cluster_status)
+    controller_state: str | None  # as state.json says
+    run_dir: str
+    started: float | None
+    updated: float | None
+    stopped: float | None
+    controller: ControllerLine
+    tasks: list[TaskLine]
+    alerts: int
+
+
+class Summary(_Summary, total=False):
+    """A cluster in the listing (``ClusterWatch.summary``); ``alert_list`` when asked."""
+
+    alert_list: list[str]
+
+
+class Detail(Summary):
+    """One cluster for its pane (``ClusterWatch.detail``)."""
+
+    logs: list[PaneLine]
+    series: dict[str, SeriesJson]
+    lateness_floor_ms: float
+    charts: list[dict[str, object]]  # chart_axes.Chart.to_json
+    window_s: float
+    no_gpu: str
+
+
+def compact_event(rec: Record) -> PaneLine | None:
     """An events.jsonl record as the panes show it: one text line with its task and stream."""
     kind = rec.get("kind")
     if kind == "output":
@@ -40,14 +167,14 @@ def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
     elif kind == "note":
         stream, text = "note", rec.get("text", "")
     elif kind == Restart.kind:  # one line for the whole restart (each task's: logs())
-        stream, text = "note", str(Restart(**rec))
+        stream, text = "note", str(Restart(**cast(RestartRecord, rec)))  # as to_json wrote it
         kind, rec = "note", {**rec, "task": "cluster"}
     elif kind == "rich":
         data = rec.get("data") or {}
         stream, text = "rich", data.get("text/plain", "") if isinstance(data, dict) else ""
     else:
         return None
-    out = {"time": as_float(rec.get("time")), "task": str(rec.get("task", "")),
+    out: PaneLine = {"time": as_float(rec.get("time")), "task": str(rec.get("task", "")),
            "stream": stream, "text": str(text)[:TEXT_MAX], "cell": rec.get("cell")}
     if kind == "note":
         out["level"] = str(rec.get("level", "INFO"))
@@ -56,19 +183,19 @@ def compact_event(rec: dict[str, Any]) -> dict[str, Any] | None:
 
 class TaskSeries:
     def __init__(self) -> None:
-        self.samples: deque[list[Any]] = deque(maxlen=SAMPLES_KEPT)  # time, cpu, rss, gpu, gpu mem
-        self.steps: deque[list[Any]] = deque(maxlen=STEPS_KEPT)  # step, begin, ms, input wait ms
-        self.lateness: deque[list[Any]] = deque(maxlen=STEPS_KEPT)  # step, lateness ms
-        self.latest: dict[str, Any] = {}
+        self.samples: deque[Point] = deque(maxlen=SAMPLES_KEPT)  # time, cpu, rss, gpu, gpu mem
+        self.steps: deque[Point] = deque(maxlen=STEPS_KEPT)  # step, begin, ms, input wait ms
+        self.lateness: deque[Point] = deque(maxlen=STEPS_KEPT)  # step, lateness ms
+        self.latest: PaneLatest = {}
         self.last_output: float | None = None
         self.ledger = LedgerView()  # its collectives: the pane shows the one it is in
 
-    def collective(self) -> dict[str, Any]:
+    def collective(self) -> CollectiveAt:
         row = self.ledger.current()
         return {"collective": describe_row(row) if row else None,
                 "collective_since": row["entered"] if row else None}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SeriesJson:
         return {"samples": list(self.samples), "steps": list(self.steps),
                 "lateness": list(self.lateness), "latest": self.latest,
                 "last_output": self.last_output}
@@ -80,12 +207,12 @@ class ClusterWatch:
         self.path = path
         self.events = JsonlTail(path / "events.jsonl")
         self.telemetry = JsonlTail(path / "telemetry.jsonl")
-        self.state: dict[str, Any] | None = None
+        self.state: StateDoc | None = None
         self.status = "unknown"
         self._state_key: tuple[int, int, int] | None = None
-        self.lines: deque[dict[str, Any]] = deque(maxlen=LINES_KEPT)
+        self.lines: deque[PaneLine] = deque(maxlen=LINES_KEPT)
         self.series: defaultdict[str, TaskSeries] = defaultdict(TaskSeries)
-        self._pending: dict[int, dict[str, list[Any]]] = {}
+        self._pending: dict[int, dict[str, list[object]]] = {}  # step -> task -> its row
 
     # ------------------------------------------------------------------ the state file
     def refresh_state(self) -> bool:
@@ -103,7 +230,7 @@ class ClusterWatch:
         return changed
 
     # ------------------------------------------------------------------ the JSON Lines tails
-    def poll(self) -> dict[str, Any]:
+    def poll(self) -> News:
         """Read what was appended since the last poll; fold it in; return it for the streams."""
         events = []
         for rec in self.events.read_new():
@@ -114,8 +241,8 @@ class ClusterWatch:
             events.append(ev)
             if ev["stream"] != "note":
                 self.series[ev["task"]].last_output = ev["time"]
-        samples: list[dict[str, Any]] = []
-        lateness: list[Any] = []
+        samples: list[PaneSample] = []
+        lateness: list[LatenessPoint] = []
         for rec in self.telemetry.read_new():
             sample = self._fold_sample(rec, lateness)
             if sample is not None:
@@ -124,7 +251,7 @@ class ClusterWatch:
         return {"events": events[skipped:], "skipped": skipped, "telemetry": samples,
                 "lateness": lateness}
 
-    def _fold_sample(self, rec: dict[str, Any], lateness: list[Any]) -> dict[str, Any] | None:
+    def _fold_sample(self, rec: Record, lateness: list[LatenessPoint]) -> PaneSample | None:
         data, task = rec.get("data"), str(rec.get("task", ""))
         if not isinstance(data, dict) or not task:
             return None
@@ -136,14 +263,14 @@ class ClusterWatch:
             return {**series.latest, "task": task, "steps": [], "ledger_only": True}
         t = as_float(rec.get("time"))
         util, mem = gpu_summary(data.get("gpus"))
-        latest = {"time": t, "cpu_percent": as_float(data.get("cpu_percent")),
+        latest: PaneLatest = {"time": t, "cpu_percent": as_float(data.get("cpu_percent")),
                   "rss_mb": as_float(data.get("rss_mb")), "gpu_util_percent": util,
                   "gpu_mem_mb": mem, "gpus": len(data.get("gpus") or ()),
                   "step": data.get("step"),
                   "total_steps": data.get("total_steps"), **series.collective()}
         series.latest = latest
         series.samples.append([t, latest["cpu_percent"], latest["rss_mb"], util, mem])
-        steps = []
+        steps: list[Point] = []
         for row in data.get("steps") or ():
             if not isinstance(row, list) or len(row) < 3:
                 continue
@@ -160,7 +287,7 @@ class ClusterWatch:
                  and t.get("role") in ("worker", "chief")}
         return {n for n in named if n} or set(self.series)
 
-    def _lateness(self, task: str, row: list[Any], out: list[Any]) -> None:
+    def _lateness(self, task: str, row: list[object], out: list[LatenessPoint]) -> None:
         """Line step ``row[0]`` up across tasks; when every task has it, how long the others
         waited for each (docs/design.md, stragglers by lateness)."""
         if len(row) < 5 or not isinstance(row[0], int):
@@ -177,36 +304,33 @@ class ClusterWatch:
             except (TypeError, ValueError, IndexError):
                 return
             for name, lag in lags.items():
-                point = [row[0], round(lag, 3)]
-                self.series[name].lateness.append(point)
-                out.append({"task": name, "step": row[0], "lateness_ms": point[1]})
+                lag_ms = round(lag, 3)
+                self.series[name].lateness.append([row[0], lag_ms])
+                out.append({"task": name, "step": row[0], "lateness_ms": lag_ms})
         while len(self._pending) > PENDING_STEPS:
             del self._pending[min(self._pending)]
 
     # ------------------------------------------------------------------ what the API returns
-    def summary(self, alert_list: bool = False) -> dict[str, Any]:
+    def summary(self, alert_list: bool = False) -> Summary:
         """What the listing shows; ``alert_list``: with the alerts' texts too."""
-        state = self.state or {}
-        tasks = [dict(t) for t in state.get("tasks") or [] if isinstance(t, dict)]
+        state: StateDoc = self.state or {}
+        tasks = [t.copy() for t in state.get("tasks") or [] if isinstance(t, dict)]
         if not tasks:
             tasks = [{"task": name, "state": "unknown", "step": None} for name in self._task_dirs()]
         alerts = state.get("alerts") or []
         controller = state.get("controller") or {}
-        return {"id": self.id, "spec": state.get("spec") or _spec_of(tasks),
-                "state": self.status, "controller_state": state.get("state"),
-                "run_dir": str(self.path), "started": state.get("started"),
-                "updated": state.get("updated"), "stopped": state.get("stopped"),
-                "controller": {"pid": controller.get("pid"), "host": controller.get("host")},
-                "tasks": [{**{k: t.get(k) for k in ("task", "role", "state", "step", "pid",
-                                                    "host", "step_time_ms", "lateness_ms",
-                                                    "straggler", "gpus")},
-                           # a console can be opened now (lab/consoles.py)
-                           "console": bool(t.get("connection_file"))
-                           and t.get("state") not in NO_KERNEL}
-                          for t in tasks],
-                "alerts": len(alerts), **({"alert_list": list(alerts)} if alert_list else {})}
+        out: Summary = {
+            "id": self.id, "spec": state.get("spec") or _spec_of(tasks),
+            "state": self.status, "controller_state": state.get("state"),
+            "run_dir": str(self.path), "started": state.get("started"),
+            "updated": state.get("updated"), "stopped": state.get("stopped"),
+            "controller": {"pid": controller.get("pid"), "host": controller.get("host")},
+            "tasks": [_task_line(t) for t in tasks], "alerts": len(alerts)}
+        if alert_list:
+            out["alert_list"] = list(alerts)
+        return out
 
-    def detail(self) -> dict[str, Any]:
+    def detail(self) -> Detail:
         """The summary, the log tail, every task's series, the lateness chart's floor (the
         smallest lag the straggler detector speaks for, diagnostics/straggler.py) and the
         charts' axes as the notebook widget draws them (chart_axes.py)."""
@@ -227,7 +351,16 @@ class ClusterWatch:
                       key=task_order)
 
 
-def _spec_of(tasks: list[dict[str, Any]]) -> str:
+def _task_line(t: StateTask) -> TaskLine:
+    return {"task": t.get("task"), "role": t.get("role"), "state": t.get("state"),
+            "step": t.get("step"), "pid": t.get("pid"), "host": t.get("host"),
+            "step_time_ms": t.get("step_time_ms"), "lateness_ms": t.get("lateness_ms"),
+            "straggler": t.get("straggler"), "gpus": t.get("gpus"),
+            # a console can be opened now (lab/consoles.py)
+            "console": bool(t.get("connection_file")) and t.get("state") not in NO_KERNEL}
+
+
+def _spec_of(tasks: list[StateTask]) -> str:
     counts: dict[str, int] = {}
     for t in tasks:
         role = str(t.get("task", "")).partition(":")[0]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from tfdist_nb.owned_files import read_regular, regular_stat
+from tfdist_nb.store.rundir import Record
 
 INITIAL_BYTES = 1 << 20  # the first read of a file: its last MiB
 MAX_READ = 4 << 20       # at most this much per poll; the rest comes with the next ones
@@ -26,7 +26,7 @@ class JsonlTail:
         self._skip_first = False
         self._ino: int | None = None
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def read_new(self) -> list[Record]:
         """The records appended since the last call (whole lines only)."""
         st = regular_stat(self.path)  # a FIFO or a link in its place reads as nothing
         if st is None:
@@ -49,7 +49,7 @@ class JsonlTail:
         if self._skip_first and lines:
             lines.pop(0)
             self._skip_first = False
-        out = []
+        out: list[Record] = []
         for line in lines:
             if not line.strip():
                 continue

@@ -4,13 +4,13 @@ docs/reference.md)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TypedDict, cast
 
 import pandas as pd
 
 from tfdist_nb.errors import SpecError
-from tfdist_nb.events import Restart
+from tfdist_nb.events import Restart, RestartRecord
 
 COLUMNS = ["time", "task", "stream", "level", "text", "cell"]
 
@@ -113,17 +113,32 @@ class LogFrame(pd.DataFrame):
             return super()._repr_html_()
 
 
-def _lines(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+class LogLine(TypedDict, total=False):
+    """What the frame reads of an output line or a note (events.OutputRecord, NoteRecord)."""
+
+    kind: str  # output | note
+    time: float
+    task: str
+    stream: str  # an output line's
+    level: str  # a note's
+    text: str
+    cell: int | None
+
+
+def _lines(records: Iterable[Mapping[str, object]]) -> Iterator[LogLine]:
+    """The output lines and notes of ``events.jsonl`` (a restart: a note in each task's log)."""
     for rec in records:
-        if rec.get("kind") != Restart.kind:
-            yield rec
-            continue
-        restart = Restart(**rec)
-        yield from ({"kind": "note", "time": restart.time, "task": t, "level": "INFO",
-                     "text": restart.said(t)} for t in restart.tasks)
+        kind = rec.get("kind")
+        if kind in ("output", "note"):
+            yield cast(LogLine, rec)  # as events.py's to_json wrote it
+        elif kind == Restart.kind:
+            restart = Restart(**cast(RestartRecord, rec))
+            for t in restart.tasks:
+                yield {"kind": "note", "time": restart.time, "task": t, "level": "INFO",
+                       "text": restart.said(t)}
 
 
-def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
+def logs_frame(records: Iterable[Mapping[str, object]], on: set[str] | None = None,
                grep: str | None = None, tail: int | None = None,
                levels: set[str] | None = None) -> pd.DataFrame:
     """One row per output line or note (a restart's: one in each task's log); ``levels``: only
@@ -132,8 +147,6 @@ def logs_frame(records: Iterable[dict[str, Any]], on: set[str] | None = None,
     rows = []
     for rec in _lines(records):
         kind = rec.get("kind")
-        if kind not in ("output", "note"):
-            continue
         if on is not None and rec["task"] not in on:
             continue
         text = rec["text"]

@@ -39,6 +39,8 @@ HOLD_OTHER_BYTES = 16 << 20  # telemetry, cells
 FILES = {"events": HOLD_EVENTS_BYTES, "telemetry": HOLD_OTHER_BYTES, "cells": HOLD_OTHER_BYTES}
 _ENCODER = json.JSONEncoder(default=str)  # one encoder: json.dumps(default=...) builds one a call
 _STR = json.encoder.encode_basestring_ascii  # C-accelerated
+#: a line of a run's JSON Lines file read back: a JSON object, its fields not checked
+Record = dict[str, object]
 
 
 def _line_json(e: OutputLine) -> str:
@@ -299,14 +301,14 @@ class RunDirectory:
         with self._lock:
             return next((f.error for f in self._files.values() if f.error), None)
 
-    def iter_events(self) -> Iterator[dict[str, Any]]:
+    def iter_events(self) -> Iterator[Record]:
         """Every event kept: the file, then what waits in memory for the disk."""
         return self._records(self._files["events"], "events.jsonl")
 
     def cells(self) -> list[dict[str, Any]]:
         return list(self._records(self._files["cells"], "cells.jsonl"))
 
-    def _records(self, out: HeldAppender, name: str) -> Iterator[dict[str, Any]]:
+    def _records(self, out: HeldAppender, name: str) -> Iterator[Record]:
         with self._lock:  # the file as far as written, and the rest, at one moment
             held = bytes(out.held)
             size = os.fstat(out.fd).st_size if not out.closed else None

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import psutil
 
@@ -35,9 +35,59 @@ HEARTBEAT_S = 5.0
 REMOTE_STALE_S = 30.0
 
 
-def state_doc(snap: ClusterSnapshot, live: LiveStore) -> dict[str, Any]:
+class StateTask(TypedDict, total=False):
+    """One task in ``state.json`` (the controller writes every field; a reader finds the file
+    of an older run, so it reads them with ``.get``)."""
+
+    task: str  # "worker:1"
+    role: str
+    state: str  # docs/reference.md, States
+    step: int | None
+    pid: int | None
+    host: str
+    step_time_ms: float | None
+    lateness_ms: float | None  # None: not a straggler
+    straggler: bool
+    waits_for_prompt: list[str]
+    gpus: str
+    connection_file: str | None  # its kernel's, on the controller's host
+
+
+class StateController(TypedDict, total=False):
+    """The process that writes ``state.json``: what ``controller_alive`` judges it by."""
+
+    pid: int
+    host: str
+    create_time: float | None
+
+
+class ClusterState(TypedDict):
+    """What changes while a cluster runs (``state_doc``): merged into the file on each write."""
+
+    tasks: list[StateTask]
+    alerts: list[str]
+
+
+class StateDoc(TypedDict, total=False):
+    """The whole ``state.json`` (docs/reference.md, JupyterLab panes); ``total=False`` for a
+    reader, which may find an older or half-known file."""
+
+    schema: int
+    id: str
+    spec: str
+    state: str  # starting | running | stopped | orphaned
+    controller: StateController
+    run_dir: str
+    started: float
+    updated: float | None
+    stopped: float | None
+    tasks: list[StateTask]
+    alerts: list[str]
+
+
+def state_doc(snap: ClusterSnapshot, live: LiveStore) -> ClusterState:
     """Tasks and alerts of a cluster for ``state.json`` (read from any thread)."""
-    tasks = []
+    tasks: list[StateTask] = []
     for t in snap.tasks:
         view = live.view(t.name)
         tasks.append({
@@ -60,16 +110,16 @@ class StateFile:
     """The controller's side: owns ``state.json`` of one cluster from start to stop."""
 
     def __init__(self, run_dir: Path, cluster_id: str, spec: str,
-                 source: Callable[[], dict[str, Any]], interval: float = 0.5) -> None:
+                 source: Callable[[], ClusterState], interval: float = 0.5) -> None:
         self.path = Path(run_dir) / STATE_FILE
         self.interval = interval
         self._source = source
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last: dict[str, Any] | None = None
+        self._last: ClusterState | None = None
         self._written = 0.0
-        self._doc: dict[str, Any] = {
+        self._doc: StateDoc = {
             "schema": SCHEMA, "id": cluster_id, "spec": spec, "state": "starting",
             "controller": {"pid": os.getpid(), "host": socket.gethostname(),
                            "create_time": _own_create_time()},
@@ -123,7 +173,7 @@ class StateFile:
 
 
 # ---------------------------------------------------------------------- the reader's side
-def read_state(run_dir: Path) -> dict[str, Any] | None:
+def read_state(run_dir: Path) -> StateDoc | None:
     """The state file of a run directory, or None when it has none (or not yet a whole one)."""
     raw = read_regular(Path(run_dir) / STATE_FILE)  # never a FIFO or a link (owned_files)
     if raw is None:
@@ -132,10 +182,11 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
         data = json.loads(raw.decode("utf-8"))
     except ValueError:
         return None
-    return data if isinstance(data, dict) else None
+    # the writer's document (StateDoc); its fields are still read with .get, as an older run's
+    return cast(StateDoc, data) if isinstance(data, dict) else None
 
 
-def controller_alive(controller: dict[str, Any], updated: float | None,
+def controller_alive(controller: StateController, updated: float | None,
                      now: float | None = None) -> bool:
     """Is the process that wrote the state file still there? Same host: its pid exists with the
     same start time (a reused pid is another process). Another host: the file is fresh."""
@@ -168,13 +219,13 @@ def mark_orphans(root: Path, now: float | None = None) -> list[Path]:
                 or (doc.get("controller") or {}).get("host") != host
                 or cluster_status(doc, now) != "orphaned"):
             continue
-        doc.update(state="orphaned", stopped=doc.get("updated"))
+        doc.update({"state": "orphaned", "stopped": doc.get("updated")})
         replace_private(state_file, json.dumps(doc, default=str))
         marked.append(state_file.parent)
     return marked
 
 
-def cluster_status(state: dict[str, Any] | None, now: float | None = None) -> str:
+def cluster_status(state: StateDoc | None, now: float | None = None) -> str:
     """``live``, ``finished`` (stopped cleanly), ``orphaned`` (its controller is gone without a
     clean stop) or ``unknown`` (no state file: a run of an older tfdist_nb)."""
     if state is None:
