@@ -6,16 +6,17 @@ the tasks' questions are answered in this thread (docs/reference.md, Input from 
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import getpass
 import logging
 import math
 import queue
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
 
 from tfdist_nb.cluster.hub import RUN_DIRECTORY, EventHub
 from tfdist_nb.cluster.inspector import Inspector
-from tfdist_nb.cluster.loop import LoopThread
+from tfdist_nb.cluster.loop import Job, LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.runner import RunControl, RunEnd, run_cell
 from tfdist_nb.cluster.state import CannotRun, TaskEvent, TaskState, next_state
@@ -40,7 +41,18 @@ FAILURES_KEPT = 20  # failing cells (result and code) a cluster keeps for %tfdis
 InputHandler = Callable[[str, str, bool], str]
 #: what starts the post-mortem debugger in a task (worker/postmortem.py): constant source
 POST_MORTEM = "__import__('tfdist_nb.worker.postmortem', fromlist=['_']).debug()"
-RUN_DONE = object()  # queued when the run's future completes, so the relay's wait wakes at once
+
+
+class _Done(enum.Enum):
+    """Queued when the run's future completes, so the relay's wait wakes at once."""
+
+    RUN_DONE = "run done"
+
+
+RUN_DONE = _Done.RUN_DONE
+#: what the relay's queue carries: a batch of events, a task's question, or RUN_DONE
+Queued = list[Event] | Prompt | _Done
+S = TypeVar("S")
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +83,7 @@ class Cells:
         #: the last cell's number (from 1, over the cluster's whole life)
         self.last = 0
         #: the runs in flight, each ended by ``stop_all``
-        self.active: dict[RunControl, concurrent.futures.Future[Any]] = {}
+        self.active: dict[RunControl, concurrent.futures.Future[dict[str, TaskResult]]] = {}
         #: the last run that failed and its cell's code (%tfdist_report)
         self.last_failure: tuple[RunResult, str] | None = None
         #: what %tfdist_isolate re-runs: cells ok on every task, the last failing ones
@@ -93,7 +105,7 @@ class Cells:
         self.last = max(self.last + 1, number or 0)
         cell = self.last
         hub.new_cell([rt.name for rt in targets])
-        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         listener = events.put  # removed by identity: the same bound method object
         hub.add_listener(listener)
         try:
@@ -129,22 +141,22 @@ class Cells:
         Silent (not a user's cell: never numbered, recorded, re-run or exported) and with no
         stall or hang rules, since a debugger waits for a person."""
         _check_can_run([rt])
-        events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Queued] = queue.SimpleQueue()
         listener = events.put
         hub.add_listener(listener)
         control = RunControl()
         tasks, _ = self._follow(
             run_cell([rt], code, None, None, control, on_prompt=events.put, silent=True),
             [rt], control, events, listener, on_event, on_input, hub=hub, loop=loop,
-            alive=alive)
+            alive=alive, started=lambda: None)
         return tasks[rt.name]
 
-    def _follow(self, run: Coroutine[Any, Any, dict[str, TaskResult]],
-                targets: list[TaskRuntime], control: RunControl, events: queue.SimpleQueue[Any],
-                listener: Callable[[Any], None], on_event: Callable[[Event], None] | None,
-                on_input: InputHandler | None, *, hub: EventHub, loop: LoopThread,
-                alive: Callable[[], bool],
-                started: Callable[[], Any] = lambda: None) -> tuple[dict[str, TaskResult], Any]:
+    def _follow(self, run: Job[dict[str, TaskResult]], targets: list[TaskRuntime],
+                control: RunControl, events: queue.SimpleQueue[Queued],
+                listener: Callable[[list[Event]], None],
+                on_event: Callable[[Event], None] | None, on_input: InputHandler | None, *,
+                hub: EventHub, loop: LoopThread, alive: Callable[[], bool],
+                started: Callable[[], S]) -> tuple[dict[str, TaskResult], S]:
         """Submit ``run`` to the loop and relay its events (and questions) to this thread
         until it ends; its results and what ``started`` returned once it was sent."""
         fut = loop.submit(run)
@@ -225,8 +237,8 @@ def _check_can_run(targets: list[TaskRuntime]) -> None:
         raise ClusterNotRunningError("cannot run this cell: " + "; ".join(refused))
 
 
-def relay(events: queue.SimpleQueue[Any], on_event: Callable[[Event], None] | None,
-          fut: concurrent.futures.Future[Any], interrupt: Callable[[], None],
+def relay(events: queue.SimpleQueue[Queued], on_event: Callable[[Event], None] | None,
+          fut: concurrent.futures.Future[dict[str, TaskResult]], interrupt: Callable[[], None],
           alive: Callable[[], bool], ask: Callable[[Prompt], None] | None = None) -> None:
     """Hand a running cell's events, and the tasks' questions in order with them, from the loop
     thread to this one (the notebook shows output only from the thread running the cell); the

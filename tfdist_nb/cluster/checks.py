@@ -8,7 +8,7 @@ import contextlib
 import socket
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
 
 import pandas as pd
 
@@ -28,6 +28,9 @@ from tfdist_nb.launchers.base import Launcher
 from tfdist_nb.worker import consistency, probes, variables_probe
 from tfdist_nb.worker.replies import Bandwidth, Failure, PeerReach, Read, Released
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 KINDS = ("tfconfig", "network", "env", "all", "sharding", "variables", "gpu")
 #: kinds that take an expression evaluated in each task (docs/reference.md, Checks)
 EXPR_KINDS = ("sharding", "variables")
@@ -42,9 +45,23 @@ GPU_SIZES_MB = (1.0, 16.0, 256.0)
 R = TypeVar("R")
 #: one check's call into a task's agent, given the agent and the call's bound in seconds
 Ask = Callable[[AgentClient, float], Awaitable[R]]
+#: a TF_CONFIG to check: JSON text, a file's path, or the dict itself
+TfConfigGiven = str | Mapping[str, object] | Path
 
 
-def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
+class CheckOptions(TypedDict, total=False):
+    """The options of the sharding and variables checks, as ``Cluster.check`` takes them."""
+
+    reference: str | None
+    max_elements: int
+    max_seconds: float
+    unbatch: bool | None
+    atol: float
+    rtol: float
+    full_values: int
+
+
+def check_tf_config(config: TfConfigGiven) -> CheckReport:
     """A TF_CONFIG checked here, without a cluster: structure, roles, indices, duplicate
     addresses, host names that do not resolve and ports of this host that are in use."""
     text = _load(config)
@@ -53,7 +70,7 @@ def check_tf_config(config: str | Mapping[str, Any] | Path) -> CheckReport:
     return tfconfig_check.analyse({"given": probes.tf_config_view(text)})
 
 
-def _load(config: str | Mapping[str, Any] | Path) -> str | CheckReport:
+def _load(config: TfConfigGiven) -> str | CheckReport:
     """A TF_CONFIG's JSON text, or the failed check saying why it cannot be read."""
     text, errors = tfconfig_check.load_config(config)
     if errors:
@@ -105,8 +122,8 @@ class CheckRunner:
             cast("Released", answers[rt.name])["released"] = True
         return {rt.name: answers[rt.name] for rt in self.targets}
 
-    async def run(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
-                  **options: Any) -> CheckReport:
+    async def run(self, kind: str, expr: TfConfigGiven | None = None,
+                  **options: Unpack[CheckOptions]) -> CheckReport:
         if kind in EXPR_KINDS:  # self.sharding, self.variables
             return await getattr(self, kind)(_expression(kind, expr), **options)
         if options:
@@ -124,8 +141,7 @@ class CheckRunner:
                             env_report(await self.env())])
         raise SpecError(f"unknown check {kind!r}; one of {', '.join(KINDS)}")
 
-    async def tfconfig(self, config: str | Mapping[str, Any] | Path | None = None
-                       ) -> CheckReport:
+    async def tfconfig(self, config: TfConfigGiven | None = None) -> CheckReport:
         text = _load(config) if config is not None else None
         if isinstance(text, CheckReport):
             return text
@@ -303,10 +319,11 @@ async def _answer(call: Awaitable[R], timeout: float) -> R | Failure:
         return {"error": str(exc)}
 
 
-def _any_failed(answers: Mapping[str, Any]) -> bool:
-    return any("error" in a for a in answers.values())
+def _any_failed(answers: Mapping[str, object]) -> bool:
+    """Whether a task's answer (a reply, or ``_answer``'s failure) is a failure."""
+    return any(isinstance(a, Mapping) and "error" in a for a in answers.values())
 
 
-def _unanswered(answer: Any) -> bool:
+def _unanswered(answer: object) -> bool:
     """Whether ``answer`` is ``_answer``'s for a call that did not come back in time."""
-    return answer is not None and "error" in answer and answer.get("answered") is False
+    return isinstance(answer, Mapping) and "error" in answer and answer.get("answered") is False

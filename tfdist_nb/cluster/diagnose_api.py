@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import pandas as pd
 
 from tfdist_nb.cluster import exposure, report
 from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
-from tfdist_nb.cluster.checks import CheckRunner
-from tfdist_nb.cluster.export import ExportError, restart_times
+from tfdist_nb.cluster.checks import CheckOptions, CheckRunner, TfConfigGiven
+from tfdist_nb.cluster.export import ExportError, recorded_cells, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.loop import gather
@@ -37,6 +37,8 @@ from tfdist_nb.topology import ClusterSpec, Targets, parse_targets
 from tfdist_nb.worker.inject import KINDS as FAULTS
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from tfdist_nb.cluster.hub import EventHub
     from tfdist_nb.cluster.lifecycle import Lifecycle
     from tfdist_nb.cluster.loop import LoopThread
@@ -52,6 +54,15 @@ INSPECT_CALL_S = 15.0
 INJECT_CALL_S = 15.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 CHECK_TIMEOUT_S = 300.0
+
+
+class FaultParams(TypedDict, total=False):
+    """A teaching fault's parameters (``%tfdist_inject``'s flags); None: not given."""
+
+    at_step: int | None
+    seconds: float | None
+    where: str | None
+    limit_mb: float | None
 
 
 class Diagnose:
@@ -150,7 +161,8 @@ class Diagnose:
         return where_each_stands({rt.name: self.live.view(rt.name).ledger for rt in targets},
                                  time.time())
 
-    def inject(self, kind: str, on: Targets = None, **params: Any) -> dict[str, str]:
+    def inject(self, kind: str, on: Targets = None,
+               **params: Unpack[FaultParams]) -> dict[str, str]:
         """Arm a teaching fault on the targeted tasks (``%tfdist_inject``); ``"clear"`` disarms.
 
         Faults act through the tasks' own training path (``tw.step()``, ``tw.timed()``, the step
@@ -252,8 +264,8 @@ class Diagnose:
         df = self._require_loop().run(CheckRunner(targets).env(), CHECK_TIMEOUT_S)
         return env_check.with_launcher_rows(df, self.launcher.env_rows())
 
-    def check(self, kind: str, expr: str | Mapping[str, Any] | Path | None = None,
-              on: Targets = None, **options: Any) -> CheckReport:
+    def check(self, kind: str, expr: TfConfigGiven | None = None, on: Targets = None,
+              **options: Unpack[CheckOptions]) -> CheckReport:
         """A preflight or consistency check (docs/reference.md, Checks): ``"tfconfig"`` (with
         ``expr`` a TF_CONFIG to check instead of the tasks' own: JSON text, dict or file path),
         ``"network"``, ``"env"`` or ``"all"`` (tfconfig, network and env); ``"sharding"`` and
@@ -306,7 +318,7 @@ class Diagnose:
         targets = self._default_targets()
         try:
             return export_reproducer(
-                directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
+                directory, cluster_id=self.id, spec=self.spec, cells=recorded_cells(self.rundir),
                 env=self.extra_env, python=self.python,
                 restarts=restart_times(self.rundir.iter_events(), map(str, self.spec.tasks)),
                 default_targets=None if targets == "all" else targets.split(","), force=force,
@@ -327,7 +339,7 @@ class Diagnose:
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
             failure=self._cells.last_failure, logs=self.logs(), live=self.live,
-            cells=self.rundir.cells(), show_env=show_env)
+            cells=recorded_cells(self.rundir), show_env=show_env)
 
     def _keras_summary(self) -> str:
         """Which TensorFlow and Keras the tasks run (from each task's start-up

@@ -20,12 +20,15 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from tfdist_nb import redaction
 from tfdist_nb.events import Restart
 from tfdist_nb.store.rundir import foreign, replace_private
 from tfdist_nb.topology import ClusterSpec
+
+if TYPE_CHECKING:
+    from tfdist_nb.store.rundir import RunDirectory
 
 _MAGIC = re.compile(r"^(\s*)([%!].*)$")
 
@@ -61,6 +64,20 @@ OURS = {"train.py": '#!/usr/bin/env python\n"""Reproducer exported by tfdist_nb'
 MODES = {"train.py": 0o600, "launch.sh": 0o700}  # the cells (and their secrets) stay private
 
 
+class CellRecord(TypedDict):
+    """A cell as the run directory keeps it (``cells.jsonl``), or as isolate re-runs it."""
+
+    cell: int
+    time: float
+    targets: list[str] | None  # None: every task
+    code: str
+
+
+def recorded_cells(rundir: RunDirectory) -> list[CellRecord]:
+    """The cells a cluster ran, in order, from its run directory."""
+    return cast("list[CellRecord]", rundir.cells())  # RunDirectory.write_cell's JSON lines
+
+
 class ExportError(ValueError):
     """The reproducer cannot be written where asked (the reason in words)."""
 
@@ -70,7 +87,7 @@ class SecretsWarning(UserWarning):
 
 
 def export(directory: str | os.PathLike[str], *, cluster_id: str, spec: ClusterSpec,
-           cells: list[dict[str, Any]], env: Mapping[str, str], python: str,
+           cells: list[CellRecord], env: Mapping[str, str], python: str,
            restarts: Iterable[float] = (), default_targets: list[str] | None = None,
            force: bool = False, task_env: Mapping[str, Mapping[str, str]] | None = None) -> Path:
     """Write ``train.py`` (0600) and ``launch.sh`` (0700) into ``directory`` (created
@@ -133,7 +150,7 @@ def write_private(path: Path, text: str, mode: int = 0o600) -> None:
         raise ExportError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
-def secrets(cells: list[dict[str, Any]], env: Mapping[str, str]) -> list[str]:
+def secrets(cells: list[CellRecord], env: Mapping[str, str]) -> list[str]:
     """Where the exported files would carry a secret (docs/reference.md, Reproduce): ``env``
     names or values that look like one, and what a cell assigns to a secret name or holds in a
     secret's shape (``cell 3: api_key``, ``cell 4: URL credentials``); values never."""
@@ -146,7 +163,7 @@ def secrets(cells: list[dict[str, Any]], env: Mapping[str, str]) -> list[str]:
     return found
 
 
-def train_script(cluster_id: str, spec: ClusterSpec, cells: list[dict[str, Any]],
+def train_script(cluster_id: str, spec: ClusterSpec, cells: list[CellRecord],
                  restarts: list[float]) -> str:
     every = [str(t) for t in spec.tasks]
     parts = [TRAIN_HEADER.format(cluster_id=cluster_id, spec=spec,

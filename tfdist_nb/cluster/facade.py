@@ -11,7 +11,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -26,7 +26,7 @@ from tfdist_nb.cluster.loop import LoopThread
 from tfdist_nb.cluster.profiler import Profiler
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.cluster.spare import WarmOutcome, spare_count
-from tfdist_nb.cluster.spares import PoolUser
+from tfdist_nb.cluster.spares import PoolUser, SparesSummary
 from tfdist_nb.cluster.start_steps import Setup, place
 from tfdist_nb.cluster.state import TaskEvent, TaskState
 from tfdist_nb.cluster.task import TaskRuntime
@@ -64,7 +64,7 @@ class Cluster(Diagnose):
                  python: str | None = None, *, evaluator: bool = False,
                  run_dir: str | os.PathLike[str] | None = None,
                  preload: Iterable[str] = ("tensorflow",), start_timeout: float = 120.0,
-                 launcher_options: Mapping[str, Any] | None = None,
+                 launcher_options: Mapping[str, object] | None = None,
                  warm: bool | int | None = None, gpus: str | Sequence[str | int] = "auto",
                  gpus_per_task: int | None = None) -> None:
         if said := platform_refusal():
@@ -241,13 +241,15 @@ class Cluster(Diagnose):
         ``cold``, ``why_cold``, ``fresh_ports``); None without spares."""
         return self._lifecycle.warm if self._lifecycle is not None else None
 
-    def spares(self) -> dict[str, Any]:
+    def spares(self) -> SparesSummary:
         """The spare kernels now: ``count`` (kept at most), ``ready``, ``warming``, ``pids``,
         ``note`` (why none is being started, e.g. memory)."""
         pool = self._lifecycle.spares if self._lifecycle is not None else None
-        now = pool.summary() if pool is not None else {
-            "ready": 0, "warming": 0, "pids": [], "note": None if self._spares.count else "off"}
-        return {**now, "count": self._spares.count}
+        count = self._spares.count
+        if pool is None:
+            return {"ready": 0, "warming": 0, "pids": [], "note": None if count else "off",
+                    "count": count}
+        return {**pool.summary(), "count": count}
 
     def set_warm(self, warm: bool | int | None) -> None:
         """Turn spare kernels on (``True`` or a number) or off (``False``) for this cluster."""
@@ -346,7 +348,7 @@ class Cluster(Diagnose):
                         for rt in tasks),
             alerts=tuple(self.hub.alerts) if self.hub is not None else (),
             stragglers={name: s.lag_ms for name, s in self._stragglers.items()},
-            spares=self.spares(), disk_trouble=self.disk_trouble(),
+            spares=dict(self.spares()), disk_trouble=self.disk_trouble(),
             persistent_mode=self.persistent_mode)
 
     @property

@@ -20,9 +20,9 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
-from tfdist_nb.cluster.export import ExportError, restart_times
+from tfdist_nb.cluster.export import CellRecord, ExportError, recorded_cells, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.debuglog import swallowed
@@ -128,9 +128,9 @@ class Isolation:
         self.progress = on_progress or (lambda text: None)
         self.cell, result, self.code = self._failing(cell)
         assert cluster.rundir is not None  # it ran the failing cell
-        self.history = cluster.rundir.cells()
+        self.history = recorded_cells(cluster.rundir)
         #: the failing cell's record in the run directory (when and where it ran)
-        self.failed_rec = next((c for c in self.history if c["cell"] == self.cell), {})
+        self.failed_rec = next((c for c in self.history if c["cell"] == self.cell), None)
         self.setup = self._setup_cells()
         self.failure = failure_of(result)
         self.bound: LoopBound | None = loop_bound(self.code, [c["code"] for c in self.setup])
@@ -163,11 +163,11 @@ class Isolation:
         result, code = failed[cell]
         return cell, result, code
 
-    def _setup_cells(self) -> list[dict[str, Any]]:
+    def _setup_cells(self) -> list[CellRecord]:
         """The cells that set the tasks up: those that passed before the failing cell, since
         every task was last restarted (fresh kernels forgot the cells before)."""
         assert self.cluster.rundir is not None
-        at = self.failed_rec.get("time", time.time())
+        at = self.failed_rec["time"] if self.failed_rec else time.time()
         every = map(str, self.cluster.spec.tasks)
         restarts = [t for t in restart_times(self.cluster.rundir.iter_events(), every) if t < at]
         since = restarts[-1] if restarts else 0.0
@@ -214,11 +214,11 @@ class Isolation:
     def _run_variant(self, variant: Variant, deadline: float) -> list[Row]:
         began = time.monotonic()
         cells = self._cells_for(variant)
-        self.ran[variant.key] = Ran(variant.spec, cells)
+        self.ran[variant.key] = _ran(variant.spec, cells)
         if variant.shares:  # each row exports as that task alone
             for task in (str(t) for t in variant.spec.tasks):
                 alone = share_alone(self.cluster.spec, task)
-                self.ran[alone.key] = Ran(alone.spec, self._cells_for(alone))
+                self.ran[alone.key] = _ran(alone.spec, self._cells_for(alone))
         with self._variant_cluster(variant, deadline) as (side, why):
             if side is None:
                 return [Row(variant, Outcome.NO_START, time.monotonic() - began, why)]
@@ -257,11 +257,12 @@ class Isolation:
     def _cell_cap(self, deadline: float) -> float:
         return max(1.0, min(self._full_cap(), deadline - STOP_RESERVE_S - time.monotonic()))
 
-    def _run_cells(self, side: Cluster, variant: Variant, cells: list[dict[str, Any]],
+    def _run_cells(self, side: Cluster, variant: Variant, cells: list[CellRecord],
                    deadline: float, began: float) -> list[Row]:
-        def row(outcome: Outcome, error: str = "", **more: Any) -> Row:
-            return Row(variant, outcome, time.monotonic() - began, error,
-                       run_dir=str(side.run_dir), **more)
+        def row(outcome: Outcome, error: str = "", *, task: str | None = None,
+                steps_done: int | None = None) -> Row:
+            return Row(variant, outcome, time.monotonic() - began, error, task=task,
+                       run_dir=str(side.run_dir), steps_done=steps_done)
 
         *before, failing = cells
         for rec in before:
@@ -314,19 +315,19 @@ class Isolation:
         return found
 
     # ------------------------------------------------------------------ cells of a variant
-    def _cells_for(self, variant: Variant) -> list[dict[str, Any]]:
+    def _cells_for(self, variant: Variant) -> list[CellRecord]:
         """The prelude, the set-up cells and the failing cell as this variant runs them."""
-        rec: dict[str, Any]
         prelude = dict(variant.prelude)
         if prelude["strategy"] == "multi_worker":
             prelude["collective_timeout_s"] = max(10, int(self._full_cap() - 5))
         code = self.code
         if variant.steps is not None and self.bound is not None:
             code = with_bound(code, self.bound, variant.steps)
-        cells: list[dict[str, Any]] = [{"cell": 0, "time": 0.0, "targets": None,
-                  "code": prelude_code(self.template, prelude)}]
-        failing = {"cell": self.cell, "code": code,
-                   "targets": list(self.failed_rec.get("targets") or []) or None}
+        cells: list[CellRecord] = [{"cell": 0, "time": 0.0, "targets": None,
+                                    "code": prelude_code(self.template, prelude)}]
+        given = self.failed_rec["targets"] if self.failed_rec else None
+        failing: CellRecord = {"cell": self.cell, "time": 0.0, "code": code,
+                               "targets": list(given or []) or None}
         for rec in [*self.setup, failing]:
             targets = self._targets_for(variant, rec.get("targets"))
             if targets is False and rec is failing:
@@ -337,7 +338,8 @@ class Isolation:
                           "code": rec["code"]})
         return cells
 
-    def _targets_for(self, variant: Variant, targets: list[str] | None) -> list[str] | bool | None:
+    def _targets_for(self, variant: Variant,
+                     targets: list[str] | None) -> list[str] | Literal[False] | None:
         """A cell's targets in ``variant``: None for every task, a list, or False to leave it
         out (it ran only on tasks the variant does not have)."""
         every = [str(t) for t in self.cluster.spec.tasks]
@@ -356,13 +358,19 @@ class Isolation:
         try:
             return export_reproducer(
                 directory, cluster_id=f"{self.cluster.id} (isolate, cell {self.cell})",
-                spec=ran.spec, cells=ran.cells, env=self.cluster.extra_env,
+                spec=ran.spec, cells=cast("list[CellRecord]", ran.cells),  # made by _ran
+                env=self.cluster.extra_env,
                 python=self.cluster.python, force=force)
         except ExportError as exc:
             raise SpecError(str(exc)) from None
 
 
-def _on(rec: dict[str, Any]) -> str:
+def _ran(spec: ClusterSpec, cells: list[CellRecord]) -> Ran:
+    """What a variant ran; ``Ran`` (diagnostics/isolate_report.py) keeps plain dicts."""
+    return Ran(spec, cast("list[dict[str, Any]]", cells))
+
+
+def _on(rec: CellRecord) -> str:
     """Where a variant's cell runs: its targets, already those of the variant's tasks
     (``_cells_for``), or every task."""
     return ",".join(rec["targets"]) if rec["targets"] else "all"

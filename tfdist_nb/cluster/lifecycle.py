@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import telemetry_env, worker_env
@@ -32,7 +32,7 @@ from tfdist_nb.cluster.tfconfig import build_tf_config
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError
 from tfdist_nb.events import CameBack, Restart
-from tfdist_nb.launchers.base import NetTrouble, StopReport, TaskLaunch
+from tfdist_nb.launchers.base import NetTrouble, StopReport, TaskHandle, TaskLaunch
 from tfdist_nb.store.rundir import RunDirectory
 from tfdist_nb.topology import ClusterSpec, TaskId
 from tfdist_nb.transport.channel import KernelChannel
@@ -213,7 +213,7 @@ class Lifecycle:
             fresh = self.runtime(rt.task, addresses)
             rt.address, rt.tf_config, rt.env = fresh.address, fresh.tf_config, fresh.env
 
-    async def _kill(self, old: list[tuple[Any, Any]]) -> None:
+    async def _kill(self, old: list[tuple[TaskHandle | None, KernelChannel | None]]) -> None:
         """The old processes of a restart from spares: SIGKILL at once, in parallel."""
         ended = await asyncio.gather(*(end_kernel(h, c, 0.0) for h, c in old),
                                      return_exceptions=True)

@@ -9,9 +9,11 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
+#: a coroutine the loop runs: it is sent None and its yields go to asyncio alone
+Job = Coroutine[object, None, T]
 
 
 class LoopThread:
@@ -28,10 +30,10 @@ class LoopThread:
     def alive(self) -> bool:
         return self._thread.is_alive() and not self.loop.is_closed()
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Job[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+    def run(self, coro: Job[T], timeout: float) -> T:
         """Run ``coro`` on the loop and wait at most ``timeout`` seconds for its result."""
         fut = self.submit(coro)
         try:

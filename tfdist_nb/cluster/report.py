@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tfdist_nb import redaction
-from tfdist_nb.cluster.export import ExportError, ours_or_absent, write_private
+from tfdist_nb.cluster.export import CellRecord, ExportError, ours_or_absent, write_private
 from tfdist_nb.errors import SpecError
+from tfdist_nb.ledger_runs import LedgerRow
 from tfdist_nb.redaction import REDACTED
 from tfdist_nb.results import RunResult
 
@@ -40,7 +41,7 @@ def check_target(directory: Path, force: bool) -> None:
 
 def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRuntime],
           env: Mapping[str, str], alerts: Iterable[str], failure: tuple[RunResult, str] | None,
-          logs: pd.DataFrame, live: LiveStore, cells: Iterable[Mapping[str, Any]],
+          logs: pd.DataFrame, live: LiveStore, cells: Iterable[CellRecord],
           show_env: bool = False) -> Path:
     """Write the report of a cluster's ``tasks`` to ``path`` (owner-only); ``cells`` are read
     for secrets to hide. SpecError if it cannot be written."""
@@ -48,8 +49,8 @@ def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRunti
     names = [rt.name for rt in tasks]
     last = {n: list(logs[logs["task"] == n]["text"].tail(LAST_LINES)) if len(logs) else []
             for n in names}
-    ledger = [{"task": name, **row} for name in names
-              for row in live.view(name).ledger.recent(LEDGER_ROWS)]
+    ledger: list[TaskLedgerRow] = [{"task": name, **row} for name in names
+                                   for row in live.view(name).ledger.recent(LEDGER_ROWS)]
     text = markdown(
         cluster_id=cluster_id, spec=spec, tasks=[  # as each said of itself at start-up
             {"task": rt.name, "host": rt.host, "pid": rt.pid, "state": str(rt.state),
@@ -66,10 +67,16 @@ def write(path: Path, *, cluster_id: str, spec: str, tasks: Collection[TaskRunti
     return path
 
 
-def markdown(*, cluster_id: str, spec: str, tasks: list[dict[str, Any]],
+class TaskLedgerRow(LedgerRow, total=False):
+    """A ledger row in the report's table, with the task it is of."""
+
+    task: str
+
+
+def markdown(*, cluster_id: str, spec: str, tasks: Sequence[Mapping[str, object]],
              tf_configs: Mapping[str, str], env: Mapping[str, str], alerts: Iterable[str],
              failure: RunResult | None, failed_code: str | None,
-             last_lines: Mapping[str, list[str]], ledger: list[dict[str, Any]],
+             last_lines: Mapping[str, list[str]], ledger: list[TaskLedgerRow],
              secrets: Iterable[str] = (), show_env: bool = False) -> str:
     """The report's text; the whole of it goes through the redaction once it is made, so every
     field does (``secrets``: values to hide wherever they appear)."""

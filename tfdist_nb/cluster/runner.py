@@ -243,7 +243,8 @@ def _crashed(rt: TaskRuntime, ex: Execution, code: int,
     return result
 
 
-def _memory_after_death(rt: TaskRuntime, last: dict[str, Any] | None) -> dict[str, Any] | None:
+def _memory_after_death(rt: TaskRuntime,
+                        last: dict[str, Any] | None) -> dict[str, int | None] | None:
     """The dead task's memory cgroup read now, when it is on this machine: an OOM kill count
     that rose since its last sample shows an allocation that outran the sampling."""
     cgroup = (last or {}).get("mem_cgroup")

@@ -134,7 +134,7 @@ class Spare:
     began: float = field(default_factory=time.monotonic)
     warm_s: float | None = None
     starting: asyncio.Future[Any] | None = field(default=None, repr=False)
-    warming: asyncio.Future[Any] | None = field(default=None, repr=False)
+    warming: asyncio.Future[bool] | None = field(default=None, repr=False)
     backlog: deque[Event] = field(default_factory=lambda: deque(maxlen=BACKLOG_LINES),
                                   repr=False)
     route: Callable[[list[Event]], None] | None = field(default=None, repr=False)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from tfdist_nb.cluster.agent_client import AgentClient
 from tfdist_nb.cluster.environment import worker_env
@@ -57,6 +57,16 @@ SUBSHELL_TIMEOUT_S = 10.0
 #: After a spare failed to warm, wait this long before the next one; give up after MAX_FAILURES.
 RETRY_AFTER_S = 30.0
 MAX_FAILURES = 3
+
+class SparesSummary(TypedDict):
+    """The spare kernels now (``Cluster.spares()``); ``note``: why none is being started."""
+
+    count: int
+    ready: int
+    warming: int
+    pids: list[int]
+    note: str | None
+
 
 @dataclass(eq=False)
 class PoolUser:
@@ -198,7 +208,7 @@ class SparePool:
             why_cold=next(iter(cold.values()), None), forked=forked)
 
     # ------------------------------------------------------------------ views
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> SparesSummary:
         """``{"count", "ready", "warming", "pids", "note"}`` (any thread)."""
         spares = list(self._spares)
         return {"count": self.count,
@@ -258,7 +268,7 @@ class SparePool:
             spare.warming = asyncio.ensure_future(self._warm_or_drop(spare))
             spare.warming.add_done_callback(self._warmed)
 
-    def _warmed(self, warming: asyncio.Future[Any]) -> None:
+    def _warmed(self, warming: asyncio.Future[bool]) -> None:
         if warming.cancelled() or warming.exception() is not None:
             return
         if warming.result():  # a failure was counted where it happened (_warm_or_drop)

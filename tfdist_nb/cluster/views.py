@@ -4,8 +4,7 @@ runtimes and the live store."""
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping
 
 import pandas as pd
 
@@ -36,7 +35,7 @@ def waiting_for_prompt(tasks: Iterable[TaskRuntime], live: LiveStore) -> dict[st
             and live.view(rt.name).ledger.current() is not None}
 
 
-def task_flags(rt: TaskRuntime, latest: dict[str, Any], stragglers: Collection[str],
+def task_flags(rt: TaskRuntime, latest: Mapping[str, object], stragglers: Collection[str],
                waits_for_prompt: bool = False) -> str:
     """Short markers of what is wrong with a task, comma separated (docs/reference.md, Status
     columns)."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from IPython.core.error import UsageError
-from IPython.core.magic import line_magic
+from IPython.core.magic import Magics, line_magic
 from IPython.core.magic_arguments import argument, magic_arguments
 
 from tfdist_nb.cluster.registry import current, last_cluster
@@ -30,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
 N = TypeVar("N", int, float)
+M = TypeVar("M", bound=Magics)
 #: What the Cluster API raises for what the user asked; the magics answer it as a UsageError.
 USER_ERRORS: tuple[type[Exception], ...] = (SpecError, ClusterNotRunningError, CannotRun,
                                             AgentError)
@@ -66,18 +67,19 @@ def user_errors(example: str = EXAMPLE,
     return wrap
 
 
-def magic(example: str, *more: type[Exception]) -> Callable[[Callable[[Any, argparse.Namespace],
-                                                                     R]], Any]:
+def magic(example: str, *more: type[Exception]
+          ) -> Callable[[Callable[[M, argparse.Namespace], R]], Callable[[M, str], R]]:
     """A line magic called with its line parsed by the ``@argument`` lines under this one; a
     mistake in the line, and the user errors of :func:`user_errors`, are a UsageError with
     ``example``."""
-    def wrap(fn: Callable[[Any, argparse.Namespace], R]) -> Any:
+    def wrap(fn: Callable[[M, argparse.Namespace], R]) -> Callable[[M, str], R]:
         @functools.wraps(fn)
-        def parsed(self: Any, line: str) -> R:
+        def parsed(self: M, line: str) -> R:
             return fn(self, parse_line(line, outer.parser.parse_args, example))
 
-        outer: Any = magic_arguments()(user_errors(example, *more)(parsed))
-        return line_magic(outer)
+        outer: Any = magic_arguments()(user_errors(example, *more)(parsed))  # IPython's: untyped
+        line_magic(outer)  # records it as a line magic; used bare, it returns it unchanged
+        return outer
     return wrap
 
 

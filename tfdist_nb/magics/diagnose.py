@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, magics_class
@@ -30,6 +30,7 @@ from tfdist_nb.magics.common import (
 )
 
 if TYPE_CHECKING:
+    from tfdist_nb.cluster.checks import CheckOptions
     from tfdist_nb.diagnostics.isolate_report import IsolateReport
     from tfdist_nb.diagnostics.report import CheckReport
 
@@ -259,7 +260,7 @@ class DiagnoseMagics(Magics):
         return report
 
 
-def _check_options(args: argparse.Namespace) -> dict[str, Any]:
+def _check_options(args: argparse.Namespace) -> CheckOptions:
     """``%tfdist_check``'s options that were given, by the name ``Cluster.check`` takes."""
     wanted = {"sharding": ("reference", "max_elements", "max_seconds"),
               "variables": ("atol", "rtol")}.get(args.kind, ())
@@ -269,4 +270,4 @@ def _check_options(args: argparse.Namespace) -> dict[str, Any]:
     if extra:
         raise usage(f"the {args.kind} check takes no {', '.join(extra)}",
                     "example: %tfdist_check sharding dist_dataset --max-elements 1000")
-    return given
+    return cast("CheckOptions", given)  # of the types the magic's @argument lines give

@@ -140,7 +140,7 @@ def _takers(flag: str, known: Schemas) -> str:
                        if flag in {o.flag for o in declared})
 
 
-def _parse(option: LauncherOption, text: str) -> Any:
+def _parse(option: LauncherOption, text: str) -> object:
     try:
         return option.parse(text)
     except SpecError:

@@ -6,7 +6,7 @@ malformed line fails here, with an example, before a process exists.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +189,7 @@ def _why_replace(request: ClusterRequest, spec: ClusterSpec, running: Running) -
     return None
 
 
-def _by_option(options: dict[str, Any], hosts: list[str] | None) -> dict[str, object]:
+def _by_option(options: Mapping[str, object], hosts: list[str] | None) -> dict[str, object]:
     return {**options, **({HOSTS: hosts} if hosts is not None else {})}
 
 

@@ -56,7 +56,7 @@ def builtin_launcher_flags(fn: F) -> F:
 class RunMagics(Magics):
     """``%%tfcluster`` and the magics that control its tasks."""
 
-    def __init__(self, shell: InteractiveShell | None = None, **kwargs: Any) -> None:
+    def __init__(self, shell: InteractiveShell | None = None, **kwargs: object) -> None:
         super().__init__(shell, **kwargs)
         self._noise_said: dict[str, set[str]] = {}  # run directory -> known noise already said
         self.mode = PersistentMode()  # %tfdist_mode

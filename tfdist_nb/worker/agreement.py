@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.topology import task_order
@@ -30,6 +30,21 @@ POLL_MS = 250
 _counts: dict[str, int] = {}  # functions of each name checked so far (the same on every task)
 _checked: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()  # tf.functions
 _disabled: list[str] = []  # why the check is off on this task (no coordination service)
+
+
+class Entry(NamedTuple):
+    """One collective of a function's manifest, as the tasks compare it (a JSON array through
+    the coordination service)."""
+
+    kind: str
+    dtype: str
+    shape: list[int | None] | None  # None: rank unknown
+    group_size: int | None
+    where: str  # cell N line L
+
+
+def _entries(payload: str) -> list[Entry]:
+    return [Entry(*e) for e in json.loads(payload)]
 
 
 def members() -> list[str]:
@@ -83,18 +98,18 @@ def check(graph: tf.Graph, name: str, ops: list[Op],
         LEDGER.close(row, "failed")
         raise
     LEDGER.close(row)
-    manifests = {mine: json.loads(payload), **theirs}
+    manifests = {mine: _entries(payload), **theirs}
     LEDGER.traced(ops, name, key, difference_at(manifests))
     if (said := first_difference(name, manifests)) is not None:
         raise CollectiveMismatchError(said)
 
 
-def _collect(ctx: Context, key: str, others: list[str]) -> dict[str, list[Any]]:
+def _collect(ctx: Context, key: str, others: list[str]) -> dict[str, list[Entry]]:
     import time
 
     from tensorflow.python.framework import errors
 
-    found: dict[str, list[Any]] = {}
+    found: dict[str, list[Entry]] = {}
     deadline = time.monotonic() + WAIT_S
     while len(found) < len(others) and time.monotonic() < deadline:
         if ABORT.is_set():
@@ -104,8 +119,8 @@ def _collect(ctx: Context, key: str, others: list[str]) -> dict[str, list[Any]]:
             if task in found:
                 continue
             try:
-                found[task] = json.loads(ctx.get_config_key_value(f"{key}/{task}",
-                                                                  timeout_in_ms=POLL_MS))
+                found[task] = _entries(ctx.get_config_key_value(f"{key}/{task}",
+                                                                timeout_in_ms=POLL_MS))
             except errors.DeadlineExceededError:
                 continue
             except errors.OpError:  # the service is gone (the chief died): others will say it
@@ -113,7 +128,7 @@ def _collect(ctx: Context, key: str, others: list[str]) -> dict[str, list[Any]]:
     return found
 
 
-def difference_at(manifests: dict[str, list[list[Any]]]) -> int | None:
+def difference_at(manifests: dict[str, list[Entry]]) -> int | None:
     """The first position (from 0) where the tasks' manifests differ, or None."""
     tasks = sorted(manifests, key=task_order)
     for i in range(max(len(m) for m in manifests.values())):
@@ -123,7 +138,7 @@ def difference_at(manifests: dict[str, list[list[Any]]]) -> int | None:
     return None
 
 
-def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | None:
+def first_difference(name: str, manifests: dict[str, list[Entry]]) -> str | None:
     """The sentence naming where the tasks' manifests of ``name`` first differ, or None; the
     same on every task. Entries are ``[kind, dtype, shape, group_size, where]``."""
     tasks = sorted(manifests, key=task_order)
@@ -150,7 +165,7 @@ def first_difference(name: str, manifests: dict[str, list[list[Any]]]) -> str | 
     return None
 
 
-def _agree(a: list[Any] | None, b: list[Any] | None) -> bool:
+def _agree(a: Entry | None, b: Entry | None) -> bool:
     """Same kind, dtype and group, and shapes that can be the same at run time (a dimension
     unknown at trace time matches any)."""
     if a is None or b is None:

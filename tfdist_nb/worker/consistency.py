@@ -13,8 +13,8 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypedDict
 
 from tfdist_nb.worker._sharding import dataset_graph
 from tfdist_nb.worker.probes import _user_ns, find_strategy
@@ -41,6 +41,24 @@ UNBATCH_OPS = frozenset({"UnbatchDataset", "ExperimentalUnbatchDataset"})
 SHUFFLE_OPS = frozenset({"ShuffleDataset", "ShuffleDatasetV3", "ShuffleAndRepeatDataset",
                          "ShuffleAndRepeatDatasetV2"})
 POLICIES = {-1: "OFF", 0: "AUTO", 1: "FILE", 2: "DATA", 3: "HINT"}
+
+
+class _Resolved(TypedDict):
+    kind: str  # "dataset" | "distributed"
+    dataset: tf.data.Dataset | tf.distribute.DistributedDataset
+
+
+class Resolved(_Resolved, total=False):
+    """What EXPR evaluated to: the dataset, its undistributed ``source`` when found, and for a
+    distributed one its strategy and how it was made (``_resolve_dataset``)."""
+
+    source: tf.data.Dataset | None
+    strategy: tf.distribute.Strategy | None
+    strategy_name: str
+    workers: int | None
+    replicas: int | None
+    made_by: str
+    dataset_fn: Callable[[tf.distribute.InputContext], object] | None
 
 
 def evaluate(expr: str) -> object:
@@ -129,7 +147,7 @@ def _num_workers(strategy: tf.distribute.Strategy) -> int | None:
         return None
 
 
-def _resolve_dataset(obj: object) -> dict[str, Any]:
+def _resolve_dataset(obj: object) -> Resolved:
     """``{"kind", ...}`` of what EXPR evaluated to, with the undistributed source when found."""
     import tensorflow as tf
 
@@ -137,7 +155,7 @@ def _resolve_dataset(obj: object) -> dict[str, Any]:
         return {"kind": "dataset", "dataset": obj, "source": None}
     if isinstance(obj, tf.distribute.DistributedDataset):
         strategy = getattr(obj, "_strategy", None)
-        info: dict[str, Any] = {"kind": "distributed", "strategy": strategy, "dataset": obj,
+        info: Resolved = {"kind": "distributed", "strategy": strategy, "dataset": obj,
                                 "strategy_name": type(strategy).__name__,
                                 "workers": _num_workers(strategy),
                                 "replicas": getattr(strategy, "num_replicas_in_sync", None)}
@@ -151,7 +169,7 @@ def _resolve_dataset(obj: object) -> dict[str, Any]:
                     "distribute_datasets_from_function)")
 
 
-def _whole_from_function(info: dict[str, Any]) -> tf.data.Dataset | None:
+def _whole_from_function(info: Resolved) -> tf.data.Dataset | None:
     """The undistributed dataset of ``distribute_datasets_from_function``: the function called
     with a context of one input pipeline (its ``shard(1, 0)`` keeps everything)."""
     import tensorflow as tf
@@ -192,7 +210,7 @@ def sharding_describe(expr: str) -> Described:
     return out
 
 
-def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -> list[Any]:
+def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -> list[object]:
     """``value`` (one tensor or composite) as a list of per-example numpy values."""
     import numpy as np
     import tensorflow as tf
@@ -206,7 +224,7 @@ def _rows(value: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, unbatch: bool) -
     return list(arr) if unbatch and arr.ndim >= 1 else [arr]
 
 
-def _fingerprint(parts: Sequence[Any]) -> str:
+def _fingerprint(parts: Sequence[object]) -> str:
     import numpy as np
 
     h = hashlib.blake2b(digest_size=8)
@@ -222,7 +240,7 @@ def _fingerprint(parts: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
-def _preview(parts: Sequence[Any]) -> str:
+def _preview(parts: Sequence[object]) -> str:
     import numpy as np
 
     def one(p: object) -> str:
@@ -246,7 +264,8 @@ class _Tally:
         self.max_seconds = max_seconds
         self.started = time.monotonic()
 
-    def add(self, components: list[Any], unbatch: bool) -> None:
+    def add(self, components: list[tf.Tensor | tf.SparseTensor | tf.RaggedTensor],
+            unbatch: bool) -> None:
         # one example per position, as far as the shortest component goes
         for parts in zip(*(_rows(c, unbatch) for c in components), strict=False):
             fp = _fingerprint(parts)
@@ -350,7 +369,7 @@ def sharding_fingerprints(expr: str, max_elements: int = MAX_ELEMENTS,
     return out
 
 
-def _read_reference(info: dict[str, Any], reference: str | None, unbatch: bool,
+def _read_reference(info: Resolved, reference: str | None, unbatch: bool,
                     max_elements: int, max_seconds: float) -> Read | Skipped | Failure:
     import tensorflow as tf
 

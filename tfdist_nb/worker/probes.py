@@ -164,7 +164,7 @@ def connect_peers(addresses: dict[str, str]) -> dict[str, PeerReach]:
     return out
 
 
-def _user_ns() -> dict[str, Any]:
+def _user_ns() -> dict[str, object]:
     try:
         from IPython import get_ipython
 
@@ -256,7 +256,7 @@ def env_report() -> EnvReport:
     return {"props": props, "packages": packages}
 
 
-def _gpus() -> dict[str, Any]:
+def _gpus() -> dict[str, str | None]:
     """NVIDIA driver and the models of the GPUs the task was given, through NVML; empty without
     NVML (no GPU reads as empty)."""
     with swallowed(logger):  # NVML failing half-way: nothing to describe
