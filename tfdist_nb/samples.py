@@ -120,8 +120,9 @@ TelemetryMessage = Sample | LedgerMessage
 
 
 class Latest(Sample, total=False):
-    """A task's last sample as the controller keeps it (``store.tails.TaskView.latest``), with
-    what it derives from the GPU readings (``events.gpu_summary``)."""
+    """A task's last sample as the controller keeps it, with what it derives from the GPU
+    readings (``events.gpu_summary``): ``store.tails.TaskView.latest``, a plain dict there while
+    the cluster's readers of it (inspector, views, runner) take ``dict[str, Any]``."""
 
     gpu_util_percent: float | None
     gpu_mem_mb: float | None

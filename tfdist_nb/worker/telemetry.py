@@ -81,7 +81,7 @@ class Telemetry:
         self._net: tuple[float, int, int] | None = None
         self._cgroup: CgroupMemory | None = None
         self._net_scope = "host"
-        self._xids_said: set[tuple[Any, int]] = set()  # (GPU, XID code) noted already
+        self._xids_said: set[tuple[str | int, int]] = set()  # (GPU, XID code) noted already
         self.step_count = 0
         self.total_steps: int | None = None
         self.seq = 0
