@@ -184,8 +184,9 @@ HANG = "hang"
 class TelemetrySample:
     """One heartbeat from a task's agent: resources, step count and the steps since the last.
 
-    ``data`` holds cpu_percent, rss_mb, net rates, host load, ``gpus`` (None: no GPU) and
-    ``steps`` as ``[step, begin_time, duration_ms, input_wait_ms]`` rows.
+    ``data`` is the agent's message as it came: a ``samples.Sample`` (resources, ``gpus``,
+    ``steps`` rows), or a ``samples.LedgerMessage`` (``kind`` "ledger"). Kept a plain dict here:
+    this layer sits below ``samples`` (which reads the ledger's rows).
     """
 
     time: float

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from tfdist_nb.results import TaskResult, TaskStatus
+from tfdist_nb.samples import GpuReading, gpu_readings
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.worker.gpu import describe_xid
 
@@ -19,7 +20,7 @@ NCCL_FIX = ("tf.distribute.MultiWorkerMirroredStrategy(communication_options="
             "tf.distribute.experimental.CommunicationImplementation.NCCL))")
 
 
-def ring_on_gpus(facts: dict[str, Any] | None) -> str | None:
+def ring_on_gpus(facts: Mapping[str, object] | None) -> str | None:
     """The advice for a strategy whose collectives run RING on GPUs (``facts``: a
     ``Finding.STRATEGY`` note's): TensorFlow picks NCCL only when asked, AUTO is RING
     (docs/design.md, Facts). None on CPUs and where NCCL was asked for."""
@@ -77,7 +78,7 @@ DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2,
 HELD_MOST = 0.9  # of a GPU's memory: TensorFlow took it all at its first op
 
 
-def failure_fault(result: TaskResult, latest: dict[str, dict[str, Any]],
+def failure_fault(result: TaskResult, latest: Mapping[str, Mapping[str, object]],
                   env: dict[str, str] | None) -> GpuFault | None:
     """The GPU fault behind a task that raised or crashed; ``latest``: every task's last
     sample, ``env``: the task's environment (None: unknown)."""
@@ -90,10 +91,10 @@ def failure_fault(result: TaskResult, latest: dict[str, dict[str, Any]],
                     crashed=result.status is TaskStatus.CRASHED)
 
 
-def classify(task: str, text: str, latest: dict[str, dict[str, Any]],
+def classify(task: str, text: str, latest: Mapping[str, Mapping[str, object]],
              env: dict[str, str] | None, crashed: bool = False) -> GpuFault | None:
     """``text``: the error and the task's output (NCCL writes its lines to stdout)."""
-    mine = [g for g in (latest.get(task) or {}).get("gpus") or () if isinstance(g, dict)]
+    mine = gpu_readings(latest.get(task))
     shared = _sharing(task, mine, latest)
     on = _named(mine, env)
     if (crashed or GPU_WORDS.search(text)) and (xid := _xid(mine)):
@@ -135,24 +136,23 @@ def classify(task: str, text: str, latest: dict[str, dict[str, Any]],
     return None
 
 
-def _sharing(task: str, mine: list[dict[str, Any]],
-             latest: dict[str, dict[str, Any]]) -> list[str]:
+def _sharing(task: str, mine: list[GpuReading],
+             latest: Mapping[str, Mapping[str, object]]) -> list[str]:
     """The other tasks whose last reading shows one of this task's GPUs (by UUID: indices
     repeat from host to host)."""
     uuids = {g.get("uuid") for g in mine} - {None}
     return sorted(other for other, sample in latest.items() if other != task and uuids
-                  & {g.get("uuid") for g in (sample or {}).get("gpus") or ()
-                     if isinstance(g, dict)})
+                  & {g.get("uuid") for g in gpu_readings(sample)})
 
 
-def _named(mine: list[dict[str, Any]], env: dict[str, str] | None) -> str:
+def _named(mine: list[GpuReading], env: dict[str, str] | None) -> str:
     """``GPU 1 (GPU-...) (CUDA_VISIBLE_DEVICES=1)``: what it had and what it was given."""
     said = ", ".join(f"GPU {g.get('index')} ({g.get('uuid')})" for g in mine) or "its GPU"
     given = (env or {}).get("CUDA_VISIBLE_DEVICES")
     return f"{said} (CUDA_VISIBLE_DEVICES={given})" if given is not None else said
 
 
-def _held(mine: list[dict[str, Any]]) -> str:
+def _held(mine: list[GpuReading]) -> str:
     """What the task held at its last sample: its own processes' memory where NVML told them
     apart, else the GPU's whole use."""
     parts = []
@@ -166,7 +166,7 @@ def _held(mine: list[dict[str, Any]]) -> str:
     return f"; at its last sample {', '.join(parts)}" if parts else ""
 
 
-def _memory_causes(mine: list[dict[str, Any]], shared: list[str], env: dict[str, str] | None,
+def _memory_causes(mine: list[GpuReading], shared: list[str], env: dict[str, str] | None,
                    nccl: bool, tensor: re.Match[str] | None = None) -> list[str]:
     """The usual causes, each only where the readings show it."""
     causes = []
@@ -197,7 +197,7 @@ def _memory_causes(mine: list[dict[str, Any]], shared: list[str], env: dict[str,
     return causes
 
 
-def _xid(mine: list[dict[str, Any]]) -> str | None:
+def _xid(mine: list[GpuReading]) -> str | None:
     return next((f"GPU {g.get('index')} ({g.get('uuid')}) reported {describe_xid(code)}"
                  for g in mine for code in g.get("xid") or ()), None)
 

@@ -11,8 +11,11 @@ lateness is the time everyone else spends waiting for it.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from tfdist_nb.samples import GpuReading, gpu_readings
 
 WINDOW = 20
 MIN_STEPS = 8
@@ -97,7 +100,7 @@ def input_bound(own_fetch_ms: float | None, others_fetch_ms: list[float]) -> boo
     return own_fetch_ms > 5.0 and own_fetch_ms > INPUT_BOUND_RATIO * max(others_fetch_ms)
 
 
-def evidence(latest: dict[str, Any], input_wait_ms: float | None,
+def evidence(latest: Mapping[str, object], input_wait_ms: float | None,
              local_fetch_ms: float | None = None,
              others_fetch_ms: list[float] | None = None) -> str:
     """What may make a task slow, from its last heartbeat: its own input pipeline (local
@@ -111,14 +114,14 @@ def evidence(latest: dict[str, Any], input_wait_ms: float | None,
     parts += [f"its input wait {input_wait_ms or 0:.0f} ms",
              f"its CPU {latest.get('cpu_percent') or 0:.0f}%",
              f"host load {latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores"]
-    parts += [said for gpu in latest.get("gpus") or () if (said := gpu_slowdown(gpu))]
+    parts += [said for gpu in gpu_readings(latest) if (said := gpu_slowdown(gpu))]
     return "; ".join(parts)
 
 
 SLOW_CLOCK = 0.85  # of the SM clock's maximum, on a GPU that is not idle
 
 
-def gpu_slowdown(gpu: dict[str, Any]) -> str | None:
+def gpu_slowdown(gpu: GpuReading) -> str | None:
     """What holds one GPU back, from its reading: its clock event reasons (idle aside), an SM
     clock well under its maximum, a PCIe link narrower than it can be or replaying; None for a
     healthy GPU (no reason, clock near its maximum)."""

@@ -27,7 +27,7 @@ class TaskView:
     lines_total: int = 0
     samples: deque = field(default_factory=lambda: deque(maxlen=TAIL_SAMPLES))
     steps: deque = field(default_factory=lambda: deque(maxlen=TAIL_STEPS))
-    latest: dict[str, Any] = field(default_factory=dict)
+    latest: dict[str, Any] = field(default_factory=dict)  # a samples.Latest; {} before one
     step_count: int = 0
     total_steps: int | None = None
     last_output: float | None = None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from tfdist_nb.gpu_plan import CVD, Device, select
+from tfdist_nb.samples import GpuReading, GpuStatic
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,7 +108,7 @@ class GpuReader:
         self._events = maybe(self._xid_events)
         self.xids: list[int] = []
         board = self._board
-        self._static = {
+        self._static: GpuStatic = {
             "uuid": maybe(lambda: nvml_text(nv.nvmlDeviceGetUUID(handle))),
             "name": maybe(lambda: nvml_text(nv.nvmlDeviceGetName(board))),
             "mem_total_mb": maybe(lambda: nv.nvmlDeviceGetMemoryInfo(handle).total / 2**20),
@@ -118,32 +119,37 @@ class GpuReader:
             "pcie_width_max": maybe(lambda: nv.nvmlDeviceGetMaxPcieLinkWidth(board)),
         }
 
-    def read(self, pids: set[int]) -> dict[str, Any]:
+    def read(self, pids: set[int]) -> GpuReading:
         """The record; ``pids``: the task's processes (:func:`own_pids`)."""
         nv, handle, board = self._nv, self._handle, self._board
-        readers: dict[str, Callable[[], Any]] = {
-            "util_percent": lambda: float(nv.nvmlDeviceGetUtilizationRates(board).gpu),
-            "mem_used_mb": lambda: nv.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
-            "task_mem_mb": lambda: self._task_mem_mb(pids),
-            "temperature_c": lambda: float(nv.nvmlDeviceGetTemperature(
-                board, nv.NVML_TEMPERATURE_GPU)),
-            "sm_clock_mhz": lambda: float(nv.nvmlDeviceGetClockInfo(board, nv.NVML_CLOCK_SM)),
-            "power_w": lambda: nv.nvmlDeviceGetPowerUsage(board) / 1000.0,
-            "throttle": lambda: decode_throttle(int(self._reasons()(board))),
-            "throttle_ms": self._throttle_ms,
-            "pcie_gen": lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(board),
-            "pcie_width": lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(board),
-            "pcie_replays": lambda: nv.nvmlDeviceGetPcieReplayCounter(board),
-            "ecc_corrected": lambda: self._ecc(0),  # NVML_MEMORY_ERROR_TYPE_CORRECTED
-            "ecc_uncorrected": lambda: self._ecc(1),  # ..._UNCORRECTED
-            "xid": self._poll_xids,
-        }
-        out: dict[str, Any] = {"index": self.index, **self._static}
-        for key, read in readers.items():
-            out[key] = maybe(read, f"GPU {self.index}: no {key}")
-        return out
 
-    def _reasons(self) -> Callable[[Any], int]:
+        def get(key: str, read: Callable[[], T]) -> T | None:
+            return maybe(read, f"GPU {self.index}: no {key}")
+
+        return {
+            "index": self.index, **self._static,
+            "util_percent": get("util_percent",
+                                lambda: float(nv.nvmlDeviceGetUtilizationRates(board).gpu)),
+            "mem_used_mb": get("mem_used_mb",
+                               lambda: nv.nvmlDeviceGetMemoryInfo(handle).used / 2**20),
+            "task_mem_mb": get("task_mem_mb", lambda: self._task_mem_mb(pids)),
+            "temperature_c": get("temperature_c", lambda: float(nv.nvmlDeviceGetTemperature(
+                board, nv.NVML_TEMPERATURE_GPU))),
+            "sm_clock_mhz": get("sm_clock_mhz", lambda: float(nv.nvmlDeviceGetClockInfo(
+                board, nv.NVML_CLOCK_SM))),
+            "power_w": get("power_w", lambda: nv.nvmlDeviceGetPowerUsage(board) / 1000.0),
+            "throttle": get("throttle", lambda: decode_throttle(int(self._reasons()(board)))),
+            "throttle_ms": get("throttle_ms", self._throttle_ms),
+            "pcie_gen": get("pcie_gen", lambda: nv.nvmlDeviceGetCurrPcieLinkGeneration(board)),
+            "pcie_width": get("pcie_width", lambda: nv.nvmlDeviceGetCurrPcieLinkWidth(board)),
+            "pcie_replays": get("pcie_replays", lambda: nv.nvmlDeviceGetPcieReplayCounter(board)),
+            "ecc_corrected": get("ecc_corrected",
+                                 lambda: self._ecc(0)),  # NVML_MEMORY_ERROR_TYPE_CORRECTED
+            "ecc_uncorrected": get("ecc_uncorrected", lambda: self._ecc(1)),  # ..._UNCORRECTED
+            "xid": get("xid", self._poll_xids),
+        }
+
+    def _reasons(self) -> Callable[[object], int]:
         """The clock event reasons getter; the deprecated throttle one only where it is all the
         installed nvidia-ml-py has."""
         nv = self._nv
@@ -244,7 +250,7 @@ class GpuSampler:
             self._handles = self._open()
         return bool(self._handles)
 
-    def sample(self) -> list[dict[str, Any]] | None:
+    def sample(self) -> list[GpuReading] | None:
         if not self.available:
             return None
         assert self._handles is not None and self._nvml is not None  # opened

@@ -12,14 +12,24 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from tfdist_nb.samples import (
+    GpuReading,
+    MemoryReading,
+    Note,
+    Resources,
+    Sample,
+    StepRow,
+    TelemetryMessage,
+)
 from tfdist_nb.worker import state
 from tfdist_nb.worker.memory_limits import CgroupMemory
 
 if TYPE_CHECKING:
     from tfdist_nb.worker.gpu import GpuSampler
+    from tfdist_nb.worker.ledger import Ledger
 
 logger = logging.getLogger(__name__)
 
@@ -54,28 +64,28 @@ def telemetry_interval(text: str | None) -> float:
 
 
 class Telemetry:
-    def __init__(self, send: Callable[[dict[str, Any]], object], interval_s: float = 1.0,
+    def __init__(self, send: Callable[[TelemetryMessage], object], interval_s: float = 1.0,
                  gpu: GpuSampler | None = None) -> None:
         self._send = send
         self.interval_s = interval_s
         self._gpu = gpu
         # [step, begin, duration_ms, input_wait_ms, arrival, local_fetch_ms, sync_entries]
-        self._steps: collections.deque[list[Any]] = collections.deque()
-        self._notes: list[dict[str, Any]] = []
+        self._steps: collections.deque[StepRow] = collections.deque()
+        self._notes: list[Note] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._last_resources: dict[str, Any] = {}
+        self._last_resources: Resources | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="tfdist-telemetry", daemon=True)
         self._proc: Any = None
         self._net: tuple[float, int, int] | None = None
         self._cgroup: CgroupMemory | None = None
         self._net_scope = "host"
-        self._xids_said: set[tuple[Any, int]] = set()  # (GPU, XID code) noted already
+        self._xids_said: set[tuple[str | int, int]] = set()  # (GPU, XID code) noted already
         self.step_count = 0
         self.total_steps: int | None = None
         self.seq = 0
-        self.ledger: Any = None  # the task's collective ledger (worker.ledger), set by the agent
+        self.ledger: Ledger | None = None  # the task's collective ledger, set by the agent
         #: waits until what was sent has left this process (the kernel's iopub thread took it);
         #: set by the agent. Returns False at its timeout.
         self.drained: Callable[[float], bool] | None = None
@@ -106,14 +116,17 @@ class Telemetry:
                                 syncs or []])
 
     def note(self, text: str, level: str = "INFO", finding: str | None = None,
-             facts: dict[str, Any] | None = None) -> None:
+             facts: Mapping[str, object] | None = None) -> None:
         """A finding, sent with the next sample (within a second, or at the cell's end).
         ``finding``: its kind (``events.Finding``), so the controller never parses ``text``;
         ``facts``: what it saw, as JSON values."""
         with self._lock:
-            self._notes.append({"text": text, "level": level,
-                                **({"finding": finding} if finding else {}),
-                                **({"facts": facts} if facts else {})})
+            note: Note = {"text": text, "level": level}
+            if finding:
+                note["finding"] = finding
+            if facts:
+                note["facts"] = facts
+            self._notes.append(note)
 
     def _main(self) -> None:
         """A sample every ``interval_s``; with a memory limit the thread also looks at the
@@ -132,7 +145,7 @@ class Telemetry:
                 due = time.monotonic() + self.interval_s
 
     def _tick_s(self) -> float:
-        limited = self._last_resources.get("mem_limit_mb")
+        limited = self._last_resources is not None and self._last_resources["mem_limit_mb"]
         tick = min(self.interval_s, NEAR_LIMIT_INTERVAL_S) if limited else self.interval_s
         return min(tick, LEDGER_TICK_S) if self.ledger is not None else tick
 
@@ -155,11 +168,11 @@ class Telemetry:
         limit, used = memory["mem_limit_mb"], memory["mem_limit_used_mb"]
         return bool(limit and used is not None and used >= NEAR_LIMIT_FRACTION * limit)
 
-    def resources(self) -> dict[str, Any]:
+    def resources(self) -> Resources:
         """A fresh resource reading (kept as the last one), e.g. right after a cell failed."""
         with self._flush_lock:
             self._last_resources = self._resources()
-            return dict(self._last_resources)
+            return self._last_resources.copy()
 
     def flush_steps(self) -> None:
         """At the end of a cell: send the steps not yet sent, with the last resource reading;
@@ -185,15 +198,20 @@ class Telemetry:
                 more = more or bool(ledger and ledger["more"])
                 self.seq += 1
                 errors = dict(state.instrumentation_errors)
-                self._send({"kind": "sample", "seq": self.seq, "time": time.time(),
-                            **resources, "step": count, "total_steps": self.total_steps,
-                            "steps": steps, **({"notes": notes} if notes else {}),
-                            **({"ledger": ledger} if ledger else {}),
-                            **({"instrumentation_errors": errors} if errors else {})})
+                sample: Sample = {"kind": "sample", "seq": self.seq, "time": time.time(),
+                                  **resources, "step": count, "total_steps": self.total_steps,
+                                  "steps": steps}
+                if notes:
+                    sample["notes"] = notes
+                if ledger:
+                    sample["ledger"] = ledger
+                if errors:
+                    sample["instrumentation_errors"] = errors
+                self._send(sample)
                 if not more:
                     return
 
-    def _resources(self) -> dict[str, Any]:
+    def _resources(self) -> Resources:
         import psutil
 
         with self._proc.oneshot():
@@ -221,7 +239,7 @@ class Telemetry:
                 "net_rx_mb_s": rx, "net_tx_mb_s": tx, "net_scope": self._net_scope,
                 "gpus": gpus, "gpu_reason": getattr(self._gpu, "reason", None)}
 
-    def _note_xids(self, gpus: list[dict[str, Any]] | None) -> None:
+    def _note_xids(self, gpus: list[GpuReading] | None) -> None:
         """An XID the driver reported on one of this task's GPUs is said at once, once, as a
         WARNING (``Finding.GPU_XID``): the errors that follow it are the GPU's, not the code's
         (docs/reference.md, "GPU readings")."""
@@ -241,16 +259,16 @@ class Telemetry:
                           f"{describe_xid(code)}; the host's kernel log (dmesg) has the "
                           f"driver's line; {then}", "WARNING", Finding.GPU_XID)
 
-    def _memory(self, rss_mb: float | None = None) -> dict[str, Any]:
+    def _memory(self, rss_mb: float | None = None) -> MemoryReading:
         """The memory limit on this task and what it counts against it: "injected"
         (``%tfdist_inject oom``, against RSS), else the smaller of "cgroup" (against that
         cgroup's usage) and "rlimit" (RLIMIT_AS, against the address space)."""
         from tfdist_nb.worker import inject
 
         cg = self._cgroup.read() if self._cgroup is not None else {}
-        out: dict[str, Any] = {"mem_limit_mb": None, "mem_limit_source": None,
-                               "mem_limit_used_mb": None, "oom_kills": cg.get("oom_kills"),
-                               "mem_cgroup": cg.get("path")}
+        out: MemoryReading = {"mem_limit_mb": None, "mem_limit_source": None,
+                              "mem_limit_used_mb": None, "oom_kills": cg.get("oom_kills"),
+                              "mem_cgroup": cg.get("path")}
         if inject.mem_limit_mb is not None:
             rss = rss_mb if rss_mb is not None else self._proc.memory_info().rss / 2**20
             return {**out, "mem_limit_mb": inject.mem_limit_mb, "mem_limit_source": "injected",
@@ -263,7 +281,8 @@ class Telemetry:
             limits.append((rlimit, "rlimit", lambda: self._proc.memory_info().vms / 2**20))
         if limits:
             limit, source, used = min(limits, key=lambda x: x[0])
-            out.update(mem_limit_mb=limit, mem_limit_source=source, mem_limit_used_mb=used())
+            out.update({"mem_limit_mb": limit, "mem_limit_source": source,
+                        "mem_limit_used_mb": used()})
         return out
 
 
@@ -274,7 +293,7 @@ LIMIT_NAMES = {
 }
 
 
-def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) -> str | None:
+def out_of_memory_error(ename: str, evalue: str, sample: Resources | None) -> str | None:
     """What a task that ran out of memory without dying (MemoryError, TensorFlow's OOM
     ``ResourceExhaustedError``: how an RLIMIT_AS limit ends) ran into, from a reading taken
     right after; else None. A GPU's is the controller's to explain (``diagnostics.gpu_faults``)."""
@@ -282,7 +301,8 @@ def out_of_memory_error(ename: str, evalue: str, sample: dict[str, Any] | None) 
         return None
     if "device:GPU" in evalue:
         return None
-    sample = sample or {}
+    if sample is None:  # no reading: no limit, no host figures
+        return f"ran out of memory ({ename}) with no memory limit of its own"
     limit, used = sample.get("mem_limit_mb"), sample.get("mem_limit_used_mb")
     source = sample.get("mem_limit_source")
     if limit and source:
