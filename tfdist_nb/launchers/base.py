@@ -234,7 +234,7 @@ class Launcher(abc.ABC):
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
+                        options: dict[str, object]) -> dict[str, object]:
         """Its constructor options from ``Cluster``'s arguments; SpecError, with an example,
         for what it does not take (the default: hosts)."""
         if hosts:
