@@ -59,6 +59,8 @@ if TYPE_CHECKING:
         poll: _Call[tuple[int | None, bytes, int]]
         stop: _Call[tuple[int | None, str, bytes]]
         signal: _Call[None]
+
+
 logger = logging.getLogger(__name__)
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_SPREAD")
@@ -352,8 +354,8 @@ class RayLauncher(Launcher):
             self._place(tasks)
         ports = [int(a.rpartition(":")[2]) for a in (avoid or {}).values()]
         try:
-            found: list[NodeWhere] = ray.get([self.actors[t].where.remote(ports) for t in tasks],
-                            timeout=self.ready_timeout)
+            found: list[NodeWhere] = ray.get(
+                [self.actors[t].where.remote(ports) for t in tasks], timeout=self.ready_timeout)
         except ray.exceptions.RayError as exc:
             raise ClusterStartError(f"the tasks' Ray actors did not start: {_said(exc)}") from None
         self.found = dict(zip(tasks, found, strict=True))
