@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import psutil
 from jupyter_client.asynchronous import AsyncKernelClient
@@ -40,6 +40,15 @@ from tfdist_nb.launchers.base import (
     TaskLaunch,
 )
 from tfdist_nb.topology import TaskId
+
+if TYPE_CHECKING:
+    from tfdist_nb.worker.__main__ import Sidecar
+
+    class FoundWorker(Sidecar):
+        """A worker's sidecar as read here: its path, and whether the worker is on this host."""
+
+        sidecar: str
+        here: bool
 
 logger = logging.getLogger(__name__)
 
@@ -218,7 +227,7 @@ class AttachLauncher(Launcher):
         self.dir = Path(connection_dir).expanduser()
         check_connection_dir(self.dir)
         self.wait_timeout = wait_timeout
-        self.found: dict[TaskId, dict[str, Any]] = {}
+        self.found: dict[TaskId, FoundWorker] = {}
         self.ignored: dict[TaskId, str] = {}  # why a sidecar there was not taken
 
     def line_values(self) -> dict[str, object]:
@@ -227,7 +236,7 @@ class AttachLauncher(Launcher):
     def base_environment(self) -> dict[str, str]:
         return {}
 
-    def _read(self, task: TaskId) -> dict[str, Any] | None:
+    def _read(self, task: TaskId) -> FoundWorker | None:
         """The sidecar of ``task`` if trustworthy and its worker alive; else None, and why in
         ``ignored``."""
         path = self.dir / f"{task.slug}{SIDECAR_SUFFIX}"
@@ -237,7 +246,7 @@ class AttachLauncher(Launcher):
             self.ignored[task] = why
             return None
         try:
-            info = json.loads(path.read_text())
+            info: FoundWorker = json.loads(path.read_text())
             conn = Path(info["connection_file"])
         except (OSError, ValueError, KeyError, TypeError):
             return None  # being replaced, or not ours to read: look again

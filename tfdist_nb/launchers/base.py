@@ -14,12 +14,15 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.gpu_plan import Placement
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.topology import TaskId
+
+if TYPE_CHECKING:
+    from jupyter_client.asynchronous import AsyncKernelClient
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ class TaskHandle(abc.ABC):
     task: TaskId
     host: str
     pid: int | None
-    client: Any = field(repr=False)
+    client: AsyncKernelClient = field(repr=False)
     _exit: asyncio.Future[int] | None = field(default=None, init=False, repr=False,
                                               compare=False)
     #: its kernel was forked from a fork server (docs/design.md, "Fork server"), not spawned
@@ -178,7 +181,7 @@ class LauncherOption:
     metavar: str = "VALUE"
     required: bool = False
     missing: str = ""  # said when a required flag is missing
-    parse: Callable[[str], Any] = str  # raises SpecError (said as is) or ValueError
+    parse: Callable[[str], object] = str  # raises SpecError (said as is) or ValueError
     dashed: bool = False  # its value may begin with "-": read as FLAG=VALUE
 
     @property
@@ -234,7 +237,7 @@ class Launcher(abc.ABC):
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
+                        options: dict[str, object]) -> dict[str, object]:
         """Its constructor options from ``Cluster``'s arguments; SpecError, with an example,
         for what it does not take (the default: hosts)."""
         if hosts:

@@ -19,13 +19,13 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tfdist_nb import host_os
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.diagnostics.crash import describe_exit
 from tfdist_nb.launchers.kernel_key import LATE, KernelKey
-from tfdist_nb.launchers.zygote import MAX_MESSAGE
+from tfdist_nb.launchers.zygote import MAX_MESSAGE, ForkRequest, ServerMessage, ServerReady
 from tfdist_nb.owned_files import private_temp_dir
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class ForkServer:
     def __init__(self, key: ServerKey, env: Mapping[str, str],
                  wrap: Callable[[list[str]], list[str]] | None = None) -> None:
         self.key = key
-        self.ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        self.ready: concurrent.futures.Future[ServerReady] = concurrent.futures.Future()
         self.gone = False
         self.children: set[int] = set()
         self.used = self.began = time.monotonic()
@@ -183,7 +183,7 @@ class ForkServer:
         where it cannot be sent."""
         future: concurrent.futures.Future[int] = concurrent.futures.Future()
         number = next(self._ids)
-        request = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
+        request: ForkRequest = {"id": number, "args": list(args), "env": dict(env), "cwd": cwd,
                    "title": title, "umask": host_os.umask(), "rlimits": current_rlimits()}
         data = json.dumps(request).encode()
         if len(data) > MAX_MESSAGE:
@@ -228,7 +228,7 @@ class ForkServer:
             return None
         return time.monotonic() - self.used
 
-    def _heard(self, message: dict[str, Any]) -> None:
+    def _heard(self, message: ServerMessage) -> None:
         if "exit" in message:
             self._exits[message["exit"]] = message["code"]
             self.children.discard(message["exit"])

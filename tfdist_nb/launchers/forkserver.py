@@ -30,7 +30,7 @@ from traitlets import Unicode
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.host_os import seqpacket_pairs, zombie_status
 from tfdist_nb.launchers.fork_handle import ForkServer, ForkServerError, ServerKey, ServerTrouble
-from tfdist_nb.launchers.zygote import KERNEL_MODULE
+from tfdist_nb.launchers.zygote import KERNEL_MODULE, ServerReady
 from tfdist_nb.worker.memory_limits import TF_TASK_MB, available_mb
 
 logger = logging.getLogger(__name__)
@@ -301,7 +301,7 @@ def _close_retired() -> None:
 
 
 def _note_failure(name: str, server: ForkServer,
-                  ready: concurrent.futures.Future[Any]) -> None:
+                  ready: concurrent.futures.Future[ServerReady]) -> None:
     """A server that could not import ``preload`` (not one ended here): spawn from now on."""
     if not ready.cancelled() and ready.exception() is not None and _servers.get(name) is server:
         logger.debug("fork server %s failed: %s", name, ready.exception())

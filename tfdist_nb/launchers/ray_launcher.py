@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
@@ -36,6 +36,30 @@ from tfdist_nb.launchers.base import (
 from tfdist_nb.launchers.ray_said import SPAWN_TRIES, spawn_failed, version_mismatch
 from tfdist_nb.launchers.ssh import forwarded_environment
 from tfdist_nb.topology import TaskId
+
+T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
+    from ray.util.placement_group import PlacementGroup
+
+    from tfdist_nb.worker.ray_node import NodeWhere, StartedKernel, TaskNode
+    from tfdist_nb.worker.remote import KernelSetup
+
+    class _Call(Protocol[T]):
+        def remote(self, *args: object) -> ObjectRef[T]: ...
+
+    class NodeActor(ActorHandle[TaskNode]):
+        """A :class:`TaskNode`'s actor, its methods as the launcher calls them (Ray types an
+        ``ActorHandle``'s methods as Never)."""
+
+        where: _Call[NodeWhere]
+        start: _Call[StartedKernel]
+        poll: _Call[tuple[int | None, bytes, int]]
+        stop: _Call[tuple[int | None, str, bytes]]
+        signal: _Call[None]
+
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +81,7 @@ def _said(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def _get(ref: Any, timeout: float) -> Any:
+def _get(ref: ObjectRef[T], timeout: float) -> T:
     """``ray.get`` of one object reference (what an actor's method returns)."""
     import ray
 
@@ -77,7 +101,7 @@ def _answers(host: str, port: int, timeout: float = 3.0) -> str | None:
 class RayTaskHandle(TaskHandle):
     """A task's kernel, started by its Ray actor; liveness and output come through the actor."""
 
-    actor: Any = field(default=None, repr=False)
+    actor: NodeActor = field(default=None, repr=False)  # type: ignore[assignment]
     launcher: RayLauncher = field(default=None, repr=False)  # type: ignore[assignment]
     node_id: str = ""
     log_path: Path | None = None
@@ -177,12 +201,12 @@ class RayLauncher(Launcher):
         self.place_timeout = place_timeout
         self.ready_timeout = ready_timeout
         self.own_ray = False  # this launcher started or connected Ray, and ends that
-        self.pg: Any = None
-        self.actors: dict[TaskId, Any] = {}
-        self.found: dict[TaskId, dict[str, Any]] = {}
+        self.pg: PlacementGroup | None = None
+        self.actors: dict[TaskId, NodeActor] = {}
+        self.found: dict[TaskId, NodeWhere] = {}
         self.token = secrets.token_hex(4)
 
-    def line_values(self) -> dict[str, Any]:
+    def line_values(self) -> dict[str, object]:
         return {"address": self.address, "strategy": self.strategy}
 
     def ask_gpus(self, per_task: int) -> bool:
@@ -293,16 +317,17 @@ class RayLauncher(Launcher):
         for index, task in enumerate(tasks):
             self.actors[task] = self._actor(task, index)
 
-    def _actor(self, task: TaskId, index: int) -> Any:
+    def _actor(self, task: TaskId, index: int) -> NodeActor:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from tfdist_nb.worker.ray_node import TaskNode
 
-        return ray.remote(TaskNode).options(
+        assert self.pg is not None  # placed first (_place)
+        return cast("NodeActor", ray.remote(TaskNode).options(
             num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self.pg, placement_group_bundle_index=index)).remote(str(task))
+                self.pg, placement_group_bundle_index=index)).remote(str(task)))
 
     def node_gone(self, node_id: str) -> str | None:
         """Why the Ray node is gone (Ray's death reason, or its raylet not answering); None
@@ -329,8 +354,8 @@ class RayLauncher(Launcher):
             self._place(tasks)
         ports = [int(a.rpartition(":")[2]) for a in (avoid or {}).values()]
         try:
-            found = ray.get([self.actors[t].where.remote(ports) for t in tasks],
-                            timeout=self.ready_timeout)
+            found: list[NodeWhere] = ray.get(
+                [self.actors[t].where.remote(ports) for t in tasks], timeout=self.ready_timeout)
         except ray.exceptions.RayError as exc:
             raise ClusterStartError(f"the tasks' Ray actors did not start: {_said(exc)}") from None
         self.found = dict(zip(tasks, found, strict=True))
@@ -346,8 +371,10 @@ class RayLauncher(Launcher):
         import ray
 
         where = self.found[launch.task]
-        setup = {"key": secrets.token_hex(32), "env": dict(launch.env), "cwd": launch.cwd}
+        setup: KernelSetup = {"key": secrets.token_hex(32), "env": dict(launch.env),
+                              "cwd": launch.cwd}
         actor = self.actors[launch.task]
+        info: StartedKernel
         try:
             info = await asyncio.to_thread(_get, actor.start.remote(setup),
                                            self.ready_timeout)
@@ -365,12 +392,12 @@ class RayLauncher(Launcher):
                              client=client, actor=actor, launcher=self,
                              node_id=where["node_id"], log_path=launch.log_path)
 
-    def _replace(self, launch: TaskLaunch) -> Any:
+    def _replace(self, launch: TaskLaunch) -> NodeActor:
         """A new actor in the task's bundle; refused when Ray moved the bundle to another
         node than the one its TF_CONFIG names."""
         index = list(self.actors).index(launch.task)
         self.actors[launch.task] = actor = self._actor(launch.task, index)
-        now = _get(actor.where.remote([]), self.ready_timeout)
+        now: NodeWhere = _get(actor.where.remote([]), self.ready_timeout)
         was = self.found[launch.task]["address"]
         cfg = json.loads(launch.env.get("TF_CONFIG", "{}") or "{}")
         if now["address"] != was and cfg:

@@ -8,7 +8,6 @@ import importlib
 import logging
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import SpecError
@@ -84,7 +83,7 @@ def get_launcher(name: str, **options: object) -> Launcher:
 
 
 def make_launcher(name: str, hosts: list[str] | None, python: str | None,
-                  options: Mapping[str, Any] | None) -> Launcher:
+                  options: Mapping[str, object] | None) -> Launcher:
     """The named launcher with what it takes of the cluster's arguments."""
     cls = launcher_class(name)
     return get_launcher(name, **cls.cluster_options(hosts, python, dict(options or {})))

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.errors import ClusterStartError, SpecError
@@ -178,12 +178,13 @@ class SlurmLauncher(Launcher):
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
+                        options: dict[str, object]) -> dict[str, object]:
         super().cluster_options(hosts, python, options)
         options.setdefault("python", python or sys.executable)  # the nodes share this path
         if "sbatch_args" in options:  # checked here, before anything is submitted
             try:
-                options["sbatch_args"] = check_sbatch_args(options["sbatch_args"])
+                given = cast("str | Iterable[object] | None", options["sbatch_args"])  # as given
+                options["sbatch_args"] = check_sbatch_args(given)
             except ValueError as exc:
                 raise SpecError(f"sbatch_args: {exc}") from None
         return options

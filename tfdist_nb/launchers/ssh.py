@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
@@ -42,7 +42,10 @@ from tfdist_nb.launchers.base import (
 )
 from tfdist_nb.owned_files import open_task_log
 from tfdist_nb.topology import TaskId
-from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX
+from tfdist_nb.worker.remote import CHANNEL_PORTS, SOCKET_PREFIX, KernelSetup
+
+if TYPE_CHECKING:
+    from jupyter_client.connect import KernelConnectionInfo
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +226,7 @@ class SSHLauncher(Launcher):
 
     @classmethod
     def cluster_options(cls, hosts: list[str] | None, python: str | None,
-                        options: dict[str, Any]) -> dict[str, Any]:
+                        options: dict[str, object]) -> dict[str, object]:
         if not hosts and not options.get("hosts"):
             raise SpecError("launcher='ssh' needs hosts=[...], e.g. hosts=['gpu1', 'me@gpu2']")
         if hosts:
@@ -308,13 +311,13 @@ class SSHLauncher(Launcher):
                 start_new_session=True)
         finally:
             os.close(fd)
-        setup = {"key": key, "env": dict(launch.env), "cwd": launch.cwd}
+        setup: KernelSetup = {"key": key, "env": dict(launch.env), "cwd": launch.cwd}
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(setup).encode() + b"\n")
         client = AsyncKernelClient()
-        info: dict[str, Any] = {"transport": "ipc", "ip": str(local), **CHANNEL_PORTS,
-                                "key": key, "signature_scheme": "hmac-sha256"}
-        client.load_connection_info(info)  # type: ignore[arg-type]  # a KernelConnectionInfo
+        info: KernelConnectionInfo = {"transport": "ipc", "ip": str(local), **CHANNEL_PORTS,
+                                      "key": key, "signature_scheme": "hmac-sha256"}
+        client.load_connection_info(info)
         handle = SSHTaskHandle(task=launch.task, host=host, pid=None, client=client, proc=proc,
                                sockets=[Path(f"{local}-{p}") for p in CHANNEL_PORTS.values()])
         ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -27,11 +27,14 @@ import threading
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, final
 
 from tfdist_nb.debuglog import swallowed
+
+if TYPE_CHECKING:
+    from tfdist_nb.worker.forked import WarningFilter
 
 # named, not __name__: run with ``python -m`` this module is __main__, outside tfdist_nb's loggers
 logger = logging.getLogger("tfdist_nb.launchers.zygote")
@@ -76,7 +79,46 @@ def flush() -> None:
     sys.stderr.flush()
 
 
-def send(sock: socket.socket, message: dict[str, Any]) -> None:
+class ForkRequest(TypedDict):
+    """A fork request (``ForkServer._fork``); ``rlimits``' pairs arrive as JSON lists."""
+
+    id: int
+    args: list[str]
+    env: dict[str, str]
+    cwd: str
+    title: str
+    umask: int
+    rlimits: Mapping[str, Sequence[int]]
+
+
+@final
+class ServerReady(TypedDict):
+    ready: int  # the server's pid
+    seconds: float
+    files: dict[str, int]  # own_files()
+
+
+@final
+class ServerFailed(TypedDict):
+    failed: str  # the import's traceback
+
+
+@final
+class KernelExited(TypedDict):
+    exit: int  # pid
+    code: int
+
+
+@final
+class KernelForked(TypedDict):
+    forked: int  # the request's id
+    pid: int
+
+
+ServerMessage = ServerReady | ServerFailed | KernelExited | KernelForked  # one a packet
+
+
+def send(sock: socket.socket, message: ServerMessage) -> None:
     with contextlib.suppress(OSError):
         sock.send(json.dumps(message).encode())
 
@@ -117,7 +159,7 @@ class Imported:
 
     started: dict[str, str]
     after: dict[str, str]
-    filters: tuple[Any, ...]
+    filters: tuple[WarningFilter, ...]
 
     def env(self, env: dict[str, str]) -> dict[str, str]:
         """The task's ``env`` with what the imports set or removed, unless the task gives such
@@ -134,7 +176,7 @@ class Imported:
         return out
 
 
-def lead_filters(before: list[Any]) -> tuple[Any, ...]:
+def lead_filters(before: list[WarningFilter]) -> tuple[WarningFilter, ...]:
     """The warnings filters the import of ``preload`` put in front of ``before``."""
     lead = []
     for item in warnings.filters:
@@ -255,7 +297,7 @@ def reap(sock: socket.socket) -> None:
         send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said: bytes,
+def fork_one(sock: socket.socket, request: ForkRequest, fds: list[int], said: bytes,
              imported: Imported, closing: tuple[int, ...]) -> None:
     """Fork the kernel ``request`` asks for; answer with its pid once it leads its session."""
     sync_r, sync_w = os.pipe()
@@ -291,7 +333,7 @@ def fork_one(sock: socket.socket, request: dict[str, Any], fds: list[int], said:
     send(sock, {"forked": request["id"], "pid": pid})
 
 
-def become_kernel(request: dict[str, Any], fds: list[int], said: bytes,
+def become_kernel(request: ForkRequest, fds: list[int], said: bytes,
                   imported: Imported) -> int:
     """In the child: the task's stdio, limits, directory, environment and title; then the
     kernel, ending as a spawned kernel's interpreter does."""
@@ -352,7 +394,7 @@ def interpreter_end() -> None:
     quietly(threading._shutdown, atexit._run_exitfuncs)  # type: ignore[attr-defined]
 
 
-def take_limits(request: dict[str, Any]) -> None:
+def take_limits(request: ForkRequest) -> None:
     """The controller's umask and resource limits of the request, which a spawned kernel would
     inherit (the server's are those of the first start)."""
     import resource

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -21,7 +21,8 @@ BURST = 256
 logger = logging.getLogger(__name__)
 
 
-async def bursts(client: AsyncKernelClient, which: str) -> AsyncIterator[list[dict[str, Any]]]:
+async def bursts(client: AsyncKernelClient, which: str,
+                 ) -> AsyncIterator[list[dict[str, object]]]:
     """The messages of ``client``'s ``which`` channel ("iopub", "shell"), a burst per wait,
     checked by its signed ``Session``."""
     ready: zmq.asyncio.Socket = getattr(client, f"{which}_channel").socket
@@ -29,7 +30,7 @@ async def bursts(client: AsyncKernelClient, which: str) -> AsyncIterator[list[di
     session = client.session
     while True:
         await ready.poll()  # readable (POLLIN)
-        burst: list[dict[str, Any]] = []
+        burst: list[dict[str, object]] = []
         while len(burst) < BURST and int(drain.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             frames = drain.recv_multipart(zmq.NOBLOCK)
             try:

@@ -17,7 +17,7 @@ MIN_FRAMES = 5  # signature, header, parent header, metadata, content
 
 class FastDateSession(Session):
     def deserialize(self, msg_list: list[Any], content: bool = True,
-                    copy: bool = True) -> dict[str, Any]:
+                    copy: bool = True) -> dict[str, object]:
         frames = list(msg_list) if copy else [bytes(m.bytes) for m in msg_list[:MIN_FRAMES]] \
             + list(msg_list[MIN_FRAMES:])
         if len(frames) < MIN_FRAMES:

@@ -29,16 +29,35 @@ import stat
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tfdist_nb.accounts import user_name
 from tfdist_nb.host_os import boot_id
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ipykernel.kernelapp import IPKernelApp
 
 TASK = re.compile(r"(chief|worker|ps|evaluator):(\d+)")
 SIDECAR_SUFFIX = ".tfdist.json"
+
+
+class Sidecar(TypedDict):
+    """What an attached worker announces in its ``SIDECAR_SUFFIX`` file (read by the attach
+    launcher): its files and address, and what tells its process from a reuse of its pid."""
+
+    task: str
+    connection_file: str
+    connection_dir: str
+    tf_address: str
+    pid: int
+    create_time: float
+    hostname: str
+    boot_id: str | None
+    uid: int
+    started: float
+    python: str
 
 
 class Refused(Exception):
@@ -108,7 +127,7 @@ def private_dir(path: Path) -> Path:
     return path
 
 
-def write_private(path: Path, data: dict[str, Any]) -> None:
+def write_private(path: Path, data: Mapping[str, object]) -> None:
     """``data`` as JSON at ``path``, owner-only and whole: written to a fresh name opened with
     O_EXCL|O_NOFOLLOW (never a file or symlink planted beforehand), then renamed into place."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
@@ -178,14 +197,15 @@ def main(argv: list[str] | None = None) -> None:
     app.initialize(["--HistoryManager.enabled=False"])
     agent.start(app.kernel)
     # pid, create_time and boot_id let the controller signal this process and no other.
-    write_private(sidecar, {
+    announced: Sidecar = {
         "task": args.task, "connection_file": str(connection_file.resolve()),
         "connection_dir": str(directory.resolve()),
         "tf_address": _tf_address(args.task, args.tf_host, args.tf_port),
         "pid": os.getpid(), "create_time": psutil.Process().create_time(),
         "hostname": socket.gethostname(), "boot_id": boot_id(), "uid": os.geteuid(),
         "started": time.time(), "python": sys.executable,
-    })
+    }
+    write_private(sidecar, announced)
     atexit.register(lambda: sidecar.unlink(missing_ok=True))
     app.start()
 

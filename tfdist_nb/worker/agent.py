@@ -27,6 +27,7 @@ from tfdist_nb.worker.replies import Stacks, TaskInfo, Versions, Where
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import ExecutionResult
 
+    from tfdist_nb.worker.inject import FaultParams
     from tfdist_nb.worker.kernel_internals import TaskKernel
 
 logger = logging.getLogger(__name__)
@@ -301,7 +302,7 @@ def abort_collectives(reason: str) -> str:
     return "aborted"
 
 
-def inject(kind: str, params: dict[str, Any]) -> str:
+def inject(kind: str, params: FaultParams) -> str:
     from tfdist_nb.worker import inject as faults
 
     return faults.clear() if kind == "clear" else faults.set_fault(kind, params)

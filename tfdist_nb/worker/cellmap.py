@@ -14,13 +14,15 @@ import sys
 import sysconfig
 from collections.abc import Iterable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
     from tfdist_nb.worker.kernel_internals import TaskKernel
 
 _by_name: dict[str, int] = {}  # a cell file the compiler cached -> the controller's cell number
-_shell: Any = None
+_shell: InteractiveShell | None = None
 _own = (f"{os.sep}tensorflow{os.sep}", f"{os.sep}keras{os.sep}", f"{os.sep}tf_keras{os.sep}",
         f"{os.sep}tfdist_nb{os.sep}", f"{os.sep}IPython{os.sep}", f"{os.sep}ipykernel{os.sep}",
         f"{os.sep}absl{os.sep}")

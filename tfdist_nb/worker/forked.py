@@ -17,18 +17,34 @@ import sys
 import warnings
 import weakref
 from collections.abc import Sequence
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    import re
+
+    #: one entry of ``warnings.filters``: action, message, category, module, line
+    WarningFilter = tuple[str, re.Pattern[str] | None, type[Warning], re.Pattern[str] | None, int]
 
 logger = logging.getLogger(__name__)
 
-#: what the fork left: the process's own streams, and the handlers made before the fork
-_before: dict[str, Any] | None = None
+
+class _Before(TypedDict):
+    """What the fork left: the process's own streams, and the handlers made before the fork."""
+
+    stdout: IO[str]
+    stderr: IO[str]
+    handlers: weakref.WeakSet[logging.Handler]
+    tf_handlers: list[logging.Handler]
+    filters: list[WarningFilter]
+
+
+_before: _Before | None = None
 #: what the server's imports printed, not yet sent as the task's output
 _said = b""
 TF_LOGGING = "tensorflow.python.platform.tf_logging"
 
 
-def note(preload_filters: Sequence[Any] = (), said: bytes = b"") -> None:
+def note(preload_filters: Sequence[WarningFilter] = (), said: bytes = b"") -> None:
     """Called in a forked child before its kernel starts: what the server's imports left;
     ``preload_filters``, the warnings filters the import of ``preload`` put in front; ``said``,
     what the imports printed (already in the task's process log)."""
@@ -57,7 +73,7 @@ def settle() -> None:
                      exc_info=True)
 
 
-def _settle(before: dict[str, Any]) -> None:
+def _settle(before: _Before) -> None:
     tf_logging: Any = sys.modules.get(TF_LOGGING)
     if tf_logging is not None and getattr(tf_logging, "_logger", None) is not None:
         tf_logger = logging.getLogger("tensorflow")

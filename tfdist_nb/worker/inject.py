@@ -12,21 +12,32 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:  # never at run time: the worker imports TensorFlow only when the cell does
     import tensorflow as tf
 
 KINDS = ("straggler", "hang", "raise", "uneven", "crash", "nan", "oom", "bad-shard")
-_faults: dict[str, dict[str, Any]] = {}
+
+
+class FaultParams(TypedDict, total=False):
+    """A fault's parameters (``%tfdist_inject``'s flags that were given)."""
+
+    at_step: int
+    seconds: float
+    where: str  # the straggler's: "input" or "step"
+    limit_mb: float
+
+
+_faults: dict[str, FaultParams] = {}
 _oom_thread: threading.Thread | None = None
 mem_limit_mb: float | None = None
 
 
-def set_fault(kind: str, params: dict[str, Any]) -> str:
+def set_fault(kind: str, params: FaultParams) -> str:
     if kind not in KINDS:
         raise ValueError(f"unknown fault {kind!r}; one of {', '.join(KINDS)}")
-    _faults[kind] = dict(params)
+    _faults[kind] = params.copy()
     if kind == "oom":
         _start_oom(float(params.get("limit_mb") or 500), at_once=params.get("at_step") is None)
     if kind == "bad-shard":

@@ -22,11 +22,16 @@ Protocol extensions (fields other Jupyter clients ignore):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
     from jupyter_client.session import Session
+
+    class ParentRequest(TypedDict, total=False):
+        """A channel's current request, as ``get_parent`` gives it ({} before the first)."""
+        header: dict[str, object]
+        metadata: dict[str, object]  # ``tfdist_cell``: the controller's cell number
 
     class TaskKernel(Protocol):
         """What the agent uses of its ``ipykernel.ipkernel.IPythonKernel`` once it runs (its
@@ -36,7 +41,7 @@ if TYPE_CHECKING:
         iopub_socket: Any  # an ipykernel.iostream.BackgroundSocket, duck-typed as zmq socket
         _execute_sleep: float
 
-        def get_parent(self, channel: str = ...) -> dict[str, Any]: ...
+        def get_parent(self, channel: str = ...) -> ParentRequest: ...
 
 #: the oldest and the newest ipykernel (major, minor) whose source these names were read in
 CHECKED = ((7, 1), (7, 4))

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tfdist_nb.events import describe_tensor
 from tfdist_nb.ledger_runs import (
@@ -44,7 +44,7 @@ class Op:
     where: str  # cell N line L
     in_control_flow: bool = False  # inside tf.cond / tf.while_loop: may run 0 or n times per call
 
-    def signature(self) -> list[Any]:
+    def signature(self) -> list[str | int | list[int | None] | None]:
         """What must agree across tasks for the collective to pair correctly."""
         return [self.kind, self.dtype, None if self.shape is None else list(self.shape),
                 self.group_size]

@@ -21,20 +21,32 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from io import StringIO
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from tfdist_nb.worker import kernel_internals
 
 if TYPE_CHECKING:
     from ipykernel.iostream import OutStream
 
+    #: a parent header's items: the key of ipykernel's buffers, one per parent
+    _Parent = frozenset[tuple[str, object]]
+
     class _Stream(OutStream):
         """ipykernel's stdout or stderr with what :meth:`OrderedOutput._wrap` sets on it."""
-        _tfdist_marks: defaultdict[frozenset[tuple[str, Any]], list[list[float]]]
+        _tfdist_marks: defaultdict[_Parent, list[list[float]]]
         _tfdist_written: int  # writes made
         _tfdist_sent: int  # of them, sent on IOPub
+
+    class _Buffer(StringIO):
+        """One of a stream's buffers, with its writes' marks once rotated out."""
+        tfdist_marks: list[list[float]] | None
+
+    class _Message(TypedDict):
+        """What ipykernel passes an IOPub hook (the keys read here)."""
+        msg_type: str
+        content: dict[str, object]
 
 MARKS = "tfdist_marks"
 READ_BYTES = 65536
@@ -45,18 +57,21 @@ class OrderedOutput:
         self.lock = threading.RLock()
         self.seq = 0
         self.pid = os.getpid()
-        self._pipes: dict[int, tuple[Any, Any]] = {}  # read fd -> (stream, utf-8 decoder)
+        #: read fd -> (stream, utf-8 decoder)
+        self._pipes: dict[int, tuple[_Stream, codecs.IncrementalDecoder]] = {}
         self._outgoing: dict[str, list[list[float]] | None] = {}
-        self._raw: dict[int, Any] = {}  # id(stream) -> its own write, before ours
+        #: id(stream) -> its own write, before ours
+        self._raw: dict[int, Callable[[str], int | None]] = {}
 
     # ------------------------------------------------------------------ set-up
-    def install(self, streams: list[Any]) -> None:
-        for stream in streams:
+    def install(self, streams: Iterable[object]) -> None:
+        for given in streams:
             if kernel_internals.lacking(
-                    stream, f"output order ({getattr(stream, 'name', 'stream')})",
+                    given, f"output order ({getattr(given, 'name', 'stream')})",
                     "its writes go out as ipykernel batches them, stamped when sent",
                     kernel_internals.OUT_STREAM):
                 continue
+            stream = cast("_Stream", given)  # it has OutStream's internals (lacking)
             self._wrap(stream)
             self._take_over_fd(stream)
         if self._pipes:
@@ -84,7 +99,7 @@ class OrderedOutput:
                         return  # nothing to wait for on the IO thread
             flush()
 
-        def rotate() -> tuple[dict[Any, Any], int]:
+        def rotate() -> tuple[dict[_Parent, _Buffer], int]:
             """ipykernel's buffer swap, with this stream's marks swapped under the same lock."""
             with stream._buffer_lock:
                 buffers, stream._buffers = stream._buffers, defaultdict(StringIO)
@@ -95,7 +110,7 @@ class OrderedOutput:
                 buffer.tfdist_marks = marks.get(frozen)  # read by the hook, message by message
             return buffers, taken
 
-        def flush_buffers() -> Iterator[tuple[dict[str, Any], str]]:
+        def flush_buffers() -> Iterator[tuple[dict[str, object], str]]:
             buffers, taken = rotate()
             for frozen, buffer in buffers.items():
                 data = buffer.getvalue()
@@ -106,7 +121,7 @@ class OrderedOutput:
             with stream._buffer_lock:
                 stream._tfdist_sent = taken
 
-        def hook(msg: dict[str, Any]) -> dict[str, Any]:
+        def hook(msg: _Message) -> _Message:
             marks = self._outgoing.get(name)
             if marks and msg.get("msg_type") == "stream":
                 msg["content"][MARKS] = {"pid": self.pid, "marks": marks}

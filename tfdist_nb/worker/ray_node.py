@@ -17,12 +17,20 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, TypedDict, cast
 
 import psutil
 
 from tfdist_nb.portpick import draw
-from tfdist_nb.worker.remote import CHANNEL_PORTS, _Lifeline
+from tfdist_nb.worker.remote import CHANNEL_PORTS, ChannelPorts, KernelSetup, _Lifeline
+
+if TYPE_CHECKING:
+    from jupyter_client.connect import KernelConnectionInfo
+
+    class StartedKernel(KernelConnectionInfo):
+        """:meth:`TaskNode.start`'s answer: the kernel's connection, and its pid."""
+
+        pid: int
 
 LOG_CHUNK = 256 * 1024  # the most of the kernel's output one poll brings back
 PREFIX = "tfdist-ray-"  # + the actor's pid: the kernel's files on its node
@@ -61,21 +69,35 @@ def _watch(home: Path, pids: list[int]) -> None:
     os._exit(0)
 
 
+class NodeWhere(TypedDict):
+    """:meth:`TaskNode.where`'s answer."""
+
+    address: str
+    node_id: str
+    hostname: str
+    port: int  # free for the task's TF server
+    gpus: str | None  # CUDA_VISIBLE_DEVICES, Ray's
+    ray: str
+    python: str
+    pid: int  # the actor's
+
+
 class _TcpLifeline(_Lifeline):
     """The kernel's channels on TCP ports of ``ip`` (free now), CurveZMQ where zmq has it."""
 
-    def __init__(self, directory: Path, setup: dict[str, Any], ip: str) -> None:
+    def __init__(self, directory: Path, setup: KernelSetup, ip: str) -> None:
         super().__init__(directory, setup)
         import zmq
 
         self.ip = ip
-        self.ports = dict(zip(CHANNEL_PORTS, draw(len(CHANNEL_PORTS)), strict=True))
-        self.curve: dict[str, str] = {}
+        self.ports = cast("ChannelPorts", dict(zip(  # a free port for each of its keys
+            CHANNEL_PORTS, draw(len(CHANNEL_PORTS)), strict=True)))
+        self.curve: KernelConnectionInfo = {}
         if zmq.has("curve"):
             public, secret = zmq.curve_keypair()
             self.curve = {"curve_publickey": public.decode(), "curve_secretkey": secret.decode()}
 
-    def channels(self) -> dict[str, Any]:
+    def channels(self) -> KernelConnectionInfo:
         return {"transport": "tcp", "ip": self.ip, **self.ports, **self.curve}
 
     def start(self) -> None:
@@ -102,7 +124,7 @@ class TaskNode:
         self.home: Path | None = None
         self.log: BinaryIO | None = None
 
-    def where(self, avoid: list[int]) -> dict[str, Any]:
+    def where(self, avoid: list[int]) -> NodeWhere:
         """This node's address, a TF port free on it, and what Ray gave the task."""
         import ray
 
@@ -112,7 +134,7 @@ class TaskNode:
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "ray": ray.__version__,
                 "python": sys.version.split()[0], "pid": os.getpid()}
 
-    def start(self, setup: dict[str, Any]) -> dict[str, Any]:
+    def start(self, setup: KernelSetup) -> StartedKernel:
         """Start the task's kernel (a running one is ended first); its connection info."""
         self.stop(0.0)
         import ray

@@ -24,21 +24,54 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from tfdist_nb.debuglog import swallowed
 from tfdist_nb.portpick import draw
 
+if TYPE_CHECKING:
+    from jupyter_client.connect import KernelConnectionInfo
+
 logger = logging.getLogger(__name__)
 
+
+class ChannelPorts(TypedDict):
+    shell_port: int
+    iopub_port: int
+    stdin_port: int
+    control_port: int
+    hb_port: int
+
+
+class KernelSetup(TypedDict):
+    """The controller's first word to a node's end (a JSON line; a Ray call): never on a
+    command line."""
+
+    key: str
+    env: dict[str, str]
+    cwd: str | None
+
+
+class HostProbe(TypedDict):
+    """:func:`probe`'s JSON line."""
+
+    address: str
+    hostname: str
+    ports: list[int]
+    python: str
+    executable: str
+    tfdist_nb: str | None
+    user: str | None
+
+
 #: ZeroMQ channel -> ipc "port" (the socket is ``<dir>/k-<port>``); both ends agree on these.
-CHANNEL_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4,
-                 "hb_port": 5}
+CHANNEL_PORTS: ChannelPorts = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3,
+                               "control_port": 4, "hb_port": 5}
 SOCKET_PREFIX = "k"
 READY_TIMEOUT_S = 120.0
 
 
-def probe(n_ports: int, avoid: list[int]) -> dict[str, Any]:
+def probe(n_ports: int, avoid: list[int]) -> HostProbe:
     """Where and what this host is, and ``n_ports`` TF ports that are free on it now."""
     from tfdist_nb.worker.agent import dist_version
 
@@ -64,7 +97,7 @@ def _emit(line: str) -> None:
 class _Lifeline:
     """Runs the kernel and obeys the controller's control lines until the kernel is gone."""
 
-    def __init__(self, directory: Path, setup: dict[str, Any]) -> None:
+    def __init__(self, directory: Path, setup: KernelSetup) -> None:
         self.dir = directory
         self.connection_file = directory / "kernel.json"
         self.setup = setup
@@ -73,7 +106,7 @@ class _Lifeline:
         self.created = False
         self.output = sys.stderr  # where the kernel's own stdout and stderr go
 
-    def channels(self) -> dict[str, Any]:
+    def channels(self) -> KernelConnectionInfo:
         """Where the kernel's channels listen: ``ipc://`` sockets in the directory."""
         return {"transport": "ipc", "ip": str(self.dir / SOCKET_PREFIX), **CHANNEL_PORTS}
 

@@ -67,7 +67,7 @@ def is_spare() -> bool:
 
 
 def note(text: str, level: str = "INFO", finding: str | None = None,
-         facts: dict[str, Any] | None = None) -> None:
+         facts: dict[str, object] | None = None) -> None:
     """Tell the controller something this task found (it becomes an alert for WARNING);
     ``finding``: its kind (``tfdist_nb.events.Finding``), said once for the cluster; ``facts``:
     what it saw, as values the controller reads instead of the text."""

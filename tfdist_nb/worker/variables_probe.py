@@ -21,7 +21,7 @@ FULL_TOTAL = 16384  # at most this many values in full per task; the rest as sum
 SAMPLES = 16
 
 
-def _collect(obj: object, prefix: str = "") -> list[tuple[str, Any]]:
+def _collect(obj: object, prefix: str = "") -> list[tuple[str, object]]:
     """``(name, variable)`` of a Keras model, a tf.Module, a list/tuple or dict of variables,
     or one variable."""
     import tensorflow as tf
