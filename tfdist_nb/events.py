@@ -69,6 +69,15 @@ class NoteRecord(_Note, total=False):
     topic: str
 
 
+class CellRecord(TypedDict):
+    """A cell as the run directory keeps it (``cells.jsonl``), or as isolate re-runs it."""
+
+    cell: int
+    time: float
+    targets: list[str] | None  # None: every task
+    code: str
+
+
 class RestartRecord(TypedDict):
     """A ``Restart`` as ``events.jsonl`` holds it; ``Restart(**record)`` reads it back."""
 

@@ -119,15 +119,6 @@ class LedgerMessage(TypedDict):
 TelemetryMessage = Sample | LedgerMessage
 
 
-class Latest(Sample, total=False):
-    """A task's last sample as the controller keeps it, with what it derives from the GPU
-    readings (``events.gpu_summary``): ``store.tails.TaskView.latest``, a plain dict there while
-    the cluster's readers of it (inspector, views, runner) take ``dict[str, Any]``."""
-
-    gpu_util_percent: float | None
-    gpu_mem_mb: float | None
-
-
 def gpu_readings(sample: Mapping[str, object] | None) -> list[GpuReading]:
     """A sample's GPU readings as received: the records, none when it has no list of them."""
     gpus = (sample or {}).get("gpus")

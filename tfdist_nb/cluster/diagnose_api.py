@@ -19,7 +19,7 @@ import pandas as pd
 from tfdist_nb.cluster import exposure, report
 from tfdist_nb.cluster.cells import Cells, InputHandler, ask_here, first_raised
 from tfdist_nb.cluster.checks import CheckOptions, CheckRunner, TfConfigGiven
-from tfdist_nb.cluster.export import ExportError, recorded_cells, restart_times
+from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.inspector import Inspector
 from tfdist_nb.cluster.loop import gather
@@ -318,7 +318,7 @@ class Diagnose:
         targets = self._default_targets()
         try:
             return export_reproducer(
-                directory, cluster_id=self.id, spec=self.spec, cells=recorded_cells(self.rundir),
+                directory, cluster_id=self.id, spec=self.spec, cells=self.rundir.cells(),
                 env=self.extra_env, python=self.python,
                 restarts=restart_times(self.rundir.iter_events(), map(str, self.spec.tasks)),
                 default_targets=None if targets == "all" else targets.split(","), force=force,
@@ -339,7 +339,7 @@ class Diagnose:
             out / report.REPORT, cluster_id=self.id, spec=str(self.spec),
             tasks=list(self.tasks.values()), env=self.extra_env, alerts=self.alerts(),
             failure=self._cells.last_failure, logs=self.logs(), live=self.live,
-            cells=recorded_cells(self.rundir), show_env=show_env)
+            cells=self.rundir.cells(), show_env=show_env)
 
     def _keras_summary(self) -> str:
         """Which TensorFlow and Keras the tasks run (from each task's start-up

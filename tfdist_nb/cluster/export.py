@@ -20,15 +20,15 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, cast
 
 from tfdist_nb import redaction
-from tfdist_nb.events import Restart
+from tfdist_nb.events import CellRecord, Restart, RestartRecord
 from tfdist_nb.store.rundir import foreign, replace_private
 from tfdist_nb.topology import ClusterSpec
 
 if TYPE_CHECKING:
-    from tfdist_nb.store.rundir import RunDirectory
+    pass
 
 _MAGIC = re.compile(r"^(\s*)([%!].*)$")
 
@@ -62,20 +62,6 @@ OURS = {"train.py": '#!/usr/bin/env python\n"""Reproducer exported by tfdist_nb'
         "launch.sh": "#!/usr/bin/env bash\n# Exported by tfdist_nb",
         "report.md": "# tfdist_nb report"}  # written by cluster/report.py
 MODES = {"train.py": 0o600, "launch.sh": 0o700}  # the cells (and their secrets) stay private
-
-
-class CellRecord(TypedDict):
-    """A cell as the run directory keeps it (``cells.jsonl``), or as isolate re-runs it."""
-
-    cell: int
-    time: float
-    targets: list[str] | None  # None: every task
-    code: str
-
-
-def recorded_cells(rundir: RunDirectory) -> list[CellRecord]:
-    """The cells a cluster ran, in order, from its run directory."""
-    return cast("list[CellRecord]", rundir.cells())  # RunDirectory.write_cell's JSON lines
 
 
 class ExportError(ValueError):
@@ -279,10 +265,10 @@ exit $failed
 '''
 
 
-def restart_times(events: Iterable[dict[str, Any]], every: Iterable[str]) -> list[float]:
+def restart_times(events: Iterable[Mapping[str, object]], every: Iterable[str]) -> list[float]:
     """When each of the tasks ``every`` was restarted together, from the run's ``Restart``
     records (by their fields, never by words)."""
     tasks = set(every)
-    return [rec["time"] for rec in events if rec.get("kind") == Restart.kind
-            and tasks <= set(rec.get("tasks") or ())]
+    restarts = (cast(RestartRecord, rec) for rec in events if rec.get("kind") == Restart.kind)
+    return [rec["time"] for rec in restarts if tasks <= set(rec.get("tasks") or ())]
 

@@ -20,9 +20,9 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from tfdist_nb.cluster.export import CellRecord, ExportError, recorded_cells, restart_times
+from tfdist_nb.cluster.export import ExportError, restart_times
 from tfdist_nb.cluster.export import export as export_reproducer
 from tfdist_nb.cluster.session import SESSION
 from tfdist_nb.debuglog import swallowed
@@ -44,6 +44,7 @@ from tfdist_nb.diagnostics.isolate_variants import (
     share_alone,
 )
 from tfdist_nb.errors import ClusterStartError, SpecError, TfdistError
+from tfdist_nb.events import CellRecord
 from tfdist_nb.results import RunResult, TaskStatus
 from tfdist_nb.topology import ClusterSpec, Targets
 
@@ -128,7 +129,7 @@ class Isolation:
         self.progress = on_progress or (lambda text: None)
         self.cell, result, self.code = self._failing(cell)
         assert cluster.rundir is not None  # it ran the failing cell
-        self.history = recorded_cells(cluster.rundir)
+        self.history = cluster.rundir.cells()
         #: the failing cell's record in the run directory (when and where it ran)
         self.failed_rec = next((c for c in self.history if c["cell"] == self.cell), None)
         self.setup = self._setup_cells()
@@ -214,11 +215,11 @@ class Isolation:
     def _run_variant(self, variant: Variant, deadline: float) -> list[Row]:
         began = time.monotonic()
         cells = self._cells_for(variant)
-        self.ran[variant.key] = _ran(variant.spec, cells)
+        self.ran[variant.key] = Ran(variant.spec, cells)
         if variant.shares:  # each row exports as that task alone
             for task in (str(t) for t in variant.spec.tasks):
                 alone = share_alone(self.cluster.spec, task)
-                self.ran[alone.key] = _ran(alone.spec, self._cells_for(alone))
+                self.ran[alone.key] = Ran(alone.spec, self._cells_for(alone))
         with self._variant_cluster(variant, deadline) as (side, why):
             if side is None:
                 return [Row(variant, Outcome.NO_START, time.monotonic() - began, why)]
@@ -358,16 +359,10 @@ class Isolation:
         try:
             return export_reproducer(
                 directory, cluster_id=f"{self.cluster.id} (isolate, cell {self.cell})",
-                spec=ran.spec, cells=cast("list[CellRecord]", ran.cells),  # made by _ran
-                env=self.cluster.extra_env,
+                spec=ran.spec, cells=ran.cells, env=self.cluster.extra_env,
                 python=self.cluster.python, force=force)
         except ExportError as exc:
             raise SpecError(str(exc)) from None
-
-
-def _ran(spec: ClusterSpec, cells: list[CellRecord]) -> Ran:
-    """What a variant ran; ``Ran`` (diagnostics/isolate_report.py) keeps plain dicts."""
-    return Ran(spec, cast("list[dict[str, Any]]", cells))
 
 
 def _on(rec: CellRecord) -> str:

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tfdist_nb import redaction
-from tfdist_nb.cluster.export import CellRecord, ExportError, ours_or_absent, write_private
+from tfdist_nb.cluster.export import ExportError, ours_or_absent, write_private
 from tfdist_nb.errors import SpecError
+from tfdist_nb.events import CellRecord
 from tfdist_nb.ledger_runs import LedgerRow
 from tfdist_nb.redaction import REDACTED
 from tfdist_nb.results import RunResult

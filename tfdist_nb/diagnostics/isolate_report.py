@@ -9,12 +9,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from tfdist_nb.diagnostics.isolate_variants import Failure, Finding, Row
 from tfdist_nb.errors import SpecError
+from tfdist_nb.events import CellRecord
 from tfdist_nb.topology import ClusterSpec
 
 TABLE_COLUMNS = ["variant", "tasks", "outcome", "seconds", "first error line", "run_dir"]
@@ -25,7 +25,7 @@ class Ran:
     """What a variant ran, to export it: its cluster and its cells, prelude first."""
 
     spec: ClusterSpec
-    cells: list[dict[str, Any]]
+    cells: list[CellRecord]
 
 
 @dataclass

@@ -25,10 +25,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, cast
 
 from tfdist_nb.errors import SpecError
-from tfdist_nb.events import Event, OutputLine
+from tfdist_nb.events import CellRecord, Event, OutputLine
 from tfdist_nb.owned_files import lstat_or_none, open_owned, ours_regular, read_regular
 from tfdist_nb.store.appender import DiskChange, HeldAppender
 
@@ -254,7 +254,7 @@ class RunDirectory:
         return self._said(changes)
 
     def write_cell(self, seq: int, code: str, targets: list[str]) -> tuple[str, str] | None:
-        rec = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
+        rec: CellRecord = {"cell": seq, "time": time.time(), "targets": targets, "code": code}
         with self._lock:
             changes = [self._files["cells"].append((json.dumps(rec) + "\n").encode())]
             self._retry_others(changes)
@@ -305,8 +305,9 @@ class RunDirectory:
         """Every event kept: the file, then what waits in memory for the disk."""
         return self._records(self._files["events"], "events.jsonl")
 
-    def cells(self) -> list[dict[str, Any]]:
-        return list(self._records(self._files["cells"], "cells.jsonl"))
+    def cells(self) -> list[CellRecord]:
+        """The cells the cluster ran, in order (``write_cell``'s records)."""
+        return [cast(CellRecord, rec) for rec in self._records(self._files["cells"], "cells.jsonl")]
 
     def _records(self, out: HeldAppender, name: str) -> Iterator[Record]:
         with self._lock:  # the file as far as written, and the rest, at one moment

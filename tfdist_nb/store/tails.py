@@ -27,7 +27,9 @@ class TaskView:
     lines_total: int = 0
     samples: deque = field(default_factory=lambda: deque(maxlen=TAIL_SAMPLES))
     steps: deque = field(default_factory=lambda: deque(maxlen=TAIL_STEPS))
-    latest: dict[str, Any] = field(default_factory=dict)  # a samples.Latest; {} before one
+    #: the last ``samples.Sample``, with the GPU readings summed up (``events.gpu_summary``) as
+    #: ``gpu_util_percent`` and ``gpu_mem_mb``; {} before the first
+    latest: dict[str, Any] = field(default_factory=dict)
     step_count: int = 0
     total_steps: int | None = None
     last_output: float | None = None
