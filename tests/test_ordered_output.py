@@ -107,9 +107,10 @@ def test_a_flush_with_unsent_output_returns_only_after_it_went_out(iopub: Any) -
 
 
 def test_a_control_requests_idle_leaves_a_half_written_line_whole() -> None:
-    """A kernel goes idle after every control request too (a debugger's ``continue``): an idle
-    that is not the writer's own must not cut ``print('double', f(21))``'s line in two, and the
-    writer's own idle still ends an unfinished line."""
+    """A kernel goes idle after every control request too (a debugger's ``continue``), and after
+    a probe on a subshell: an idle while the writer still runs must not cut
+    ``print('double', f(21))``'s line in two, and the writer's own idle still ends an
+    unfinished line."""
     from jupyter_client.asynchronous import AsyncKernelClient
 
     from tfdist_nb.events import OutputLine
@@ -131,13 +132,18 @@ def test_a_control_requests_idle_leaves_a_half_written_line_whole() -> None:
         seen.clear()
         return lines
 
-    stdout, idle = {"name": "stdout"}, {"execution_state": "idle"}
-    assert said(message("stream", "run", {**stdout, "text": "double"}),
-                message("status", "continue", idle),
+    stdout = {"name": "stdout"}
+    busy, idle = {"execution_state": "busy"}, {"execution_state": "idle"}
+    # a debugger's continue and a probe on a subshell go idle while the cell runs
+    assert said(message("status", "run", busy),
+                message("stream", "run", {**stdout, "text": "double"}),
+                message("status", "continue", busy), message("status", "continue", idle),
                 message("stream", "run", {**stdout, "text": " 42\nno newline"}),
+                message("status", "probe", busy),
                 message("status", "probe", idle)) == [("double 42", "console")]
     assert said(message("status", "run", idle)) == [("no newline", "console")]
     # what a thread writes after its cell ended goes out at the next request's idle
     assert said(message("stream", "run", {**stdout, "text": "tick"}),
                 message("status", "continue", idle)) == []
-    assert said(message("status", "next", idle)) == [("tick", "console")]
+    assert said(message("status", "next", busy),
+                message("status", "next", idle)) == [("tick", "console")]

@@ -81,7 +81,8 @@ class KernelChannel:
         self._pending: dict[str, Execution] = {}
         self._cells: dict[str, int] = {}
         self._console: set[str] = set()  # requests of another client (a console), by msg_id
-        self._ended: set[str] = set()  # requests that went idle: what they left unfinished goes
+        #: execute requests between their busy and idle status: their unfinished lines wait
+        self._running: set[str] = set()
         #: JupyterLab's debugger holds the kernel at a breakpoint (a ``debug_event`` said
         #: ``stopped`` and nothing since said it goes on): a person is at it, not a hang
         self.debug_stopped = False
@@ -104,7 +105,7 @@ class KernelChannel:
         for pump in self._pumps:
             with contextlib.suppress(asyncio.CancelledError), swallowed(logger):
                 await pump
-        self._flush_partials(None)
+        self._flush_partials(keep=())
         for ex in self._pending.values():
             _close_prompt(ex)
             for fut in (ex.reply, ex.idle):
@@ -216,7 +217,8 @@ class KernelChannel:
             self.client.input(EOF_ANSWER)
             return
         await asyncio.sleep(PROMPT_SETTLE_S)
-        self._flush_partials({ex.msg_id})  # "name: " printed before input() shows first
+        # "name: " printed before input() shows first
+        self._flush_partials(keep=self._running - {ex.msg_id})
         content = msg.get("content", {})
         ex.prompt = Prompt(self.task, str(content.get("prompt", "")),
                            bool(content.get("password")), ex.msg_id)
@@ -296,18 +298,21 @@ class KernelChannel:
             self._emit_lines(t, "error", lines, parent)
         elif kind == "execute_input" and parent in self._console:
             self._emit_lines(t, "input", str(content.get("code", "")).splitlines(), parent)
-        elif kind == "status" and content.get("execution_state") == "idle":
+        elif kind == "status" and content.get("execution_state") == "busy":
             if header.get("msg_type") == "execute_request":  # (a control request writes none)
-                self._ended.add(parent)
-                self._flush_partials(self._ended)
+                self._running.add(parent)
+        elif kind == "status" and content.get("execution_state") == "idle":
+            if header.get("msg_type") == "execute_request":
+                self._running.discard(parent)
+                self._flush_partials(keep=self._running)
             if ex is not None and not ex.idle.done():
                 ex.idle.set_result(t)
 
-    def _flush_partials(self, ended: Container[str] | None) -> None:
-        """The requests in ``ended`` wrote all they will (None: the channel closes): their
-        unfinished lines go out as they are, also what a thread wrote after its cell."""
+    def _flush_partials(self, keep: Container[str]) -> None:
+        """Unfinished lines go out as they are, but those of the requests in ``keep`` (still
+        running: a debugger's or a probe's idle must not cut a cell's line in two)."""
         self._sink_lines(self._order.release(time.time(), force=True))
-        self._sink_lines(self._order.partials(ended))
+        self._sink_lines(self._order.partials(keep))
 
     def _origin(self, parent: str) -> str | None:
         return CONSOLE if parent in self._console else None

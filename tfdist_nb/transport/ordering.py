@@ -71,15 +71,15 @@ class StreamOrder:
             out += self._lines(w)
         return out
 
-    def partials(self, of: Container[str] | None = None) -> list[Line]:
-        """Unfinished lines, as they are: those begun by a request in ``of`` (requests that went
-        idle or ask for input), or all.
+    def partials(self, keep: Container[str] = ()) -> list[Line]:
+        """Unfinished lines, as they are, but those begun by a request in ``keep``.
 
-        Only the writer's own idle ends its line: a kernel also goes idle after each control
-        request (a debugger's ``continue``, an interrupt), and such an idle mid-``print`` would
-        cut a line in two (``print('double', f(21))`` writes ``double`` and `` 42`` apart)."""
+        A kernel goes idle after each control request too (a debugger's ``continue``, an
+        interrupt) and after a probe on a subshell; such an idle mid-``print`` must not cut the
+        running cell's line in two (``print('double', f(21))`` writes ``double`` and `` 42``
+        apart). What a thread writes after its cell ended goes out at the next idle."""
         out = [(t, stream, text, parent) for stream, (t, text, parent) in self._partial.items()
-               if of is None or not parent or parent in of]
+               if parent not in keep]
         for _, stream, _, _ in out:
             del self._partial[stream]
         return sorted(out, key=lambda line: line[0])
