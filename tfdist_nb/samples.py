@@ -119,7 +119,7 @@ class LedgerMessage(TypedDict):
 TelemetryMessage = Sample | LedgerMessage
 
 
-def gpu_readings(sample: Mapping[str, object] | None) -> list[GpuReading]:
+def sample_gpus(sample: Mapping[str, object] | None) -> list[GpuReading]:
     """A sample's GPU readings as received: the records, none when it has no list of them."""
     gpus = (sample or {}).get("gpus")
     if not isinstance(gpus, list):

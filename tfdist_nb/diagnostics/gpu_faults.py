@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tfdist_nb.results import TaskResult, TaskStatus
-from tfdist_nb.samples import GpuReading, gpu_readings
+from tfdist_nb.samples import GpuReading, sample_gpus
 from tfdist_nb.strenum import StrEnum
 from tfdist_nb.worker.gpu import describe_xid
 
@@ -94,7 +94,7 @@ def failure_fault(result: TaskResult, latest: Mapping[str, Mapping[str, object]]
 def classify(task: str, text: str, latest: Mapping[str, Mapping[str, object]],
              env: dict[str, str] | None, crashed: bool = False) -> GpuFault | None:
     """``text``: the error and the task's output (NCCL writes its lines to stdout)."""
-    mine = gpu_readings(latest.get(task))
+    mine = sample_gpus(latest.get(task))
     shared = _sharing(task, mine, latest)
     on = _named(mine, env)
     if (crashed or GPU_WORDS.search(text)) and (xid := _xid(mine)):
@@ -142,7 +142,7 @@ def _sharing(task: str, mine: list[GpuReading],
     repeat from host to host)."""
     uuids = {g.get("uuid") for g in mine} - {None}
     return sorted(other for other, sample in latest.items() if other != task and uuids
-                  & {g.get("uuid") for g in gpu_readings(sample)})
+                  & {g.get("uuid") for g in sample_gpus(sample)})
 
 
 def _named(mine: list[GpuReading], env: dict[str, str] | None) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tfdist_nb.samples import GpuReading, gpu_readings
+from tfdist_nb.samples import GpuReading, sample_gpus
 
 WINDOW = 20
 MIN_STEPS = 8
@@ -114,7 +114,7 @@ def evidence(latest: Mapping[str, object], input_wait_ms: float | None,
     parts += [f"its input wait {input_wait_ms or 0:.0f} ms",
              f"its CPU {latest.get('cpu_percent') or 0:.0f}%",
              f"host load {latest.get('load1') or 0:.1f} on {latest.get('cpus')} cores"]
-    parts += [said for gpu in gpu_readings(latest) if (said := gpu_slowdown(gpu))]
+    parts += [said for gpu in sample_gpus(latest) if (said := gpu_slowdown(gpu))]
     return "; ".join(parts)
 
 
